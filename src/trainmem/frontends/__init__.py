@@ -1,0 +1,54 @@
+"""Model references in, a ModelSource out: one resolver, one clear error per bad reference.
+
+    mlp:1000-100-100-100-100-10      a fully connected net (frontends/mlp.py)
+    net.yaml | net.json              a layer spec (frontends/spec.py)
+    path/to/file.py:factory          a factory in a file the user points at as code
+    package.module:factory           a factory in an importable module
+    an nn.Module object              (Python API only)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from trainmem.errors import ModelRefError
+from trainmem.setup import InputSpec, Loss, TrainingSetup
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """How to build a model and its batches. `build()` is called under `torch.device('meta')`
+    when estimating (nothing allocated) and on the CPU when measuring."""
+
+    ref: str  # re-resolvable in a fresh process; "" for a module object
+    name: str
+    build: Callable[[], Any]
+    make_batch: Callable[[int], Any] | None = None  # batch_size -> tensor or tuple of tensors
+    loss_fn: Callable[[Any, Any], Any] | None = None  # (output, inputs) -> scalar tensor
+    default_inputs: tuple[InputSpec, ...] = ()
+    default_loss: Loss | None = None
+
+
+def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
+    if not isinstance(model, str):
+        from trainmem.frontends.module_object import from_module
+
+        return from_module(model)
+    ref = model.strip()
+    if ref.startswith("mlp:"):
+        from trainmem.frontends.mlp import from_mlp_ref
+
+        return from_mlp_ref(ref, setup)
+    if ref.lower().endswith((".yaml", ".yml", ".json")):
+        from trainmem.frontends.spec import from_spec_file
+
+        return from_spec_file(ref)
+    if ":" in ref:
+        from trainmem.frontends.python_ref import from_python_ref
+
+        return from_python_ref(ref)
+    raise ModelRefError(
+        "expected a model reference such as mlp:1000-100-10, net.yaml, path/file.py:factory or "
+        f"package.module:factory, got {ref!r}", where="MODEL")

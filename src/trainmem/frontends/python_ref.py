@@ -1,0 +1,68 @@
+"""`path/to/file.py:factory` and `package.module:factory`.
+
+The factory takes no arguments and returns one of:
+    an nn.Module;
+    (module, make_batch) or (module, make_batch, loss_fn);
+    {"model": module, "make_batch": fn, "loss_fn": fn}   (the last two optional)
+where make_batch(batch_size) returns a tensor or a tuple of tensors (the model's inputs) and
+loss_fn(output, inputs) returns a scalar tensor. Only a file the user names is executed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import ModelRefError
+
+
+def _load_file(path: Path, ref: str) -> Any:
+    if not path.is_file():
+        raise ModelRefError(f"expected an existing Python file, got {str(path)!r}", where=ref)
+    module_name = f"trainmem_user_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - the user's file: any error is reported as one line
+        del sys.modules[module_name]
+        raise ModelRefError(f"loading the file raised {type(error).__name__}: {error}", where=ref) from error
+    return module
+
+
+def _load_module(name: str, ref: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as error:  # noqa: BLE001
+        raise ModelRefError(f"expected an importable module {name!r}, import raised "
+                            f"{type(error).__name__}: {error}", where=ref) from error
+
+
+def load_factory(ref: str) -> Any:
+    target, _, factory_name = ref.rpartition(":")
+    if not target or not factory_name.isidentifier():
+        raise ModelRefError(f"expected FILE.py:factory or package.module:factory, got {ref!r}", where="MODEL")
+    module = _load_file(Path(target), ref) if target.endswith(".py") else _load_module(target, ref)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ModelRefError(f"expected a callable named {factory_name!r} in {target}, found "
+                            f"{type(factory).__name__ if factory is not None else 'nothing'}", where=ref)
+    return factory
+
+
+def from_python_ref(ref: str):
+    from trainmem.frontends import ModelSource
+
+    factory = load_factory(ref)
+
+    def build() -> Any:
+        try:
+            return factory()
+        except Exception as error:  # noqa: BLE001
+            raise ModelRefError(f"the factory raised {type(error).__name__}: {error}", where=ref) from error
+
+    return ModelSource(ref=ref, name=ref.rpartition(":")[2], build=build)

@@ -1,0 +1,187 @@
+"""A layer spec in YAML or JSON, so that a person can describe a network without code:
+
+    input: [3, 32, 32]          # one sample's shape (required)
+    input_dtype: float32        # optional; int64 for token ids
+    input_max: 50257            # optional; token ids are < this (defaults to the first vocabulary)
+    loss: cross-entropy         # optional
+    layers:
+      - conv2d: {out_channels: 16, kernel_size: 3, padding: 1}
+      - batchnorm
+      - relu
+      - maxpool2d: {kernel_size: 2}
+      - flatten
+      - linear: {out_features: 10}
+
+Input sizes (in_features, in_channels, input_size, BatchNorm/LayerNorm widths) are inferred by
+running each layer on a meta tensor, so a spec names only what a person would choose.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import ModelRefError
+from trainmem.setup import InputSpec, Loss
+
+_TOP_KEYS = {"input", "input_dtype", "input_max", "loss", "layers", "name"}
+
+
+def _nn():
+    import torch.nn as nn
+
+    return nn
+
+
+class TakeOutput:
+    """Wraps an LSTM/GRU/RNN so that the next layer gets the output sequence, not (output, state)."""
+
+    @staticmethod
+    def wrap(rnn):
+        nn = _nn()
+
+        class RecurrentOutput(nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.rnn = inner
+
+            def forward(self, x):
+                return self.rnn(x)[0]
+
+        return RecurrentOutput(rnn)
+
+
+def _layer_table() -> dict[str, tuple[Any, Any]]:
+    """name -> (constructor, function(shape) -> kwargs inferred from the incoming per-sample shape)."""
+    nn = _nn()
+    last = lambda shape: shape[-1]  # noqa: E731
+    first = lambda shape: shape[0]  # noqa: E731
+    batchnorm = lambda **kw: {1: nn.BatchNorm1d, 2: nn.BatchNorm1d, 3: nn.BatchNorm2d, 4: nn.BatchNorm3d}[kw.pop("_rank")](**kw)  # noqa: E731
+    recurrent = lambda cls: (lambda **kw: TakeOutput.wrap(cls(batch_first=True, **kw)))  # noqa: E731
+    plain = lambda shape: {}  # noqa: E731
+    return {
+        "linear": (nn.Linear, lambda s: {"in_features": last(s)}),
+        "conv1d": (nn.Conv1d, lambda s: {"in_channels": first(s)}),
+        "conv2d": (nn.Conv2d, lambda s: {"in_channels": first(s)}),
+        "conv3d": (nn.Conv3d, lambda s: {"in_channels": first(s)}),
+        "convtranspose2d": (nn.ConvTranspose2d, lambda s: {"in_channels": first(s)}),
+        "batchnorm": (batchnorm, lambda s: {"num_features": first(s), "_rank": len(s)}),
+        "layernorm": (nn.LayerNorm, lambda s: {"normalized_shape": last(s)}),
+        "embedding": (nn.Embedding, plain),
+        "lstm": (recurrent(nn.LSTM), lambda s: {"input_size": last(s)}),
+        "gru": (recurrent(nn.GRU), lambda s: {"input_size": last(s)}),
+        "rnn": (recurrent(nn.RNN), lambda s: {"input_size": last(s)}),
+        "relu": (nn.ReLU, plain), "tanh": (nn.Tanh, plain), "gelu": (nn.GELU, plain),
+        "sigmoid": (nn.Sigmoid, plain), "silu": (nn.SiLU, plain), "leakyrelu": (nn.LeakyReLU, plain),
+        "softmax": (lambda **kw: nn.Softmax(dim=kw.get("dim", -1)), plain),
+        "dropout": (nn.Dropout, plain), "flatten": (nn.Flatten, plain),
+        "maxpool1d": (nn.MaxPool1d, plain), "maxpool2d": (nn.MaxPool2d, plain),
+        "avgpool1d": (nn.AvgPool1d, plain), "avgpool2d": (nn.AvgPool2d, plain),
+        "adaptiveavgpool1d": (nn.AdaptiveAvgPool1d, plain), "adaptiveavgpool2d": (nn.AdaptiveAvgPool2d, plain),
+    }
+
+
+def _parse_entry(entry: Any, index: int, where: str) -> tuple[str, dict[str, Any]]:
+    if isinstance(entry, str):
+        return entry.lower(), {}
+    if isinstance(entry, dict) and "type" in entry:
+        kwargs = dict(entry)
+        return str(kwargs.pop("type")).lower(), kwargs
+    if isinstance(entry, dict) and len(entry) == 1:
+        (name, kwargs), = entry.items()
+        return str(name).lower(), dict(kwargs or {})
+    raise ModelRefError(f"expected layer {index} as a name or {{name: {{args}}}}, got {entry!r}", where=where)
+
+
+def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """Infer each layer's input-dependent kwargs by running the layers on a meta tensor."""
+    import torch
+
+    table = _layer_table()
+    shape = tuple(spec["input"])
+    is_integer = str(spec.get("input_dtype", "float32")).startswith(("int", "uint"))
+    probe = torch.zeros((1, *shape), dtype=torch.int64 if is_integer else torch.float32, device="meta")
+    plan = []
+    for index, entry in enumerate(spec["layers"]):
+        name, kwargs = _parse_entry(entry, index, where)
+        if name not in table:
+            raise ModelRefError(f"expected a layer type among {', '.join(sorted(table))}, got {name!r} "
+                                f"(layer {index})", where=where)
+        constructor, infer = table[name]
+        full = {**infer(tuple(probe.shape[1:])), **kwargs}
+        try:
+            with torch.device("meta"):
+                probe = constructor(**dict(full))(probe)
+        except Exception as error:  # noqa: BLE001 - shown as one line with the layer named
+            raise ModelRefError(f"layer {index} ({name} {kwargs}) cannot take a sample of shape "
+                                f"{list(probe.shape[1:])}: {type(error).__name__}: {error}", where=where) from None
+        plan.append((name, full))
+    return plan
+
+
+def read_spec(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ModelRefError(f"expected an existing spec file, got {path!r}", where="MODEL")
+    text = file.read_text()
+    try:
+        if file.suffix.lower() == ".json":
+            spec = json.loads(text)
+        else:
+            try:
+                import yaml
+            except ImportError:
+                raise ModelRefError("YAML specs need PyYAML: pip install 'trainmem[yaml]' (or use a .json spec)",
+                                    where=path) from None
+            spec = yaml.safe_load(text)
+    except (ValueError, Exception) as error:  # json.JSONDecodeError, yaml.YAMLError
+        if isinstance(error, ModelRefError):
+            raise
+        raise ModelRefError(f"expected valid {file.suffix[1:].upper()}, got {type(error).__name__}: "
+                            f"{str(error).splitlines()[0]}", where=path) from None
+    _check_spec(spec, path)
+    return spec
+
+
+def _check_spec(spec: Any, where: str) -> None:
+    if not isinstance(spec, dict):
+        raise ModelRefError(f"expected a mapping with 'input' and 'layers', got {type(spec).__name__}", where=where)
+    unknown = sorted(set(spec) - _TOP_KEYS)
+    if unknown:
+        raise ModelRefError(f"expected keys among {', '.join(sorted(_TOP_KEYS))}, got {unknown[0]!r}", where=where)
+    shape = spec.get("input")
+    if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise ModelRefError(f"expected 'input' as a list of positive integers, got {shape!r}", where=where)
+    if not isinstance(spec.get("layers"), list) or not spec["layers"]:
+        raise ModelRefError(f"expected a non-empty 'layers' list, got {spec.get('layers')!r}", where=where)
+
+
+def _default_input(spec: dict[str, Any], plan: list[tuple[str, dict[str, Any]]]) -> InputSpec:
+    dtype = str(spec.get("input_dtype", "float32"))
+    vocab = next((kw.get("num_embeddings") for name, kw in plan if name == "embedding"), 2)
+    return InputSpec(tuple(spec["input"]), dtype, int(spec.get("input_max", vocab)))
+
+
+def _spec_loss(value: Any, where: str) -> Loss:
+    try:
+        return Loss(str(value).lower())
+    except ValueError:
+        raise ModelRefError(f"expected loss among {', '.join(l.value for l in Loss)}, got {value!r}",
+                            where=where) from None
+
+
+def from_spec_file(path: str):
+    from trainmem.frontends import ModelSource
+
+    spec = read_spec(path)
+    plan = _plan_layers(spec, path)
+    table = _layer_table()
+
+    def build():
+        nn = _nn()
+        return nn.Sequential(*[table[name][0](**dict(kwargs)) for name, kwargs in plan])
+
+    loss = _spec_loss(spec.get("loss", "cross-entropy"), path)
+    return ModelSource(ref=path, name=spec.get("name", Path(path).stem), build=build,
+                       default_inputs=(_default_input(spec, plan),), default_loss=loss)

@@ -1,0 +1,95 @@
+"""One real measurement, run as `python -m trainmem.measure.child '<json request>'` in a fresh
+process so that its RSS starts from a clean `import torch`.
+
+mode "rss":     no profiler; peak RSS (VmHWM) after the steps, and RSS after import and after build.
+mode "tensors": torch.profiler memory events (they include allocations made inside kernels, below
+                the dispatcher); the tensor peak is the running sum of 64-byte-rounded sizes,
+                as PyTorch's CPU allocator rounds each request (c10/core/impl/alloc_cpu.cpp).
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rss_now() -> dict[str, int]:
+    return {"rss": _status_bytes("VmRSS"), "rss_anon": _status_bytes("RssAnon"), "rss_file": _status_bytes("RssFile")}
+
+
+def _profile_peak(prof) -> tuple[int, int]:
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+    events.sort(key=lambda e: e.start_ns())
+    current = peak = 0
+    for event in events:
+        size = event.nbytes()
+        rounded = (abs(size) + 63) // 64 * 64
+        current += rounded if size > 0 else -rounded
+        peak = max(peak, current)
+    return peak, len(events)
+
+
+def run(request: dict) -> dict:
+    after_import = _rss_now()
+    import torch
+
+    after_torch = _rss_now()
+    from trainmem.frontends import resolve
+    from trainmem.setup import TrainingSetup
+    from trainmem.trace import step as training
+
+    setup = TrainingSetup.from_mapping(request["setup"])
+    torch.manual_seed(request.get("seed", 0))
+    if request.get("threads"):
+        torch.set_num_threads(int(request["threads"]))
+    source = resolve(request["model"], setup)
+    result = {"mode": request["mode"], "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "rss_before_torch": after_import["rss"],
+              "rss_after_torch": after_torch["rss"], "rss_file_after_torch": after_torch["rss_file"]}
+    started = time.perf_counter()
+    if request["mode"] == "tensors":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            _train(source, setup, training)
+        result["tensor_peak_bytes"], result["memory_events"] = _profile_peak(prof)
+    else:
+        model = _train(source, setup, training)
+        result["rss_after_steps"] = _rss_now()
+        result["peak_rss_bytes"] = _status_bytes("VmHWM")
+        del model
+    result["seconds"] = time.perf_counter() - started
+    return result
+
+
+def _train(source, setup, training):
+    model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    prepared = training.prepare(model, make_batch, loss_fn, setup, source)
+    training.run_steps(prepared, setup, training.Observer())
+    return prepared
+
+
+def main() -> None:
+    request = json.loads(sys.argv[1])
+    try:
+        result = run(request)
+    except Exception as error:  # noqa: BLE001 - reported to the parent as one JSON line
+        result = {"error": f"{type(error).__name__}: {error}"}
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # skip teardown: nothing after the measurement should touch the figures
+
+
+if __name__ == "__main__":
+    main()

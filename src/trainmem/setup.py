@@ -1,0 +1,188 @@
+"""What a training run is: frozen dataclasses and enums, built the same from CLI flags, a TOML file
+or Python. Strings become enums here, at the edge, so bad input fails at once. No torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import SetupError, expected
+
+
+class Optimizer(enum.StrEnum):
+    SGD = "sgd"
+    MOMENTUM = "momentum"  # SGD with momentum 0.9: one buffer per parameter
+    ADAM = "adam"
+    ADAMW = "adamw"
+    RMSPROP = "rmsprop"
+    ADAGRAD = "adagrad"
+
+
+class OptimizerImpl(enum.StrEnum):
+    DEFAULT = "default"  # what torch picks: for-loop on CPU tensors, foreach on CUDA tensors
+    FOREACH = "foreach"
+    FOR_LOOP = "for-loop"
+    FUSED = "fused"
+
+
+class Precision(enum.StrEnum):
+    FP32 = "fp32"
+    FP16_MIXED = "fp16-mixed"  # autocast fp16 + GradScaler, fp32 master weights
+    BF16_MIXED = "bf16-mixed"  # autocast bf16, fp32 master weights, no scaler
+    BF16 = "bf16"  # parameters, gradients, state and activations all bf16
+
+
+class Loss(enum.StrEnum):
+    CROSS_ENTROPY = "cross-entropy"
+    MSE = "mse"
+    SUM = "sum"
+
+
+class Activation(enum.StrEnum):
+    RELU = "relu"
+    TANH = "tanh"
+    GELU = "gelu"
+    SIGMOID = "sigmoid"
+
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One model input per sample: shape without the batch dimension, dtype, and for integer inputs
+    the exclusive upper bound of the values (token ids < vocabulary size)."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    max_value: int = 2
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise expected(f"an input dtype among {', '.join(DTYPES)}", self.dtype, "--input-dtype")
+        if any((not isinstance(d, int)) or d <= 0 for d in self.shape):
+            raise expected("positive integer dimensions such as 3,224,224", self.shape, "--input-shape")
+        if self.max_value < 1:
+            raise expected("--input-max of at least 1", self.max_value, "--input-max")
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in ("int64", "int32", "uint8")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup:
+    """Everything about one training run except the model itself."""
+
+    batch_size: int = 1
+    inputs: tuple[InputSpec, ...] = ()
+    loss: Loss | None = None  # None: the model's own default, else cross-entropy
+    optimizer: Optimizer = Optimizer.ADAM
+    optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
+    precision: Precision = Precision.FP32
+    grad_accum: int = 1
+    checkpointing: bool = False
+    freeze: tuple[str, ...] = ()
+    steps: int = 2
+    activation: Activation = Activation.RELU  # used by mlp: references only
+    dropout: float = 0.0  # used by mlp: references only
+
+    def __post_init__(self) -> None:
+        _check_positive_int(self.batch_size, "--batch-size")
+        _check_positive_int(self.grad_accum, "--grad-accum")
+        _check_positive_int(self.steps, "--steps")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise expected("a dropout probability in [0, 1)", self.dropout, "--dropout")
+        for name, enum_type in _ENUM_FIELDS.items():
+            if getattr(self, name) is None and name == "loss":
+                continue
+            object.__setattr__(self, name, _to_enum(enum_type, getattr(self, name), name))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "setup") -> TrainingSetup:
+        """Build from plain values (TOML table, JSON, CLI dict); unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names - {"input_shape", "input_dtype", "input_max"})
+        if unknown:
+            raise expected(f"setup keys among {', '.join(sorted(names))}", unknown[0], where)
+        kwargs = {k: v for k, v in values.items() if k in names}
+        if "inputs" not in kwargs and "input_shape" in values:
+            kwargs["inputs"] = parse_inputs(values["input_shape"], values.get("input_dtype"), values.get("input_max"))
+        if "freeze" in kwargs:
+            kwargs["freeze"] = tuple(kwargs["freeze"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> TrainingSetup:
+        try:
+            values = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise SetupError(f"expected a readable TOML file, got {error}", where=str(path)) from None
+        return cls.from_mapping(values, where=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["inputs"] = [dataclasses.asdict(spec) for spec in self.inputs]
+        for name in _ENUM_FIELDS:
+            value = getattr(self, name)
+            out[name] = None if value is None else str(value)
+        out["freeze"] = list(self.freeze)
+        return out
+
+
+_ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
+    "loss": Loss, "optimizer": Optimizer, "optimizer_impl": OptimizerImpl,
+    "precision": Precision, "activation": Activation,
+}
+
+
+def _to_enum(enum_type: type[enum.StrEnum], value: Any, name: str) -> enum.StrEnum:
+    try:
+        return enum_type(str(value).lower())
+    except ValueError:
+        choices = "|".join(member.value for member in enum_type)
+        raise expected(f"{choices}", value, f"--{name.replace('_', '-')}") from None
+
+
+def _check_positive_int(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise expected("a positive integer", value, where)
+
+
+def parse_shape(text: str | Sequence[int], where: str = "--input-shape") -> tuple[int, ...]:
+    """'3,224,224' or '3x224x224' or [3, 224, 224] -> (3, 224, 224)."""
+    if isinstance(text, str):
+        parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p != ""]
+    else:
+        parts = list(text)
+    try:
+        shape = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise expected("comma-separated positive integers such as 3,224,224", text, where) from None
+    if not shape or any(d <= 0 for d in shape):
+        raise expected("comma-separated positive integers such as 3,224,224", text, where)
+    return shape
+
+
+def parse_inputs(shapes: Any, dtypes: Any = None, maxima: Any = None) -> tuple[InputSpec, ...]:
+    """Zip repeated --input-shape / --input-dtype / --input-max values into InputSpecs.
+    A single dtype or max applies to every input."""
+    shapes = [shapes] if isinstance(shapes, str) or (shapes and isinstance(shapes[0], int)) else list(shapes or [])
+    dtypes = _broadcast(dtypes, len(shapes), "float32", "--input-dtype")
+    maxima = _broadcast(maxima, len(shapes), 2, "--input-max")
+    return tuple(InputSpec(parse_shape(s), str(d), int(m)) for s, d, m in zip(shapes, dtypes, maxima))
+
+
+def _broadcast(values: Any, count: int, default: Any, where: str) -> list[Any]:
+    if values is None or values == []:
+        return [default] * count
+    values = [values] if isinstance(values, (str, int)) else list(values)
+    if len(values) == 1:
+        return values * count
+    if len(values) != count:
+        raise expected(f"one {where} or one per --input-shape ({count})", values, where)
+    return values

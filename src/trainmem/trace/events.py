@@ -1,0 +1,85 @@
+"""The trace: ordered alloc/free events over storages, with what each storage is for.
+
+A storage's category can only be known after the fact (a forward output is an *activation* if it is
+still alive when backward starts, a *temporary* if it died before; a backward output is a
+*gradient* if it ends up in `param.grad`), so events point at a StorageRecord whose category the
+recorder settles later. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import defaultdict
+
+
+class Category(enum.StrEnum):
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"  # per-parameter buffers: momentum, exp_avg, exp_avg_sq…
+    OPTIMIZER_SCALARS = "optimizer_scalars"  # 0-dim bookkeeping: Adam's step counts, GradScaler's scale
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    INPUTS = "inputs"
+    RUNTIME = "runtime"  # allocations below the dispatcher: kernel scratch, workspaces
+
+
+class Phase(enum.StrEnum):
+    INIT = "init"
+    INPUTS = "inputs"
+    FORWARD = "forward"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    ZERO_GRAD = "zero_grad"
+
+
+@dataclasses.dataclass
+class StorageRecord:
+    sid: int
+    nbytes: int
+    category: Category
+    phase: Phase
+    module: str
+    op: str
+    step: int
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    seq: int
+    action: str  # "alloc" or "free"
+    nbytes: int
+    sid: int
+    phase: Phase
+    module: str
+    op: str
+    step: int
+
+
+@dataclasses.dataclass
+class Trace:
+    events: list[Event] = dataclasses.field(default_factory=list)
+    storages: dict[int, StorageRecord] = dataclasses.field(default_factory=dict)
+
+    def category_of(self, event: Event) -> Category:
+        return self.storages[event.sid].category
+
+    def live_at(self, seq: int) -> list[StorageRecord]:
+        """Storages alive just after event `seq`."""
+        alive: dict[int, StorageRecord] = {}
+        for event in self.events[: seq + 1]:
+            if event.action == "alloc":
+                alive[event.sid] = self.storages[event.sid]
+            else:
+                alive.pop(event.sid, None)
+        return list(alive.values())
+
+    def bytes_by_category(self, records: list[StorageRecord], size=lambda n: n) -> dict[str, int]:
+        totals: dict[str, int] = defaultdict(int)
+        for record in records:
+            totals[str(record.category)] += size(record.nbytes)
+        return {str(c): totals.get(str(c), 0) for c in Category}

@@ -1,0 +1,117 @@
+"""The recorder: a TorchDispatchMode that sees every op's outputs and turns new storages into
+alloc events, and a weakref finalizer on each storage that turns its death into a free event.
+
+It sits *above* FakeTensorMode (entered after it), so `func(*args)` below returns fake tensors:
+shapes, dtypes and storages exist, bytes do not. Autograd runs above both modes, so saved tensors
+stay alive exactly as long as autograd keeps them, and free events come in the real order.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from trainmem.errors import TraceError
+from trainmem.trace.events import Category, Event, Phase, StorageRecord, Trace
+from trainmem.trace.modules import ModuleTracker
+from trainmem.trace.rules import DataDependentRules
+
+_PROVISIONAL = {
+    Phase.INIT: Category.PARAMETERS, Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.LOSS: Category.ACTIVATIONS, Phase.BACKWARD: Category.TEMPORARIES,
+    Phase.OPTIMIZER: Category.TEMPORARIES, Phase.ZERO_GRAD: Category.TEMPORARIES,
+}
+
+
+class TraceRecorder(TorchDispatchMode):
+    def __init__(self, modules: ModuleTracker) -> None:
+        super().__init__()
+        self.trace = Trace()
+        self.phase = Phase.INIT
+        self.step = 0
+        self.modules = modules
+        self.rules = DataDependentRules()
+        self.op_counts: Counter[str] = Counter()
+        self._live: dict[int, tuple[int, int]] = {}  # id(storage) -> (sid, nbytes)
+        self.closed = False  # set when the recorded steps end: later deaths are not part of the run
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op_name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+        self.op_counts[op_name] += 1
+        self.modules.resolve_pending()
+        try:
+            out = func(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - every failure gets a deliberate rule or a clear error
+            out = self.rules.handle(func, args, kwargs, error, self.modules.current())
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf, op_name)
+        if self.phase in (Phase.FORWARD, Phase.LOSS):
+            self.modules.note_outputs(out)
+        return out
+
+    def _track(self, tensor: torch.Tensor, op_name: str) -> None:
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        known = self._live.get(id(storage))
+        if known is not None:
+            if known[1] == nbytes:
+                return
+            self._free(id(storage))  # resized in place (out= ops, resize_): old block gone, new one made
+        sid = len(self.trace.storages)
+        record = StorageRecord(sid, nbytes, _PROVISIONAL[self.phase], self.phase, self.modules.current(),
+                               op_name, self.step, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        self.trace.storages[sid] = record
+        self._live[id(storage)] = (sid, nbytes)
+        self._emit("alloc", record)
+        weakref.finalize(storage, self._free, id(storage), sid).atexit = False
+
+    def _free(self, key: int, sid: int | None = None) -> None:
+        known = self._live.get(key)
+        if self.closed or known is None or (sid is not None and known[0] != sid):
+            return
+        del self._live[key]
+        self._emit("free", self.trace.storages[known[0]])
+
+    def _emit(self, action: str, record: StorageRecord) -> None:
+        events = self.trace.events
+        events.append(Event(len(events), action, record.nbytes, record.sid, self.phase,
+                            self.modules.current(), record.op, self.step))
+
+    # ---- settling categories after the fact -------------------------------------------------
+    def live_records(self) -> list[StorageRecord]:
+        return [self.trace.storages[sid] for sid, _ in self._live.values()]
+
+    def storage_ids_of(self, tensors: Any) -> set[int]:
+        ids = set()
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                known = self._live.get(id(tensor.untyped_storage()))
+                if known is not None:
+                    ids.add(known[0])
+        return ids
+
+    def set_category(self, sids: set[int], category: Category) -> None:
+        for sid in sids:
+            self.trace.storages[sid].category = category
+
+    def settle_forward(self, since_seq: int) -> None:
+        """Forward/loss outputs still alive when backward starts are saved activations; the ones that
+        died before are temporaries."""
+        alive = {sid for sid, _ in self._live.values()}
+        for event in self.trace.events[since_seq:]:
+            record = self.trace.storages[event.sid]
+            if event.action == "alloc" and record.category == Category.ACTIVATIONS and event.sid not in alive:
+                record.category = Category.TEMPORARIES
+
+    def fail(self, error: Exception) -> TraceError:
+        where = self.modules.current() or "model"
+        return TraceError(f"the training step failed in phase {self.phase} "
+                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
+                          where=where)

@@ -1,0 +1,117 @@
+"""Trace a training run on fake tensors: build on meta, materialize fake parameters inside one
+FakeTensorMode, run the shared training step, and settle each storage's category.
+
+Building on the meta device and materializing inside one mode avoids the 'Mixing fake modes' failure
+of building under FakeTensorMode (modules that deepcopy a layer give each copy its own fake mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from trainmem.errors import TrainmemError
+from trainmem.frontends import ModelSource
+from trainmem.setup import TrainingSetup
+from trainmem.trace import step as training
+from trainmem.trace.events import Category, Phase, Trace
+from trainmem.trace.modules import ModuleTracker
+from trainmem.trace.recorder import TraceRecorder
+
+
+@dataclasses.dataclass
+class TraceResult:
+    trace: Trace
+    parameters: int
+    trainable_parameters: int
+    parameter_bytes_by_dtype: dict[str, int]
+    module_parameters: dict[str, int]  # module path -> parameter elements (own, not recursive)
+    op_counts: Counter
+    warnings: list[str]
+    checkpointed: list[str]
+    model_repr: str
+
+
+def materialize_fake(model: torch.nn.Module) -> None:
+    """Replace meta parameters and buffers with fake CPU ones; shared (tied) tensors stay shared."""
+    replaced: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in replaced:
+                    new = torch.empty_like(tensor, device="cpu")
+                    if isinstance(tensor, torch.nn.Parameter):
+                        new = torch.nn.Parameter(new, requires_grad=tensor.requires_grad)
+                    replaced[id(tensor)] = new
+                table[name] = replaced[id(tensor)]
+
+
+class _RecordingObserver(training.Observer):
+    def __init__(self, recorder: TraceRecorder) -> None:
+        self.recorder = recorder
+        self.forward_start = 0
+
+    def phase(self, phase: Phase, step: int) -> None:
+        rec = self.recorder
+        if phase == Phase.FORWARD:
+            self.forward_start = len(rec.trace.events)
+        if phase == Phase.BACKWARD:
+            rec.settle_forward(self.forward_start)
+        rec.phase, rec.step = phase, step
+
+    def after_backward(self, model: torch.nn.Module) -> None:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        self.recorder.set_category(self.recorder.storage_ids_of(grads), Category.GRADIENTS)
+
+    def after_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+        state = [t for per_param in optimizer.state.values() for t in per_param.values()
+                 if isinstance(t, torch.Tensor)]
+        if scaler is not None:
+            state += [getattr(scaler, "_scale", None), getattr(scaler, "_growth_tracker", None)]
+        buffers = [t for t in state if isinstance(t, torch.Tensor) and t.dim() > 0]
+        scalars = [t for t in state if isinstance(t, torch.Tensor) and t.dim() == 0]
+        self.recorder.set_category(self.recorder.storage_ids_of(buffers), Category.OPTIMIZER_STATE)
+        self.recorder.set_category(self.recorder.storage_ids_of(scalars), Category.OPTIMIZER_SCALARS)
+
+
+def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], dict[str, int]]:
+    unique = {id(p): p for p in model.parameters()}.values()
+    by_dtype: Counter = Counter()
+    for p in unique:
+        by_dtype[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
+    per_module = {name: sum(p.numel() for p in m.parameters(recurse=False)) for name, m in model.named_modules()}
+    return (sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad),
+            dict(by_dtype), per_module)
+
+
+def trace_training(source: ModelSource, setup: TrainingSetup) -> TraceResult:
+    with torch.device("meta"):
+        built = source.build()
+    model, make_batch, loss_fn = training.unpack_built(built, source)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = ModuleTracker(model)
+    recorder = TraceRecorder(tracker)
+    observer = _RecordingObserver(recorder)
+    try:
+        with fake_mode, tracker, recorder:
+            materialize_fake(model)
+            recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
+            prepared = training.prepare(model, make_batch, loss_fn, setup, source)
+            recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
+            recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
+            training.run_steps(prepared, setup, observer)
+            facts = _model_facts(model)
+    except TrainmemError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's model failed: one line, where it failed
+        raise recorder.fail(error) from error
+    finally:
+        recorder.closed = True
+    return TraceResult(recorder.trace, facts[0], facts[1], facts[2], facts[3], recorder.op_counts,
+                       recorder.rules.warnings(), prepared.checkpointed, type(model).__name__)

@@ -1,0 +1,207 @@
+"""The training step, one piece of code for the fake trace and the real measurement.
+
+    for step in range(steps):
+        for micro in range(grad_accum):   inputs → forward → loss → backward
+        optimizer.step() (through GradScaler for fp16-mixed) → zero_grad(set_to_none=True)
+
+Batch, output and loss references are dropped right after each backward, as a careful training
+loop does; gradients are set to None by zero_grad (torch ≥ 2.0 default). An observer is told of each
+phase so that the recorder can label events; the real run passes a no-op observer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+from typing import Any
+
+import torch
+
+from trainmem.errors import SetupError
+from trainmem.frontends import ModelSource
+from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
+from trainmem.trace.checkpointing import checkpoint_blocks
+from trainmem.trace.events import Phase
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
+           "bool": torch.bool}
+
+
+class Observer:
+    """What the step tells whoever watches it. The recorder overrides these; a real run ignores them."""
+
+    def phase(self, phase: Phase, step: int) -> None: ...
+
+    def after_backward(self, model: torch.nn.Module) -> None: ...
+
+    def after_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None: ...
+
+
+@dataclasses.dataclass
+class Prepared:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    make_batch: Any
+    loss_fn: Any
+    checkpointed: list[str]
+    frozen: int  # number of frozen parameters (elements)
+
+
+def unpack_built(built: Any, source: ModelSource) -> tuple[torch.nn.Module, Any, Any]:
+    """A factory's result: a module, (module, make_batch[, loss_fn]) or a dict with those keys."""
+    make_batch, loss_fn = source.make_batch, source.loss_fn
+    if isinstance(built, dict):
+        built, make_batch, loss_fn = built.get("model"), built.get("make_batch", make_batch), built.get("loss_fn", loss_fn)
+    elif isinstance(built, tuple) and len(built) in (2, 3):
+        make_batch = built[1]
+        loss_fn = built[2] if len(built) == 3 else loss_fn
+        built = built[0]
+    if not isinstance(built, torch.nn.Module):
+        raise SetupError(f"expected the factory to return an nn.Module (or a tuple/dict with one), "
+                         f"got {type(built).__name__}", where=source.ref or source.name)
+    return built, make_batch, loss_fn
+
+
+def default_make_batch(setup: TrainingSetup, source: ModelSource):
+    specs = setup.inputs or source.default_inputs
+    if not specs:
+        raise SetupError("expected --input-shape (the model names no input shape of its own), got none",
+                         where=source.ref or source.name)
+    cast_floats = torch.bfloat16 if setup.precision == Precision.BF16 else None
+
+    def make_batch(batch_size: int) -> tuple[torch.Tensor, ...]:
+        tensors = []
+        for spec in specs:
+            shape = (batch_size, *spec.shape)
+            if spec.is_integer:
+                tensors.append(torch.randint(0, spec.max_value, shape, dtype=_DTYPES[spec.dtype]))
+            else:
+                tensors.append(torch.randn(shape, dtype=cast_floats or _DTYPES[spec.dtype]))
+        return tuple(tensors)
+
+    return make_batch
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    if isinstance(output, dict) and output:
+        return _first_tensor(next(iter(output.values())))
+    raise SetupError(f"expected the model to return a tensor (or a tuple/dict starting with one), "
+                     f"got {type(output).__name__}", where="model output")
+
+
+def builtin_loss(loss: Loss):
+    """Targets are made from the output's shape: classes on the last dim for [B, C] and [B, L, V]
+    (language models), on dim 1 for [B, C, H, W…] (segmentation)."""
+    def loss_fn(output: Any, inputs: Any) -> torch.Tensor:
+        out = _first_tensor(output)
+        if loss == Loss.SUM:
+            return out.float().sum() if not out.is_floating_point() else out.sum()
+        if loss == Loss.MSE:
+            return torch.nn.functional.mse_loss(out, torch.randn_like(out))
+        if out.dim() < 2:
+            raise SetupError(f"expected a [batch, classes, …] output for cross-entropy, got shape "
+                             f"{list(out.shape)}", where="--loss cross-entropy")
+        if out.dim() == 3:
+            out = out.reshape(-1, out.shape[-1])
+        classes = out.shape[1]
+        target_shape = (out.shape[0], *out.shape[2:])
+        return torch.nn.functional.cross_entropy(out, torch.randint(0, classes, target_shape, device=out.device))
+    return loss_fn
+
+
+def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> int:
+    """Turn off requires_grad for parameters whose name matches a pattern (fnmatch, or a module prefix)."""
+    frozen = 0
+    for pattern in patterns:
+        matched = [(n, p) for n, p in model.named_parameters()
+                   if fnmatch.fnmatchcase(n, pattern) or n.startswith(pattern.rstrip(".") + ".")]
+        if not matched:
+            names = ", ".join(n for n, _ in list(model.named_parameters())[:4])
+            raise SetupError(f"expected --freeze {pattern!r} to match parameter names such as {names}, "
+                             "it matched none", where="--freeze")
+        for _, parameter in matched:
+            frozen += parameter.numel() if parameter.requires_grad else 0
+            parameter.requires_grad_(False)
+    return frozen
+
+
+def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup) -> torch.optim.Optimizer:
+    impl = {OptimizerImpl.FOREACH: {"foreach": True}, OptimizerImpl.FOR_LOOP: {"foreach": False},
+            OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.DEFAULT: {}}[setup.optimizer_impl]
+    kind = setup.optimizer
+    if impl.get("fused") and kind in (Optimizer.RMSPROP,):
+        raise SetupError(f"expected an optimizer with a fused implementation (sgd, momentum, adam, adamw, "
+                         f"adagrad), got {kind}", where="--optimizer-impl fused")
+    optim = torch.optim
+    table = {
+        Optimizer.SGD: lambda: optim.SGD(params, lr=0.01, **impl),
+        Optimizer.MOMENTUM: lambda: optim.SGD(params, lr=0.01, momentum=0.9, **impl),
+        Optimizer.ADAM: lambda: optim.Adam(params, lr=1e-3, **impl),
+        Optimizer.ADAMW: lambda: optim.AdamW(params, lr=1e-3, **impl),
+        Optimizer.RMSPROP: lambda: optim.RMSprop(params, lr=1e-3, **impl),
+        Optimizer.ADAGRAD: lambda: optim.Adagrad(params, lr=0.01, **impl),
+    }
+    return table[kind]()
+
+
+def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup,
+            source: ModelSource) -> Prepared:
+    """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model."""
+    if setup.precision == Precision.BF16:
+        model.to(torch.bfloat16)
+    model.train()
+    frozen = freeze_parameters(model, setup.freeze)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise SetupError("expected at least one trainable parameter, got none (all frozen?)", where="--freeze")
+    checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
+    scaler = torch.amp.GradScaler("cpu") if setup.precision == Precision.FP16_MIXED else None
+    return Prepared(model, make_optimizer(trainable, setup), scaler,
+                    make_batch or default_make_batch(setup, source),
+                    loss_fn or builtin_loss(setup.loss or source.default_loss or Loss.CROSS_ENTROPY),
+                    checkpointed, frozen)
+
+
+def _autocast(setup: TrainingSetup):
+    dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
+    model, optimizer, scaler = prepared.model, prepared.optimizer, prepared.scaler
+    for step in range(setup.steps):
+        for _ in range(setup.grad_accum):
+            observer.phase(Phase.INPUTS, step)
+            batch = prepared.make_batch(setup.batch_size)
+            inputs = batch if isinstance(batch, tuple) else (batch,)
+            observer.phase(Phase.FORWARD, step)
+            with _autocast(setup):
+                output = model(*inputs)
+                observer.phase(Phase.LOSS, step)
+                loss = prepared.loss_fn(output, inputs)
+                if setup.grad_accum > 1:
+                    loss = loss / setup.grad_accum
+            del output
+            observer.phase(Phase.BACKWARD, step)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            del loss, batch, inputs
+            observer.after_backward(model)
+        observer.phase(Phase.OPTIMIZER, step)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        observer.after_optimizer(optimizer, scaler)
+        observer.phase(Phase.ZERO_GRAD, step)
+        optimizer.zero_grad(set_to_none=True)
