@@ -60,10 +60,31 @@ class Event:
     step: int
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    itemsize: int
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """An op whose kernel a target may know to allocate below the dispatcher. Its outputs' alloc
+    events are events[at_seq : at_seq + outputs_allocated]; args keep tensor metadata and plain values."""
+
+    op: str
+    at_seq: int
+    outputs_allocated: int
+    args: tuple
+    outputs: tuple  # TensorMeta or None per output, in the op's output order
+    output_sids: tuple  # sid per output (None when the output reused a storage)
+
+
 @dataclasses.dataclass
 class Trace:
     events: list[Event] = dataclasses.field(default_factory=list)
     storages: dict[int, StorageRecord] = dataclasses.field(default_factory=dict)
+    kernel_calls: list[KernelCall] = dataclasses.field(default_factory=list)
 
     def category_of(self, event: Event) -> Category:
         return self.storages[event.sid].category

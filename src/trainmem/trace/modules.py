@@ -23,6 +23,8 @@ class ModuleTracker:
         self._pending: list[tuple[weakref.ref, str]] = []
         self._by_sequence_nr: dict[int, str] = {}
         self._handles: list[Any] = []
+        self.output_elements: dict[str, int] = {}  # module -> elements of its first forward's output
+        self.leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
 
     def __enter__(self) -> ModuleTracker:
         hooks = torch.nn.modules.module
@@ -42,6 +44,9 @@ class ModuleTracker:
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._names.get(id(module)) is not None and self._stack:
+            name = self._stack[-1]
+            if name not in self.output_elements:
+                self.output_elements[name] = sum(t.numel() for t in tree_leaves(output) if isinstance(t, torch.Tensor))
             self.resolve_pending()
             self._pending.clear()  # what has no grad_fn by now never gets one
             self._stack.pop()

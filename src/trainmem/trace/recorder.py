@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from trainmem.errors import TraceError
-from trainmem.trace.events import Category, Event, Phase, StorageRecord, Trace
+from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.rules import DataDependentRules
 
@@ -28,9 +28,23 @@ _PROVISIONAL = {
 }
 
 
+def _meta_of(values: Any) -> tuple:
+    """Tensor metadata and plain values of an op's arguments, without holding the tensors."""
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append(TensorMeta(tuple(value.shape), value.element_size(), str(value.dtype).removeprefix("torch.")))
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            out.append(_meta_of(value))
+        else:
+            out.append(value)
+    return tuple(out)
+
+
 class TraceRecorder(TorchDispatchMode):
-    def __init__(self, modules: ModuleTracker) -> None:
+    def __init__(self, modules: ModuleTracker, kernel_ops: frozenset[str] = frozenset()) -> None:
         super().__init__()
+        self.kernel_ops = kernel_ops  # ops whose calls the target wants to see (kernel-internal buffers)
         self.trace = Trace()
         self.phase = Phase.INIT
         self.step = 0
@@ -49,20 +63,23 @@ class TraceRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate rule or a clear error
             out = self.rules.handle(func, args, kwargs, error, self.modules.current())
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._track(leaf, op_name)
+        at_seq = len(self.trace.events)
+        sids = [self._track(leaf, op_name) if isinstance(leaf, torch.Tensor) else None for leaf in tree_leaves(out)]
+        if op_name in self.kernel_ops:
+            self.trace.kernel_calls.append(KernelCall(op_name, at_seq, len(self.trace.events) - at_seq,
+                                                      _meta_of(args), _meta_of(tree_leaves(out)), tuple(sids)))
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.modules.note_outputs(out)
         return out
 
-    def _track(self, tensor: torch.Tensor, op_name: str) -> None:
+    def _track(self, tensor: torch.Tensor, op_name: str) -> int | None:
+        """Register the tensor's storage if it is new; return its sid when this op allocated it."""
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         known = self._live.get(id(storage))
         if known is not None:
             if known[1] == nbytes:
-                return
+                return None
             self._free(id(storage))  # resized in place (out= ops, resize_): old block gone, new one made
         sid = len(self.trace.storages)
         record = StorageRecord(sid, nbytes, _PROVISIONAL[self.phase], self.phase, self.modules.current(),
@@ -71,6 +88,7 @@ class TraceRecorder(TorchDispatchMode):
         self._live[id(storage)] = (sid, nbytes)
         self._emit("alloc", record)
         weakref.finalize(storage, self._free, id(storage), sid).atexit = False
+        return sid
 
     def _free(self, key: int, sid: int | None = None) -> None:
         known = self._live.get(key)

@@ -33,7 +33,10 @@ class TraceResult:
     op_counts: Counter
     warnings: list[str]
     checkpointed: list[str]
-    model_repr: str
+    model_name: str
+    output_elements: dict[str, int]  # module -> output elements of its first forward (whole batch)
+    leaf_modules: set[str]
+    parameter_modules: dict[str, str]  # module path -> class name, for modules that own parameters
 
 
 def materialize_fake(model: torch.nn.Module) -> None:
@@ -90,13 +93,13 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], dict
             dict(by_dtype), per_module)
 
 
-def trace_training(source: ModelSource, setup: TrainingSetup) -> TraceResult:
+def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset()) -> TraceResult:
     with torch.device("meta"):
         built = source.build()
     model, make_batch, loss_fn = training.unpack_built(built, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = ModuleTracker(model)
-    recorder = TraceRecorder(tracker)
+    recorder = TraceRecorder(tracker, kernel_ops)
     observer = _RecordingObserver(recorder)
     try:
         with fake_mode, tracker, recorder:
@@ -113,5 +116,8 @@ def trace_training(source: ModelSource, setup: TrainingSetup) -> TraceResult:
         raise recorder.fail(error) from error
     finally:
         recorder.closed = True
+    classes = {name: type(m).__name__ for name, m in model.named_modules()
+               if any(True for _ in m.parameters(recurse=False))}
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], facts[3], recorder.op_counts,
-                       recorder.rules.warnings(), prepared.checkpointed, type(model).__name__)
+                       recorder.rules.warnings(), prepared.checkpointed, type(model).__name__,
+                       tracker.output_elements, tracker.leaves, classes)

@@ -1,0 +1,22 @@
+"""trainmem: how much memory will training take — before you train."""
+
+from trainmem.devices import Device
+from trainmem.errors import TrainmemError
+from trainmem.estimate import Estimate, estimate
+from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Device",
+    "Estimate",
+    "InputSpec",
+    "Loss",
+    "Optimizer",
+    "OptimizerImpl",
+    "Precision",
+    "TrainingSetup",
+    "TrainmemError",
+    "__version__",
+    "estimate",
+]

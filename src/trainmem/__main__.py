@@ -1,0 +1,3 @@
+from trainmem.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""Turn a traced run into an Estimate for a device: target stream → allocator replay → report facts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from trainmem.alloc.cpu import aligned, replay_resident, replay_tensors
+from trainmem.devices import Device
+from trainmem.estimate import Estimate
+from trainmem.explain import explain
+from trainmem.setup import TrainingSetup
+from trainmem.targets import cpu as cpu_target
+from trainmem.targets import cpu_runtime
+from trainmem.trace.events import Category, Phase
+
+
+def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -> Estimate:
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    stream, fired = cpu_target.device_stream(traced.trace, capability)
+    tensors = replay_tensors(stream)
+    breakdown = {str(c): 0 for c in Category}
+    for event in tensors.live_at_peak.values():
+        breakdown[str(event.category)] += event.nbytes
+    breakdown[str(Category.RUNTIME)] += tensors.peak_bytes - sum(breakdown.values())  # 64-byte alignment slack
+    runtime = cpu_runtime.runtime_floor(traced.op_counts)
+    resident = replay_resident(stream)
+    process_parts = {**runtime.parts, "tensor_heap_resident": resident}
+    peak_event = stream[tensors.peak_index]
+    warnings = list(traced.warnings) + runtime.assumptions + [
+        f"CPU kernel rule '{rule}' applied ×{count} (buffers below the dispatcher, {capability})"
+        for rule, count in sorted(fired.items())]
+    if traced.checkpointed:
+        warnings.append(f"activation checkpointing wraps {len(traced.checkpointed)} blocks: "
+                        f"{', '.join(traced.checkpointed[:6])}{' …' if len(traced.checkpointed) > 6 else ''}")
+    return Estimate(
+        model_name=source.name, setup=setup, device=device, parameters=traced.parameters,
+        trainable_parameters=traced.trainable_parameters, tensor_bytes=tensors.peak_bytes,
+        process_bytes=sum(process_parts.values()), breakdown=breakdown, peak_phase=str(peak_event.phase),
+        peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
+        modules=module_table(traced, tensors.live_at_peak, depth), warnings=warnings,
+        explanation=explain(traced, setup, breakdown), process_parts=process_parts,
+        coverage={"ops": dict(traced.op_counts), "kernel_rules": fired, "capability": capability,
+                  "threads": torch.get_num_threads()})
+
+
+def _prefix(name: str, depth: int) -> str:
+    return ".".join(name.split(".")[:depth]) if name else ""
+
+
+def module_table(traced, live_at_peak: dict, depth: int) -> list[dict[str, Any]]:
+    """Per module (to `depth`): parameters, activations saved for backward in the last step, and
+    the bytes it owns at the peak."""
+    rows: dict[str, dict[str, int]] = defaultdict(lambda: {"parameters": 0, "activation_bytes": 0, "bytes_at_peak": 0})
+    for name, count in traced.module_parameters.items():
+        rows[_prefix(name, depth)]["parameters"] += count
+    last = max((r.step for r in traced.trace.storages.values()), default=0)
+    for record in traced.trace.storages.values():
+        if record.category == Category.ACTIVATIONS and record.step == last and record.phase == Phase.FORWARD:
+            rows[_prefix(record.module, depth)]["activation_bytes"] += record.nbytes
+    for event in live_at_peak.values():
+        rows[_prefix(event.module, depth)]["bytes_at_peak"] += aligned(event.nbytes)
+    return [{"module": name or "(model)", **values} for name, values in sorted(rows.items())]

@@ -1,0 +1,140 @@
+"""argparse → TrainingSetup → estimate() / measure() → render → exit code.
+
+Exit codes: 0 ok / fits, 1 does not fit the device, 2 bad input or a failed trace. Errors are one
+line on stderr; a traceback only with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from trainmem.errors import TrainmemError
+
+EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's usage dump becomes our one line
+        raise TrainmemError(f"{message} (see trainmem {self.prog.split()[-1]} --help)", where="command line")
+
+
+def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="mlp:1000-100-10 | spec.yaml | file.py:factory | package.module:factory")
+    parser.add_argument("--setup", metavar="FILE.toml", help="training setup from a TOML file (flags override it)")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--input-shape", action="append", help="per-sample shape, e.g. 3,224,224; repeat for more inputs")
+    parser.add_argument("--input-dtype", action="append", help="float32|int64|…; one, or one per input")
+    parser.add_argument("--input-max", action="append", type=int, help="token ids are < this (int inputs)")
+    parser.add_argument("--loss", help="cross-entropy|mse|sum")
+    parser.add_argument("--optimizer", help="sgd|momentum|adam|adamw|rmsprop|adagrad")
+    parser.add_argument("--optimizer-impl", help="foreach|for-loop|fused (default: what torch picks)")
+    parser.add_argument("--precision", help="fp32|fp16-mixed|bf16-mixed|bf16")
+    parser.add_argument("--grad-accum", type=int)
+    parser.add_argument("--checkpointing", action="store_true", default=None)
+    parser.add_argument("--freeze", action="append", metavar="PATTERN", help="parameter names to freeze (fnmatch)")
+    parser.add_argument("--activation", help="relu|tanh|gelu|sigmoid (mlp: models)")
+    parser.add_argument("--dropout", type=float, help="dropout probability between layers (mlp: models)")
+    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--depth", type=int, default=2, help="per-module table depth")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainmem", description="How much memory will training take — before you train.")
+    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_setup_flags(commands.add_parser("estimate", help="estimate training memory"))
+    measure = commands.add_parser("measure", help="run the steps for real and compare with the estimate")
+    _add_setup_flags(measure)
+    measure.add_argument("--force", action="store_true", help="run even if the estimate says it will not fit")
+    measure.add_argument("--runs", type=int, default=1, help="fresh processes for RSS (median reported)")
+    commands.add_parser("devices", help="list target devices").add_argument("--format", choices=["table", "json"], default="table")
+    return parser
+
+
+_FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
+                "precision": "precision", "grad_accum": "grad_accum", "checkpointing": "checkpointing",
+                "freeze": "freeze", "activation": "activation", "dropout": "dropout", "steps": "steps"}
+
+
+def setup_from_args(args: argparse.Namespace):
+    from trainmem.setup import TrainingSetup, parse_inputs
+
+    values: dict[str, Any] = {}
+    if args.setup:
+        values = TrainingSetup.from_toml(args.setup).to_dict()
+        values["inputs"] = parse_inputs([s["shape"] for s in values["inputs"]], [s["dtype"] for s in values["inputs"]],
+                                        [s["max_value"] for s in values["inputs"]]) if values["inputs"] else ()
+    for flag, key in _FLAG_TO_KEY.items():
+        if getattr(args, flag) is not None:
+            values[key] = getattr(args, flag)
+    if args.input_shape:
+        values["inputs"] = parse_inputs(args.input_shape, args.input_dtype, args.input_max)
+    elif args.input_dtype or args.input_max:
+        raise TrainmemError("expected --input-shape with --input-dtype/--input-max, got none", where="command line")
+    return TrainingSetup.from_mapping(values, where="command line")
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from trainmem.estimate import estimate
+
+    if args.depth < 1:
+        raise TrainmemError(f"expected --depth of at least 1, got {args.depth}", where="--depth")
+    result = estimate(args.model, setup=setup_from_args(args), device=args.device, depth=args.depth)
+    _print_warnings(result.warnings, args.format)
+    print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
+    return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from trainmem.measure.cpu import measure
+
+    comparison = measure(args.model, setup_from_args(args), force=args.force, runs=args.runs, depth=args.depth)
+    print(json.dumps(comparison.to_dict(), indent=2) if args.format == "json" else str(comparison))
+    return EXIT_OK
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from trainmem.devices import all_devices
+    from trainmem.units import format_bytes
+
+    devices = all_devices()
+    if args.format == "json":
+        print(json.dumps([d.to_dict() for d in devices], indent=2))
+    else:
+        for d in devices:
+            print(f"{d.name:12s} {d.kind:5s} {format_bytes(d.capacity_bytes):>12s}  {d.description}")
+    return EXIT_OK
+
+
+def _print_warnings(warnings: list[str], fmt: str) -> None:
+    if fmt == "json":
+        return  # they are in the JSON; stderr stays quiet for scripts
+    for warning in warnings:
+        if "cannot" in warning or "×" in warning and "aten." in warning:
+            print(f"warning: {warning}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        return {"estimate": _estimate, "measure": _measure, "devices": _devices}[args.command](args)
+    except TrainmemError as error:
+        if debug:
+            raise
+        print(f"trainmem: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
+        if debug:
+            raise
+        print(f"trainmem: error: {type(error).__name__}: {error} (rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,102 @@
+"""'How this adds up': the hand arithmetic a teacher would do, next to what the trace found, with
+each difference named. Formulas explain; the trace computes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from trainmem.setup import Optimizer, Precision, TrainingSetup
+from trainmem.trace.events import Category, Phase
+
+# per-parameter state buffers each optimizer keeps (torch/optim/*.py)
+STATE_BUFFERS = {Optimizer.SGD: (), Optimizer.MOMENTUM: ("momentum_buffer",),
+                 Optimizer.ADAM: ("exp_avg", "exp_avg_sq"), Optimizer.ADAMW: ("exp_avg", "exp_avg_sq"),
+                 Optimizer.RMSPROP: ("square_avg",), Optimizer.ADAGRAD: ("sum",)}
+
+
+def saved_at_backward_start(traced) -> tuple[int, Counter]:
+    """Bytes of activations (and the batch) alive when the last step's first backward begins, by op."""
+    trace = traced.trace
+    last = max((e.step for e in trace.events), default=0)
+    live: dict[int, Any] = {}
+    for event in trace.events:
+        if event.phase == Phase.BACKWARD and event.step == last:
+            break
+        if event.action == "alloc":
+            live[event.sid] = trace.storages[event.sid]
+        else:
+            live.pop(event.sid, None)
+    by_op: Counter = Counter()
+    for record in live.values():
+        if record.category == Category.ACTIVATIONS:
+            by_op[record.op] += record.nbytes
+        elif record.category == Category.INPUTS:
+            by_op["inputs (the batch)"] += record.nbytes
+    return sum(by_op.values()), by_op
+
+
+def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str, Any]:
+    value_bytes = 2 if setup.precision == Precision.BF16 else 4
+    params, trainable = traced.parameters, traced.trainable_parameters
+    buffers = STATE_BUFFERS[setup.optimizer]
+    batch = setup.batch_size
+    layer_outputs = sum(n for m, n in traced.output_elements.items() if m in traced.parameter_modules) // batch
+    input_values = sum(_prod(spec.shape) for spec in setup.inputs) if setup.inputs else None
+    saved_bytes, saved_by_op = saved_at_backward_start(traced)
+    rows = [
+        _row("parameters", f"{params:,} parameters × {value_bytes} B", params * value_bytes, breakdown["parameters"]),
+        _row("gradients", f"{trainable:,} trainable parameters × {value_bytes} B", trainable * value_bytes,
+             breakdown["gradients"], "at the peak" if breakdown["gradients"] else
+             "none alive at the peak (zero_grad sets them to None; the peak is before they exist)"),
+        _row("optimizer_state", f"{len(buffers)} buffers ({', '.join(buffers) or 'none'}) × {trainable:,} × {value_bytes} B",
+             len(buffers) * trainable * value_bytes, breakdown["optimizer_state"],
+             "created by the first optimizer.step(); the peak of step 1 predates it" if not breakdown["optimizer_state"] and buffers else ""),
+    ]
+    hand_values = None
+    if input_values is not None:
+        hand_values = input_values + 2 * layer_outputs
+        rows.append(_row(
+            "activations",
+            f"per sample: {input_values:,} inputs + {layer_outputs:,} layer outputs = {input_values + layer_outputs:,} "
+            f"activations, + {layer_outputs:,} output gradients = {hand_values:,} values × {batch} × {value_bytes} B",
+            hand_values * batch * value_bytes, saved_bytes,
+            "traced: tensors autograd keeps from forward to backward, by op: " + ", ".join(
+                f"{op} {n:,} B" for op, n in saved_by_op.most_common(6))))
+    return {"rows": rows, "saved_activation_bytes": saved_bytes,
+            "saved_by_op": dict(saved_by_op.most_common()),
+            "differences": _differences(breakdown, saved_by_op, setup)}
+
+
+def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> dict[str, Any]:
+    return {"what": name, "formula": formula, "hand_bytes": hand, "traced_bytes": traced, "note": note}
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup) -> list[str]:
+    notes = []
+    if breakdown.get("inputs"):
+        notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (the batch, and targets, kept for backward)")
+    if breakdown.get("temporaries"):
+        notes.append(f"temporaries at the peak: {breakdown['temporaries']:,} B (op outputs that die within the phase, "
+                     "e.g. gradients flowing between layers in backward)")
+    if breakdown.get("optimizer_scalars"):
+        notes.append(f"optimizer scalars: {breakdown['optimizer_scalars']:,} B (step counters, GradScaler scale)")
+    if breakdown.get("runtime"):
+        notes.append(f"runtime: {breakdown['runtime']:,} B (kernel-internal buffers and 64-byte allocation rounding)")
+    if "relu" in saved_by_op or "threshold_backward" in saved_by_op:
+        notes.append("ReLU keeps its output; the next Linear keeps the same tensor as its input (one storage)")
+    if "_log_softmax" in saved_by_op:
+        notes.append("cross-entropy keeps the log-softmax of the logits for backward")
+    if "native_dropout" in saved_by_op:
+        notes.append("dropout keeps a 1-byte mask per element")
+    if setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+        notes.append("autocast keeps low-precision copies of weights and activations for backward; "
+                     "master weights, gradients and optimizer state stay fp32")
+    return notes

@@ -1,0 +1,106 @@
+"""`trainmem measure`: the same setup run for real in fresh processes, beside the estimate.
+
+Two kinds of child process (measure/child.py): `tensors` runs the steps under the profiler and sums
+its memory events (which include kernel-internal buffers); `rss` runs without the profiler and reads
+VmHWM. RSS varies a few percent run to run, so `runs` > 1 reports the median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainmem.devices import available_bytes
+from trainmem.errors import MeasureError, ModelRefError
+from trainmem.setup import TrainingSetup
+from trainmem.units import format_bytes
+
+
+def run_child(model_ref: str, setup: TrainingSetup, mode: str, timeout: float = 1800) -> dict[str, Any]:
+    request = {"model": model_ref, "setup": setup.to_dict(), "mode": mode, "seed": 0}
+    src = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([sys.executable, "-m", "trainmem.measure.child", json.dumps(request)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise MeasureError(f"expected the measured run to finish within {timeout:.0f} s, it did not",
+                           where=model_ref) from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MeasureError(f"the measured run died (exit {done.returncode}): {tail}", where=model_ref)
+    result = json.loads(lines[-1])
+    if "error" in result:
+        raise MeasureError(f"the measured run failed: {result['error']}", where=model_ref)
+    return result
+
+
+def _relative(estimated: int, measured: int) -> float:
+    return (estimated - measured) / measured if measured else 0.0
+
+
+@dataclasses.dataclass
+class Comparison:
+    estimate: Any
+    tensors: dict[str, Any]
+    rss_runs: list[dict[str, Any]]
+
+    @property
+    def measured_tensor_bytes(self) -> int:
+        return int(self.tensors["tensor_peak_bytes"])
+
+    @property
+    def measured_process_bytes(self) -> int:
+        return int(statistics.median(r["peak_rss_bytes"] for r in self.rss_runs))
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {
+            "estimate": est.to_dict(),
+            "measured": {"tensor_bytes": self.measured_tensor_bytes, "process_bytes": self.measured_process_bytes,
+                         "process_bytes_runs": [r["peak_rss_bytes"] for r in self.rss_runs],
+                         "torch": self.tensors["torch"], "cpu_capability": self.tensors["cpu_capability"],
+                         "threads": self.tensors["threads"]},
+            "error": {"tensor_bytes": _relative(est.tensor_bytes, self.measured_tensor_bytes),
+                      "process_bytes": _relative(est.process_bytes, self.measured_process_bytes)},
+        }
+
+    def __str__(self) -> str:
+        est = self.estimate
+        rows = [("tensors (peak live storage)", est.tensor_bytes, self.measured_tensor_bytes),
+                ("process (peak RSS)", est.process_bytes, self.measured_process_bytes)]
+        lines = [f"trainmem measure — {est.model_name}, batch {est.setup.batch_size}, {est.setup.optimizer}, "
+                 f"{est.setup.precision} (torch {self.tensors['torch']}, {self.tensors['cpu_capability']}, "
+                 f"{self.tensors['threads']} threads)", "",
+                 f"  {'':28s} {'estimated':>12s} {'measured':>12s} {'error':>8s}"]
+        for name, estimated, measured in rows:
+            lines.append(f"  {name:28s} {format_bytes(estimated):>12s} {format_bytes(measured):>12s} "
+                         f"{_relative(estimated, measured):>+8.2%}")
+        if len(self.rss_runs) > 1:
+            lines.append(f"  RSS over {len(self.rss_runs)} runs: "
+                         + ", ".join(format_bytes(r["peak_rss_bytes"]) for r in self.rss_runs))
+        return "\n".join(lines)
+
+
+def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: int = 1, depth: int = 2) -> Comparison:
+    from trainmem.estimate import estimate
+
+    if not isinstance(model_ref, str):
+        raise ModelRefError("expected a model reference string (a module object cannot be rebuilt in a fresh "
+                            "process)", where="measure")
+    if runs < 1:
+        raise MeasureError(f"expected --runs of at least 1, got {runs}", where="--runs")
+    est = estimate(model_ref, setup=setup, depth=depth)
+    free = available_bytes()
+    if free is not None and est.process_bytes > free and not force:
+        raise MeasureError(f"expected the run to fit in available memory ({format_bytes(free)}), the estimate is "
+                           f"{format_bytes(est.process_bytes)}; use --force to run anyway", where="measure")
+    rss_runs = [run_child(model_ref, setup, "rss") for _ in range(runs)]
+    return Comparison(est, run_child(model_ref, setup, "tensors"), rss_runs)

@@ -1,0 +1,1 @@
+"""Renderers: terminal text and JSON."""

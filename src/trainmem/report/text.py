@@ -1,0 +1,49 @@
+"""The terminal report: peaks, breakdown at the peak, where the peak is, per module, how it adds up."""
+
+from __future__ import annotations
+
+from trainmem.units import format_bytes
+
+
+def _table(rows: list[list[str]], align: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return lines
+
+
+def render_text(est) -> str:
+    s = est.setup
+    out = [f"trainmem — {est.model_name}: {est.parameters:,} parameters ({est.trainable_parameters:,} trainable)",
+           f"  batch {s.batch_size} · {s.optimizer} ({s.optimizer_impl}) · {s.precision}"
+           + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
+           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", ""]
+    out.append("Peak memory")
+    out += _table([
+        ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
+        ["allocated", format_bytes(est.allocated_bytes), "= tensors on the CPU"],
+        ["reserved", format_bytes(est.reserved_bytes), "the CPU allocator caches nothing"],
+        ["process (peak RSS)", format_bytes(est.process_bytes), f"of {format_bytes(est.device.capacity_bytes)}: "
+         + ("fits" if est.fits else "DOES NOT FIT")],
+    ], "lrl")
+    out += ["", f"Where: step {est.peak_step + 1}, {est.peak_phase}, module '{est.peak_module or '(model)'}', "
+                f"op {est.peak_op}", "", "Breakdown at the peak"]
+    rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
+    out += _table(rows + [["total", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"]], "lrr")
+    out += ["", "Process memory (peak RSS)"]
+    out += _table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
+    out += ["", "Per module"]
+    out += _table([["module", "params", "saved activations", "at peak"]] + [
+        [m["module"], f"{m['parameters']:,}", format_bytes(m["activation_bytes"]), format_bytes(m["bytes_at_peak"])]
+        for m in est.modules], "lrrr")
+    out += ["", "How this adds up (by hand → traced)"]
+    for row in est.explanation["rows"]:
+        out.append(f"  {row['what']}: {row['formula']} = {row['hand_bytes']:,} B → traced {row['traced_bytes']:,} B")
+        if row["note"]:
+            out.append(f"      {row['note']}")
+    out += [f"  · {note}" for note in est.explanation["differences"]]
+    if est.warnings:
+        out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
+    return "\n".join(out)

@@ -1,0 +1,53 @@
+"""What a CPU training process holds besides its tensors: the process floor.
+
+The floor is the peak RSS of a fresh Python process that imports torch and trains a tiny model for two
+steps (the interpreter, torch's libraries as mapped, thread pools, autograd and optimizer machinery),
+less that tiny model's own tensors. It is measured, not derived: `benchmarks/calibrate_cpu.py` writes
+`targets/data/cpu_runtime.json` with the torch version, CPU capability and thread count it was
+measured with. Kernel families that load more code or JIT buffers (oneDNN convolution, LSTM) add a
+measured increment of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data" / "cpu_runtime.json"
+
+# op families whose first use maps more library code or JIT buffers; names as the dispatcher sees them
+FAMILIES = {
+    "convolution": ("convolution", "convolution_backward"),
+    "lstm": ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"),
+    "attention": ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeFloor:
+    parts: dict[str, int]
+    assumptions: list[str]
+
+
+def load() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def runtime_floor(op_counts: Counter) -> RuntimeFloor:
+    import torch
+
+    data = load()
+    parts = {"process_floor": int(data["floor_bytes"])}
+    for family, ops in FAMILIES.items():
+        if any(op_counts.get(op) for op in ops) and family in data.get("families", {}):
+            parts[f"runtime_{family}"] = int(data["families"][family])
+    assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
+                   f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
+                   "interpreter, torch libraries, thread pools"]
+    here = (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    if here != (data["torch"], data["capability"], data["threads"]):
+        assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "
+                           "was measured elsewhere and may differ by tens of MiB")
+    return RuntimeFloor(parts, assumptions)
