@@ -199,3 +199,22 @@ def mobilenet_like():
                           *separable(32, 64, 1), *separable(64, 128, 2), *separable(128, 256, 2),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(256, 10))
     return model, _images(3, 96)
+
+
+# ---- tiny models for calibrating the process floor (benchmarks/calibrate_cpu.py) -------------------
+
+def tiny_conv():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)), _images(3, 8)
+
+
+def tiny_lstm():
+    return LSTMClassifier(nn.LSTM, vocab=16, dim=4, hidden=4, classes=2), _tokens(16, 4)
+
+
+def tiny_attention():
+    return TinyGPT(vocab=16, d_model=8, heads=2, layers=1, seq=4), _tokens(16, 4)
+
+
+def gpt_1b3():
+    """GPT-style 1.3B: 24 layers, d_model 2048, 16 heads, seq 1024, vocab 50257 (benchmarks/speed.py)."""
+    return TinyGPT(vocab=50257, d_model=2048, heads=16, layers=24, seq=1024), _tokens(50257, 1024)

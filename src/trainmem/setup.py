@@ -112,6 +112,8 @@ class TrainingSetup:
         kwargs = {k: v for k, v in values.items() if k in names}
         if "inputs" not in kwargs and "input_shape" in values:
             kwargs["inputs"] = parse_inputs(values["input_shape"], values.get("input_dtype"), values.get("input_max"))
+        if "inputs" in kwargs:
+            kwargs["inputs"] = tuple(_input_spec(item, where) for item in kwargs["inputs"])
         if "freeze" in kwargs:
             kwargs["freeze"] = tuple(kwargs["freeze"])
         return cls(**kwargs)
@@ -132,6 +134,14 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         return out
+
+
+def _input_spec(item: Any, where: str) -> InputSpec:
+    if isinstance(item, InputSpec):
+        return item
+    if isinstance(item, Mapping) and "shape" in item:
+        return InputSpec(parse_shape(item["shape"]), str(item.get("dtype", "float32")), int(item.get("max_value", 2)))
+    raise expected("inputs as {shape, dtype, max_value} tables", item, where)
 
 
 _ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {

@@ -22,7 +22,13 @@ class DataDependentRules:
         self.fired: Counter[tuple[str, str, str]] = Counter()  # (op, module, assumption) -> count
 
     def handle(self, func: Any, args: tuple, kwargs: dict, error: Exception, module: str) -> Any:
+        from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                                   UnsupportedOperatorException)
+
         op = str(getattr(func, "overloadpacket", func)).removeprefix("aten.")
+        if not isinstance(error, (DataDependentOutputException, DynamicOutputShapeException,
+                                  UnsupportedOperatorException)):
+            raise error  # a real error of the model on this input (shape mismatch…): reported as such
         if op == "_local_scalar_dense" and isinstance(args[0], torch.Tensor):
             return self._scalar_zero(args[0], module)
         raise TraceError(f"op aten.{op} cannot run on fake tensors ({type(error).__name__}: "

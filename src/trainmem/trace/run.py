@@ -8,6 +8,7 @@ of building under FakeTensorMode (modules that deepcopy a layer give each copy i
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainmem.errors import TrainmemError
 from trainmem.frontends import ModelSource
-from trainmem.setup import TrainingSetup
+from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import step as training
 from trainmem.trace.events import Category, Phase, Trace
 from trainmem.trace.modules import ModuleTracker
@@ -39,8 +40,10 @@ class TraceResult:
     parameter_modules: dict[str, str]  # module path -> class name, for modules that own parameters
 
 
-def materialize_fake(model: torch.nn.Module) -> None:
-    """Replace meta parameters and buffers with fake CPU ones; shared (tied) tensors stay shared."""
+def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
+    """Replace meta parameters and buffers with fake CPU ones; shared (tied) tensors stay shared.
+    With `float_dtype` (pure bf16 training) floating tensors are made in that dtype directly: a later
+    `model.to()` would try to swap fake tensors in place, which fails for tied weights."""
     replaced: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):
@@ -48,7 +51,8 @@ def materialize_fake(model: torch.nn.Module) -> None:
                 if tensor is None:
                     continue
                 if id(tensor) not in replaced:
-                    new = torch.empty_like(tensor, device="cpu")
+                    dtype = float_dtype if float_dtype is not None and tensor.is_floating_point() else tensor.dtype
+                    new = torch.empty_like(tensor, device="cpu", dtype=dtype)
                     if isinstance(tensor, torch.nn.Parameter):
                         new = torch.nn.Parameter(new, requires_grad=tensor.requires_grad)
                     replaced[id(tensor)] = new
@@ -88,7 +92,12 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], dict
     by_dtype: Counter = Counter()
     for p in unique:
         by_dtype[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
-    per_module = {name: sum(p.numel() for p in m.parameters(recurse=False)) for name, m in model.named_modules()}
+    per_module: dict[str, int] = {}
+    owned: set[int] = set()  # a tied parameter belongs to the first module that holds it
+    for name, module in model.named_modules():
+        mine = [p for p in module.parameters(recurse=False) if id(p) not in owned]
+        owned.update(id(p) for p in mine)
+        per_module[name] = sum(p.numel() for p in mine)
     return (sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad),
             dict(by_dtype), per_module)
 
@@ -98,12 +107,15 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         built = source.build()
     model, make_batch, loss_fn = training.unpack_built(built, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_log_level, fake_log.level = fake_log.level, logging.CRITICAL
     tracker = ModuleTracker(model)
     recorder = TraceRecorder(tracker, kernel_ops)
     observer = _RecordingObserver(recorder)
     try:
         with fake_mode, tracker, recorder:
-            materialize_fake(model)
+            materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
             recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
             prepared = training.prepare(model, make_batch, loss_fn, setup, source)
             recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
@@ -116,6 +128,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         raise recorder.fail(error) from error
     finally:
         recorder.closed = True
+        fake_log.setLevel(fake_log_level)
     classes = {name: type(m).__name__ for name, m in model.named_modules()
                if any(True for _ in m.parameters(recurse=False))}
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], facts[3], recorder.op_counts,

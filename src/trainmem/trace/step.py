@@ -157,7 +157,8 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup) -> to
 def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup,
             source: ModelSource) -> Prepared:
     """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model."""
-    if setup.precision == Precision.BF16:
+    if setup.precision == Precision.BF16 and any(p.dtype != torch.bfloat16 for p in model.parameters()
+                                                 if p.is_floating_point()):
         model.to(torch.bfloat16)
     model.train()
     frozen = freeze_parameters(model, setup.freeze)

@@ -1,0 +1,117 @@
+"""CLI: exit codes, JSON schema, one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainmem.cli import main
+
+SEED = ["estimate", "mlp:1000-100-100-100-100-10", "--input-shape", "1000", "--batch-size", "256", "--optimizer", "adam"]
+
+
+def run(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_schema(capsys):
+    code, out, _ = run(SEED + ["--format", "json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) >= {"trainmem_version", "model", "setup", "device", "peak", "breakdown", "fits"}
+    assert set(data["peak"]) >= {"tensor_bytes", "allocated_bytes", "reserved_bytes", "process_bytes", "phase", "module", "op"}
+    assert set(data["breakdown"]) >= {"parameters", "buffers", "gradients", "optimizer_state", "activations",
+                                      "temporaries", "inputs", "runtime"}
+    assert all(isinstance(v, int) for v in data["breakdown"].values())
+    assert sum(data["breakdown"].values()) == data["peak"]["tensor_bytes"]
+    assert data["peak"]["reserved_bytes"] is None and data["device"]["kind"] == "cpu"
+
+
+def test_table_report(capsys):
+    code, out, _ = run(SEED, capsys)
+    assert code == 0
+    assert "Breakdown at the peak" in out and "How this adds up" in out and "1,820 values" in out
+
+
+def test_devices(capsys):
+    code, out, _ = run(["devices"], capsys)
+    assert code == 0 and out.startswith("cpu")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["estimate", "nonsense"], "expected a model reference"),
+    (["estimate", "mlp:10-x-3"], "expected mlp:IN-HIDDEN"),
+    (["estimate", "mlp:10-3", "--batch-size", "-4"], "--batch-size: expected a positive integer, got -4"),
+    (["estimate", "mlp:10-3", "--optimizer", "adamx"], "--optimizer: expected sgd|momentum"),
+    (["estimate", "mlp:10-3", "--precision", "fp8"], "--precision: expected fp32"),
+    (["estimate", "mlp:10-3", "--input-shape", "3,-1"], "--input-shape: expected comma-separated positive"),
+    (["estimate", "mlp:10-3", "--input-shape", "10", "--input-dtype", "float128"], "--input-dtype: expected an input dtype"),
+    (["estimate", "missing_file.py:factory"], "expected an existing Python file"),
+    (["estimate", "no_such_pkg_xyz.module:factory"], "expected an importable module"),
+    (["estimate", "net.yaml"], "expected an existing spec file"),
+    (["estimate", "mlp:10-3", "--freeze", "nothing*"], "it matched none"),
+    (["estimate", "mlp:10-3", "--device", "tpu"], "--device: expected a device"),
+    (["estimate", "mlp:10-3", "--optimizer", "rmsprop", "--optimizer-impl", "fused"], "fused implementation"),
+])
+def test_bad_input_is_one_line_exit_2(args, fragment, capsys):
+    code, out, err = run(args, capsys)
+    assert code == 2
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_factory_that_raises(tmp_factory, capsys):
+    ref = tmp_factory("def factory():\n    raise ValueError('no weights here')\n")
+    code, _, err = run(["estimate", ref, "--input-shape", "4"], capsys)
+    assert code == 2 and "the factory raised ValueError: no weights here" in err
+
+
+def test_forward_that_fails_on_the_input(tmp_factory, capsys):
+    ref = tmp_factory("def factory():\n    return nn.Linear(8, 2)\n")
+    code, _, err = run(["estimate", ref, "--input-shape", "5"], capsys)
+    assert code == 2 and "failed in phase forward" in err and "Traceback" not in err
+
+
+def test_missing_input_shape(tmp_factory, capsys):
+    ref = tmp_factory("def factory():\n    return nn.Linear(8, 2)\n")
+    code, _, err = run(["estimate", ref], capsys)
+    assert code == 2 and "expected --input-shape" in err
+
+
+def test_debug_shows_traceback():
+    done = subprocess.run([sys.executable, "-m", "trainmem", "estimate", "nonsense", "--debug"],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "Traceback" in done.stderr
+
+
+def test_setup_from_toml(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('batch_size = 256\noptimizer = "adam"\ninput_shape = "1000"\n')
+    code, out, _ = run(["estimate", "mlp:1000-100-100-100-100-10", "--setup", str(toml), "--format", "json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["breakdown"]["optimizer_state"] == 1051280
+
+
+def test_spec_files(tmp_path, capsys):
+    spec = tmp_path / "net.json"
+    spec.write_text(json.dumps({"input": [3, 16, 16], "layers": [
+        {"conv2d": {"out_channels": 8, "kernel_size": 3, "padding": 1}}, "batchnorm", "relu",
+        {"maxpool2d": {"kernel_size": 2}}, "flatten", {"linear": {"out_features": 10}}]}))
+    code, out, _ = run(["estimate", str(spec), "--batch-size", "4", "--format", "json"], capsys)
+    assert code == 0
+    assert json.loads(out)["model"]["parameters"] == (3 * 9 * 8 + 8) + 16 + (8 * 8 * 8 * 10 + 10)
+    yaml_spec = tmp_path / "lm.yaml"
+    yaml_spec.write_text("input: [12]\ninput_dtype: int64\nlayers:\n  - embedding: {num_embeddings: 50, embedding_dim: 16}\n"
+                         "  - lstm: {hidden_size: 32}\n  - gru: {hidden_size: 8}\n  - layernorm\n  - linear: {out_features: 50}\n")
+    code, out, err = run(["estimate", str(yaml_spec), "--batch-size", "2", "--format", "json"], capsys)
+    assert code == 0, err
+
+
+def test_bad_spec(tmp_path, capsys):
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"input": [4], "layers": ["linear"]}))
+    code, _, err = run(["estimate", str(spec)], capsys)
+    assert code == 2 and "layer 0 (linear" in err

@@ -1,0 +1,95 @@
+"""Hand-computed values the trace must reproduce exactly."""
+
+import pytest
+
+import trainmem
+
+D = 64
+
+
+def _linear(tmp_factory, extra: str = "") -> str:
+    return tmp_factory(f"def factory():\n    m = nn.Sequential(nn.Linear({D}, {D}), nn.ReLU(), nn.Linear({D}, 4))\n{extra}    return m\n")
+
+
+def test_seed_mlp_matches_the_issue():
+    est = trainmem.estimate("mlp:1000-100-100-100-100-10", batch_size=256, optimizer="adam", input_shape="1000")
+    data = est.to_dict()
+    assert data["model"]["parameters"] == 131410
+    assert data["breakdown"]["parameters"] == 525640
+    assert data["breakdown"]["optimizer_state"] == 1051280  # 2 moments × 131,410 × 4 B, alive at the peak
+    activations = next(r for r in est.explanation["rows"] if r["what"] == "activations")
+    assert "1,820 values" in activations["formula"]
+    assert activations["hand_bytes"] == 1820 * 256 * 4
+
+
+@pytest.mark.parametrize("optimizer,buffers", [("adamw", 2), ("adam", 2), ("momentum", 1), ("rmsprop", 1),
+                                               ("adagrad", 1), ("sgd", 0)])
+def test_optimizer_state_per_parameter(optimizer, buffers):
+    # Linear(d, d) keeps buffers · 4 · (d² + d) bytes of state
+    est = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer=optimizer)
+    assert est.breakdown["optimizer_state"] == buffers * 4 * (D * D + D)
+
+
+def test_frozen_layers_keep_no_gradients_or_state(tmp_factory):
+    ref = _linear(tmp_factory, "    m[0].requires_grad_(False)\n")
+    est = trainmem.estimate(ref, batch_size=4, optimizer="adamw", input_shape=str(D))
+    trainable = D * 4 + 4
+    assert est.trainable_parameters == trainable
+    assert est.breakdown["optimizer_state"] == 2 * 4 * trainable
+    assert est.breakdown["gradients"] in (0, 4 * trainable)
+
+
+def test_freeze_pattern_flag_equals_frozen_factory(tmp_factory):
+    ref = _linear(tmp_factory)
+    est = trainmem.estimate(ref, batch_size=4, optimizer="adamw", input_shape=str(D), freeze=["0.*"])
+    assert est.breakdown["optimizer_state"] == 2 * 4 * (D * 4 + 4)
+
+
+def test_fp16_mixed_keeps_fp32_master_weights_and_fp16_activations():
+    fp32 = trainmem.estimate(f"mlp:{D}-{D}-{D}-4", batch_size=32, optimizer="adam")
+    mixed = trainmem.estimate(f"mlp:{D}-{D}-{D}-4", batch_size=32, optimizer="adam", precision="fp16-mixed")
+    assert mixed.breakdown["parameters"] == fp32.breakdown["parameters"]  # master weights stay fp32
+    assert mixed.breakdown["optimizer_state"] == fp32.breakdown["optimizer_state"]
+    assert mixed.explanation["saved_by_op"].get("relu", 0) == fp32.explanation["saved_by_op"]["relu"] // 2
+
+
+def test_pure_bf16_halves_model_states():
+    fp32 = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer="adam")
+    bf16 = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer="adam", precision="bf16")
+    assert bf16.breakdown["parameters"] * 2 == fp32.breakdown["parameters"]
+    assert bf16.breakdown["optimizer_state"] * 2 == fp32.breakdown["optimizer_state"]
+
+
+def test_tied_weights_stay_tied():
+    from conftest import zoo
+
+    est = trainmem.estimate(zoo("tiny_gpt"), batch_size=1, optimizer="sgd")
+    # 2000×256 token embedding shared with the LM head is counted once
+    assert est.parameters == sum(m["parameters"] for m in est.modules)
+    assert est.breakdown["parameters"] == est.parameters * 4
+
+
+def test_checkpointing_saves_activations():
+    from conftest import zoo
+
+    plain = trainmem.estimate(zoo("tiny_gpt"), batch_size=4, optimizer="sgd")
+    ckpt = trainmem.estimate(zoo("tiny_gpt"), batch_size=4, optimizer="sgd", checkpointing=True)
+    assert ckpt.explanation["saved_activation_bytes"] < plain.explanation["saved_activation_bytes"] / 2
+    assert any("checkpointing wraps 4 blocks" in w for w in ckpt.warnings)
+
+
+def test_grad_accum_keeps_one_gradient_set():
+    one = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer="sgd", steps=1)
+    accum = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer="sgd", grad_accum=3, steps=1)
+    assert accum.tensor_bytes >= one.tensor_bytes
+    assert accum.breakdown["gradients"] <= 4 * (D * D + D)
+
+
+def test_module_object_is_not_touched():
+    import torch
+
+    model = torch.nn.Linear(D, 3)
+    before = model.weight.detach().clone()
+    est = trainmem.estimate(model, batch_size=2, optimizer="adam", input_shape=str(D))
+    assert est.breakdown["parameters"] == 4 * (D * 3 + 3)
+    assert torch.equal(model.weight, before)
