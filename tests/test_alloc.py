@@ -14,7 +14,7 @@ def test_tensor_replay_rounds_each_request_to_64_bytes():
     stream = [ev("alloc", 4, 1), ev("alloc", 100, 2), ev("free", 4, 1), ev("alloc", 64, 3)]
     replay = replay_tensors(stream)
     assert aligned(4) == 64 and aligned(100) == 128
-    assert replay.peak_bytes == 128 + 64 + 0 or replay.peak_bytes == 192
+    assert replay.peak_bytes == 64 + 128  # the later 64-byte chunk comes after a 64-byte free
     assert replay.final_bytes == 192
 
 

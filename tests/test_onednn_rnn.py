@@ -19,7 +19,10 @@ except ImportError:  # running from a checkout without PYTHONPATH=src
 
 from trainmem.targets.onednn_rnn import (  # noqa: E402
     get_good_ld,
+    lstm_backward_transients,
+    lstm_forward_transients,
     lstm_module_workspace_bytes,
+    lstm_scratchpad_bytes,
     lstm_workspace_bytes,
 )
 
@@ -126,3 +129,127 @@ def test_get_good_ld_rules():
 def test_page_rounding_smallest_case():
     # 7 regions, each smaller than a page, give 7 pages.
     assert lstm_workspace_bytes(1, 1, 1, 1) == 7 * 4096
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel-internal buffers (lstm_forward_transients / lstm_backward_transients)
+# --------------------------------------------------------------------------------------------
+
+
+def _peak(deltas):
+    cur = best = 0
+    for d in deltas:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_transients_reproduce_profiled_sequence():
+    """nn.LSTM(128, 256, num_layers=2, batch_first=True) on [8, 64, 128] fp32, profiled with
+    torch 2.13 / oneDNN 3.12: layer 0 forward and layer 1 backward (grad_output copied from the
+    batch_first transpose, grad_hy / grad_cy undefined)."""
+    before, after = lstm_forward_transients(64, 8, 128, 256, 4)
+    outputs = [524288, 8192, 8192, 8220672]
+    real = [524288, 8192, 8192, 4096, 8220672, 532480, 1064960, 2159160, -2159160, -1064960,
+            -532480, -4096]
+    assert sorted(x for x in before + after if x > 0) == sorted(
+        x for x in real if x > 0 and x not in outputs)
+    assert _peak(before + outputs + after) == _peak(real)
+
+    before, after = lstm_backward_transients(64, 8, 256, 256, 4)
+    assert before == [524288, 8192, 8192, 4096]
+    assert after == [1114112, 1114112, 1064960, 1064960, 4096, 2159160, -2159160, -4096,
+                     -1064960, -1064960, -1114112, -1114112, -4096, -8192, -8192, -524288]
+
+
+@pytest.mark.parametrize("T,B,I,H,s", [(1, 1, 1, 1, 4), (7, 3, 31, 33, 2), (64, 8, 256, 256, 4),
+                                       (5, 1, 64, 64, 2), (3, 200, 17, 40, 4)])
+def test_transients_balance(T, B, I, H, s):
+    for before, after in (lstm_forward_transients(T, B, I, H, s, num_threads=3),
+                          lstm_backward_transients(T, B, I, H, s, num_threads=3)):
+        assert sum(before) + sum(after) == 0
+        assert all(x > 0 for x in before)
+
+
+def test_scratchpad_f32_ignores_threads_bf16_does_not():
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, num_threads=1) == 2159160
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, num_threads=64) == 2159160
+    # bf16 brgemm: 40-byte batch elements per thread (and transposition buffers in backward)
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, num_threads=2) == 62280
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, backward=True, num_threads=2) == 53688
+
+
+def _real_in_op(T, B, I, H, dtype, reverse, grads, share):
+    """Run mkldnn_rnn_layer (grad mode) and its backward under the profiler. Returns, per op, the
+    signed memory events inside the op and the storage sizes of its outputs, plus the flags."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    if share:
+        hc = r(2, B, H)
+        hx, cx = hc[0], hc[1]
+    else:
+        hx, cx = r(B, H), r(B, H)
+    args = [r(T, B, I), r(4 * H, I), r(4 * H, H), r(4 * H), r(4 * H), hx, cx]
+    if grads == "none":
+        go, ghy, gcy = r(T, B, H), None, None
+    elif grads == "noncontig":
+        go, ghy, gcy = r(B, T, H).transpose(0, 1), r(B, H), r(B, H)
+    else:
+        go, ghy, gcy = r(T, B, H), r(B, H), r(B, H)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.enable_grad():
+            out = torch.ops.aten.mkldnn_rnn_layer(
+                *args, reverse, [], _LSTM_MODE, H, 1, True, False, False, True)
+        bout = torch.ops.aten.mkldnn_rnn_layer_backward(
+            *args, out[0], out[1], out[2], go, ghy, gcy, reverse, _LSTM_MODE, H, 1, True, True,
+            False, [], False, out[3])
+    events = list(prof.profiler.kineto_results.events())
+    mem = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    result = []
+    for name, outs in (("aten::mkldnn_rnn_layer", out), ("aten::mkldnn_rnn_layer_backward", bout)):
+        (op,) = [e for e in events if e.name() == name]
+        real = [e.nbytes() for e in mem if op.start_ns() <= e.start_ns() <= op.end_ns()]
+        result.append((real, [o.untyped_storage().nbytes() for o in outs]))
+    flags = {
+        "grad_output_copied": go is None or not go.is_contiguous(),
+        "grad_hy_copied": ghy is None,
+        "grad_cy_copied": gcy is None,
+        "hx_cx_same_storage": share,
+    }
+    return result, flags
+
+
+# (T, B, I, H, dtype, reverse, grads, hx/cx share a storage). Non-multiples of 16, I or H = 256
+# (padded ld), I = 1 and H = 1 (no reorder / unpadded diff weights), B = 1 (bf16 merged layer
+# GEMM, per-thread transposes), B >= 128 (f32 unmerged forward).
+TRANSIENT_SHAPES = [
+    (64, 8, 128, 256, torch.float32, False, "noncontig", False),
+    (7, 3, 31, 33, torch.float32, True, "none", True),
+    (9, 2, 1000, 1, torch.float32, False, "contig", False),
+    (4, 130, 17, 40, torch.float32, False, "none", False),
+    (12, 4, 64, 64, torch.bfloat16, False, "contig", False),
+    (7, 3, 31, 33, torch.bfloat16, True, "noncontig", False),
+    (20, 1, 48, 48, torch.bfloat16, False, "none", True),
+    (5, 5, 1, 63, torch.bfloat16, False, "contig", False),
+]
+
+
+@pytest.mark.parametrize("T,B,I,H,dtype,reverse,grads,share", TRANSIENT_SHAPES)
+def test_transients_match_real_in_op_peak(T, B, I, H, dtype, reverse, grads, share):
+    if not (_HAS_BF16 if dtype is torch.bfloat16 else _HAS_MKLDNN):
+        pytest.skip("oneDNN (bf16) unavailable")
+    ((fwd_real, fwd_outs), (bwd_real, bwd_outs)), flags = _real_in_op(
+        T, B, I, H, dtype, reverse, grads, share)
+    s = torch.tensor([], dtype=dtype).element_size()
+    for real, outs, (before, after) in (
+        (fwd_real, fwd_outs, lstm_forward_transients(T, B, I, H, s)),
+        (bwd_real, bwd_outs, lstm_backward_transients(T, B, I, H, s, **flags)),
+    ):
+        assert sum(before) + sum(after) == 0
+        real_peak, model_peak = _peak(real), _peak(before + outs + after)
+        assert abs(model_peak - real_peak) <= max(0.01 * real_peak, 8192), (real, before, after)

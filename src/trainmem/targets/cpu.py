@@ -29,6 +29,16 @@ def kernel_ops() -> frozenset[str]:
     return frozenset(_RULES)
 
 
+def _optional_rules(name: str):
+    """A rule module that may be absent from a trimmed install; without it the op adds nothing."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"trainmem.targets.{name}")
+    except ImportError:
+        return None
+
+
 def _shape(meta: Any) -> tuple[int, ...] | None:
     return meta.shape if isinstance(meta, TensorMeta) else None
 
@@ -69,8 +79,9 @@ def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
 @kernel_rule("convolution")
 def _conv_forward(call: KernelCall, capability: str) -> KernelEffect:
     """ideep reorders plain tensors into blocked layouts around oneDNN convolutions (targets/onednn_conv.py)."""
-    from trainmem.targets import onednn_conv
-
+    onednn_conv = _optional_rules("onednn_conv")
+    if onednn_conv is None:
+        return KernelEffect()
     inp, weight, _bias, stride, padding, dilation, transposed, _out_pad, groups = call.args[:9]
     if not isinstance(inp, TensorMeta) or not call.outputs or call.outputs[0] is None:
         return KernelEffect()
@@ -82,8 +93,9 @@ def _conv_forward(call: KernelCall, capability: str) -> KernelEffect:
 
 @kernel_rule("convolution_backward")
 def _conv_backward(call: KernelCall, capability: str) -> KernelEffect:
-    from trainmem.targets import onednn_conv
-
+    onednn_conv = _optional_rules("onednn_conv")
+    if onednn_conv is None:
+        return KernelEffect()
     grad_output, inp, weight, _bias_sizes, stride, padding, dilation, transposed, _out_pad, groups, mask = call.args[:11]
     if not isinstance(inp, TensorMeta):
         return KernelEffect()
@@ -130,18 +142,31 @@ def device_stream(trace: Trace, capability: str) -> tuple[list[DeviceEvent], dic
 
 
 def _transients(effect: KernelEffect, call: KernelCall, trace: Trace, keys) -> tuple[list[DeviceEvent], list[DeviceEvent]]:
-    """Turn signed sizes into alloc/free events; each free releases the latest live buffer of that size."""
+    """Turn signed sizes into alloc/free events. A free releases the latest live buffer of that size;
+    a size that matches none releases the latest buffers until the amount is covered (a remainder
+    stays live as a buffer of its own), so the running total is always the rule's."""
     anchor = trace.events[min(call.at_seq, len(trace.events) - 1)]
     live: list[tuple[int, int]] = []
     lists: tuple[list[DeviceEvent], list[DeviceEvent]] = ([], [])
+
+    def emit(out: list[DeviceEvent], action: str, nbytes: int, key: int) -> None:
+        out.append(DeviceEvent(action, nbytes, key, Category.RUNTIME, anchor.phase, anchor.module, call.op,
+                               anchor.step, call.at_seq))
+
     for out, deltas in zip(lists, (effect.before, effect.after)):
         for delta in deltas:
             if delta > 0:
-                key = next(keys)
-                live.append((key, delta))
-            else:
-                index = max(i for i, (_, size) in enumerate(live) if size == -delta)
-                key, _ = live.pop(index)
-            out.append(DeviceEvent("alloc" if delta > 0 else "free", abs(delta), key, Category.RUNTIME,
-                                   anchor.phase, anchor.module, call.op, anchor.step, call.at_seq))
+                live.append((next(keys), delta))
+                emit(out, "alloc", delta, live[-1][0])
+                continue
+            matches = [i for i, (_, size) in enumerate(live) if size == -delta]
+            remaining = -delta
+            while remaining > 0 and live:
+                key, size = live.pop(matches[-1] if matches else -1)
+                matches = []
+                emit(out, "free", size, key)
+                if size > remaining:
+                    live.append((next(keys), size - remaining))
+                    emit(out, "alloc", size - remaining, live[-1][0])
+                remaining -= min(size, remaining)
     return lists[0], lists[1]
