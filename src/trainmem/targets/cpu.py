@@ -72,7 +72,14 @@ def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
         return KernelEffect()
     seq_len, batch, input_size = inp.shape
     hidden_size = call.args[1].shape[0] // 4
-    before, after = transients(seq_len, batch, input_size, hidden_size, inp.itemsize)
+    hx, cx, grads = call.args[5], call.args[6], call.args[10:13]
+    # the kernel copies a grad that is missing (zeros_like) or not contiguous (.contiguous())
+    copied = [not isinstance(g, TensorMeta) or not g.contiguous for g in grads]
+    same = isinstance(hx, TensorMeta) and isinstance(cx, TensorMeta) and hx.storage_key == cx.storage_key
+    before, after = transients(seq_len, batch, input_size, hidden_size, inp.itemsize,
+                               grad_output_copied=copied[0], grad_hy_copied=copied[1], grad_cy_copied=copied[2],
+                               hx_cx_same_storage=same,
+                               cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN LSTM backward buffers")
 
 
@@ -82,12 +89,12 @@ def _conv_forward(call: KernelCall, capability: str) -> KernelEffect:
     onednn_conv = _optional_rules("onednn_conv")
     if onednn_conv is None:
         return KernelEffect()
-    inp, weight, _bias, stride, padding, dilation, transposed, _out_pad, groups = call.args[:9]
+    inp, weight, bias, stride, padding, dilation, transposed, _out_pad, groups = call.args[:9]
     if not isinstance(inp, TensorMeta) or not call.outputs or call.outputs[0] is None:
         return KernelEffect()
     before, after = onednn_conv.conv_forward_transients(
         inp.shape, weight.shape, call.outputs[0].shape, stride, padding, dilation, groups, transposed,
-        inp.itemsize, capability)
+        inp.itemsize, capability, has_bias=bias is not None)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution reorders")
 
 

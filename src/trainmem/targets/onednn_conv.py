@@ -16,12 +16,14 @@ those buffers are often as large as the activations themselves:
 
 The two public functions return ``(before, after)``: signed byte counts (+alloc / -free). ``before``
 happens before the op's own outputs are allocated, ``after`` after them, and the outputs are
-counted as allocated in between. All outputs are counted at that one point, while
-``convolution_backward`` really allocates ``grad_weight``/``grad_bias`` after the whole
-backward-data pass (and ``slow_conv3d`` its outputs around its im2col buffers). For those, the
-last entry of ``before`` is a *credit* (a negative number: the later outputs' bytes) and ``after``
-adds them back (+) where the kernel really allocates them. The running sum is then exactly the
-real live-bytes curve inside the op, and ``sum(before) + sum(after) == 0``.
+counted as allocated in between, at the point where the kernel allocates its last outputs.
+``convolution_backward`` allocates grad_input first and grad_weight/grad_bias only after the
+whole backward-weights pass (``slow_conv3d`` allocates grad_input before its grad columns); the
+earlier output is represented in ``before`` by a placeholder buffer of the same size, allocated
+where the kernel allocates it and freed as the last entry of ``before``. Every negative entry
+frees an earlier positive entry of the same size, ``sum(before) + sum(after) == 0``, and the
+running sum is the real live-bytes curve inside the op (apart from a momentary dip where the
+placeholder is swapped for the traced output), so the in-op peak is reproduced.
 
 Which backend runs (``aten/src/ATen/native/Convolution.cpp``)
 -------------------------------------------------------------
@@ -45,7 +47,9 @@ Which backend runs (``aten/src/ATen/native/Convolution.cpp``)
   oneDNN goes through that per-group loop.
 
 ``dtype_bytes`` 8 is fp64 (native), 4 fp32, 2 is taken as bf16. bf16 uses the fp32 layout rules
-with 2-byte data buffers; that is an approximation (oneDNN has separate bf16 kernels).
+with 2-byte data buffers; that is an approximation (oneDNN has separate bf16 kernels): measured
+forwards match, but the bf16 backward-weights scratchpad (f32 reduction and transposition
+buffers) is not modelled and backward peaks come out ~15% low.
 
 oneDNN v3.12 (torch 2.13) implementation choice, fp32, plain NCHW inputs
 ------------------------------------------------------------------------
@@ -65,12 +69,13 @@ memory formats) of the real ops.
 With B = 16 (AVX512) or 8 (AVX2), C' = round_up(C, B), "sp" = product of the spatial dims:
 
 forward (``mkldnn_convolution``): the kernels tried are, in order,
-  depthwise (groups == C_in == C_out): ``jit_dw``, channels padded to B, blocked src/dst.
+  depthwise (groups == C_in == C_out): ``jit_dw``, channels padded to B, blocked src/dst; a 3d
+    depthwise conv runs ``brdgmm_dw`` in NDHWC (so the double copy described below).
   groups > 1: ``jit`` grouped with block B, then 8, then 4 (AVX512 "lower zmm"; the first block
     that divides C_in/g and C_out/g), blocked, no padding; otherwise ``gemm`` (plain layouts).
   all kernel dims 1, no padding: ``jit_1x1``, src/dst/weights blocked and padded to B; a
-    strided 1x1 also books the "reduce to unit stride" buffer
-    ``nthr * (C_in'/B) * B * out_sp * 4 + 128``.
+    strided 1x1 (2d, stride 2, input == output * 2) also books the "reduce to unit stride"
+    buffer ``nthr * (C_in'/B) * B * out_sp * 4 + 128``; other strided 1x1 go to ``jit``.
   else ``jit`` direct, if each padding is smaller than the dilated kernel extent (else ``gemm``):
     C_in < B (AVX512; C_in in 1..3 for AVX2) is the "first convolution": the source stays plain
     NCHW (no input reorder) and only C_out is padded; otherwise src reordered to
@@ -91,15 +96,17 @@ transposed forward (``mkldnn_convolution_transpose``, oneDNN deconvolution):
 
 backward (``mkldnn_convolution_backward``): backward-data first (if mask[0]), then
 backward-weights (if mask[1] or mask[2]), each with its own reorders.
-  data: depthwise -> ``jit_dw``; groups > 1 -> grouped jit (block B/8/4) else ``gemm``;
-    groups == 1 and any stride > 1 -> ``brgconv_strided`` (NHWC, weights ``Bcda{16,32,48,64}b``
-    i.e. C_in padded to that block, then the double copy of ``mkldnn_to_dense``); 1x1 unit
+  data: depthwise -> ``jit_dw`` (3d: ``gemm``); any stride > 1 without dilation, groups == 1
+    (or C/g multiples of 16 with C_out/g >= 32; any groups on AVX2) -> ``brgconv_strided``
+    (NHWC, weights ``Bcda{16,32,48,64}b`` i.e. C_in padded to that block, then the double copy
+    of ``mkldnn_to_dense``); other grouped -> grouped jit (block B/8/4) else ``gemm``; 1x1 unit
     stride -> ``jit_1x1``; else ``jit`` direct (no first-conv exception: grad_input is padded),
-    or ``gemm``.
+    or ``gemm`` (padding too large, strided + dilated).
   weights: depthwise -> ``jit_dw`` (reduction over minibatch when the channel blocks can't feed
     all threads); 1x1 -> ``jit_1x1``; groups == 1 -> ``jit`` (first conv C_in in 1..3 keeps src
-    plain; 4 <= C_in < 16 falls back to ``gemm``); grouped with C/g % 16 == 0 -> ``jit``,
-    % 8 == 0 -> ``jit:avx2`` (block 8), else ``gemm``.
+    plain); when the avx512 kernel refuses (4 <= C_in < 16, padding > half the kernel) ->
+    ``jit:avx2`` (block 8, no dilation), else ``gemm``; grouped with C/g % 16 == 0 -> ``jit``,
+    % 8 == 0 -> ``jit:avx2``, else ``gemm``.
     ideep allocates the blocked grad_weight and the grad_bias before running, and
     ``mkldnn_to_dense`` copies both at the end: [+go', +src', +gw', +scratch, +gb, -scratch,
     -src', -go', +gb_out, +gw_out, -gw', -gb].
@@ -112,9 +119,14 @@ Capabilities: ``"AVX512"`` and ``"AVX2"`` were observed (AVX2 with ``ONEDNN_MAX_
 and ``ATEN_CPU_CAPABILITY=avx2``). Any other value (``"DEFAULT"``, ``"AVX512_VNNI"`` ...) falls
 back to the AVX512 rule.
 
+Threads: per-thread scratch and the 1x1 backend rule use ``num_threads`` (default
+``torch.get_num_threads()``, imported lazily).
+
 Limits: channels-last inputs (no reorders at all) and mkldnn-layout tensors are not modelled;
-scratch sizes of ``brgconv_strided``, ``gemm`` backward-weights and ``jit_dw`` are fitted or
-approximate (they are small next to the reorder buffers in the cases measured).
+scratch sizes of ``brgconv_strided`` (fitted, ~10-20%), ``gemm`` backward-weights (its
+spatial blocking is fitted and wrong for large C_in/g * kernel) and the deconvolution bias
+handling are approximate. Odd shapes (stride 3, tiny channel counts, dilated + strided,
+transposed with few channels) were seen to miss by up to ~10% of the in-op peak.
 """
 
 from __future__ import annotations
@@ -276,34 +288,30 @@ def _split(seq, out_names=None):
     """Real-time sequence -> (before, after) as described in the module docstring.
 
     ``seq`` holds ints (transient +alloc/-free) and (_OUT, name, nbytes) markers where the
-    kernel really allocates an output. The caller counts all outputs at once, between
-    ``before`` and ``after``. Outputs that the kernel allocates later, after other transient
-    events, are credited back as the last entry of ``before`` and re-added in ``after`` where
-    they really appear, so the running sum equals the real live bytes everywhere.
+    kernel really allocates an output. The traced outputs are counted at the last run of
+    adjacent markers. An output the kernel allocates earlier (grad_input before the whole
+    backward-weights pass) becomes a placeholder: allocated in ``before`` where the kernel
+    allocates it and freed at the end of ``before``, just before the traced outputs are counted.
+    Every entry is a real alloc or a free of an earlier alloc of the same size, and the running
+    sum equals the real live bytes everywhere except for that momentary dip.
     """
     seq = [e for e in seq if e]
-    first = next((i for i, e in enumerate(seq) if isinstance(e, tuple)), None)
-    if first is None:
-        return [x for x in seq if x], []
-    before = list(seq[:first])
-    after, credit, adjacent = [], 0, True
-    for e in seq[first + 1:]:
-        if isinstance(e, tuple):
-            if not adjacent:  # allocated later than the first output: credit it
-                credit += e[2]
-                after.append(e[2])
+    marks = [i for i, e in enumerate(seq) if isinstance(e, tuple)]
+    if not marks:
+        return seq, []
+    last = marks[-1]
+    first_of_run = last
+    while first_of_run - 1 in marks:
+        first_of_run -= 1
+    before, held = [], []
+    for e in seq[:first_of_run]:
+        if isinstance(e, tuple):  # an output allocated earlier than the traced point
+            before.append(e[2])
+            held.append(e[2])
         else:
-            adjacent = False
-            after.append(e)
-    if credit:
-        before.append(-credit)
-    return before, after
-
-
-def _alloc_free(*sizes):
-    """[+a, +b, ..., -..., -b, -a] skipping zeros: buffers that are all alive together."""
-    sizes = [x for x in sizes if x]
-    return sizes + [-x for x in reversed(sizes)]
+            before.append(e)
+    before += [-b for b in reversed(held)]
+    return before, list(seq[last + 1:])
 
 
 # --------------------------------------------------------------------------- mkldnn: forward
@@ -327,6 +335,9 @@ def _fwd_plan(G: _Geo, dt: int, B: int, cap: str, nthr: int, has_bias: bool):
     """(scratch, src', wei', dst', dst_is_nhwc) for a forward conv primitive."""
     N = G.N
     avx2 = B == 8
+    if G.is_dw and G.nd == 3 and not avx2:  # no 3d jit_dw: brdgmm_dw in NDHWC (measured)
+        return (0, N * G.g * G.in_sp * dt, _rnd(G.g, 16) * G.ks * dt, N * G.g * G.out_sp * dt,
+                True)
     if G.is_dw and G.pads_ok():
         C = _rnd(G.g, B)
         S = _entry(C * dt) if has_bias and G.g % B else 0
@@ -339,7 +350,7 @@ def _fwd_plan(G: _Geo, dt: int, B: int, cap: str, nthr: int, has_bias: bool):
         return _gemm_fwd(G, dt, nthr)
     ICp, OCp = _rnd(G.IC, B), _rnd(G.OC, B)
     S = _entry(OCp * dt) if has_bias and G.OC % B else 0
-    if G.is_1x1 and (not G.strided or G.IC % B == 0):
+    if _jit_1x1_ok(G):
         if G.strided:  # rtus: nthr * nb_reduce_blocking * ic_block * os
             S += _entry(nthr * (ICp // B) * B * G.out_sp * _F32)
         return S, N * ICp * G.in_sp * dt, OCp * ICp * dt, N * OCp * G.out_sp * dt, False
@@ -351,34 +362,53 @@ def _fwd_plan(G: _Geo, dt: int, B: int, cap: str, nthr: int, has_bias: bool):
     return S, N * ICp * G.in_sp * dt, OCp * ICp * G.ks * dt, N * OCp * G.out_sp * dt, False
 
 
+def _jit_1x1_ok(G: _Geo) -> bool:
+    """jit_1x1: all kernel dims 1, no padding; a strided one needs the 2d "reduce to unit
+    stride" copy, which was only seen taken for stride 2 with input == output * stride (3d,
+    stride 3 and odd inputs went to the direct jit kernel)."""
+    if not G.is_1x1:
+        return False
+    if not G.strided:
+        return True
+    exact = all(G.isp[i] == G.osp[i] * G.s[i] for i in range(G.nd))
+    return G.nd == 2 and max(G.s) == 2 and exact
+
+
 def _gemm_fwd(G: _Geo, dt: int, nthr: int):
     return _gemm_col(G, nthr), 0, 0, G.N * G.OC * G.out_sp * dt, False
 
 
-def _brg_strided_scratch(C_dd: int, osp, k, nthr: int, s=()) -> int:
+def _brg_strided_scratch(C_dd: int, osp, k, nthr: int, s=(), exact=True) -> int:
     """brgconv_strided backward-data scratchpad (also brg_deconv). # fitted
 
     Three PAGE_4K entries (batch elements, per-thread input buffer and its mask) give the
     constant 3 * 4096; per thread 24 bytes of batch elements, 8192 bytes, and a buffer of about
     one image of diff_dst (C_dd channels) in f32 plus a halo of ~(kh+1) rows, at least 16384
-    bytes. Fitted on 24 shapes (1x1/3x3/5x5/7x7, conv1d/2d/3d, strides 2-3, 1 and 2 threads):
-    exact for most 1x1, within ~10-20% otherwise.
+    bytes (34816 for stride 3 or when the input is not output * stride). Fitted on ~40 shapes
+    (1x1/3x3/5x5/7x7, conv1d/2d/3d, strides 2-3, 1 and 2 threads): exact for most 1x1, within
+    ~10-20% otherwise.
     """
     ow = osp[-1]
     img = prod(osp)
-    if k[-2] > 1:  # rows of halo: about (kh + 1) output rows
-        img += (k[-2] + 1) * ow
+    if k[-2] > 1:  # rows of halo: about kh + 1 output rows for 3x3, kh for 7x7
+        img += (k[-2] + 1 if k[-2] <= 3 else k[-2]) * ow
     if len(k) == 3 and k[0] > 1:
         img += (k[0] + 1) * osp[-2] * ow // 4
+    if len(osp) == 2 and osp[0] == 1 and k[-1] > 1:  # conv1d: halo along the width
+        img += 2 * (k[-1] + 1)
     smax = max(s) if s else 2
-    floor = 16384 if smax <= 2 else 34816 if smax == 3 else 4096 * smax * smax
+    floor = 16384 if smax <= 2 and exact else 34816 if smax <= 3 else 4096 * smax * smax
     per_thr = 24 + 8192 + max(floor, _F32 * C_dd * img)
     return 3 * _PAGE + nthr * per_thr
 
 
 def _mkldnn_forward(G: _Geo, dt, B, cap, nthr, has_bias, out_bytes):
-    S, X, W, Y, _ = _fwd_plan(G, dt, B, cap, nthr, has_bias)
-    seq = [S, X, W, Y, -W, -X, -S, (_OUT, "y", out_bytes), -Y]
+    S, X, W, Y, nhwc = _fwd_plan(G, dt, B, cap, nthr, has_bias)
+    seq = [S, X, W, Y, -W, -X, -S]
+    if nhwc:  # mkldnn_to_dense returns NHWC strides, .contiguous() copies once more
+        seq += [out_bytes, (_OUT, "y", out_bytes), -out_bytes, -Y]
+    else:
+        seq += [(_OUT, "y", out_bytes), -Y]
     return _split(seq, ["y"])
 
 
@@ -409,10 +439,15 @@ def _bwd_data_plan(G: _Geo, dt, B, cap, nthr):
     """(scratch, diff_dst', wei', diff_src', diff_src_is_nhwc) for backward-data."""
     N = G.N
     avx2 = B == 8
+    if G.is_dw and G.nd == 3:  # measured: gemm
+        return _gemm_col(G, nthr), 0, 0, N * G.IC * G.in_sp * dt, False
     if G.is_dw:
         C = _rnd(G.g, B)
         return 0, N * C * G.out_sp * dt, C * G.ks * dt, N * C * G.in_sp * dt, False
-    if G.g > 1 and not (avx2 and G.strided):
+    # avx512 brgconv_strided took groups with C_in/g % 16 == 0 and C_out/g >= 32 (measured;
+    # C_out/g == 16 went to the grouped jit kernel)
+    brg_groups = G.ICg % 16 == 0 and G.OCg % 16 == 0 and G.OCg >= 32
+    if G.g > 1 and not (G.strided and (avx2 or brg_groups)):
         for blk in ((B,) if avx2 else (B, 8, 4)):
             if G.ICg % blk == 0 and G.OCg % blk == 0 and G.pads_ok():
                 return (0, N * G.OC * G.out_sp * dt, G.OC * G.ICg * G.ks * dt,
@@ -421,7 +456,8 @@ def _bwd_data_plan(G: _Geo, dt, B, cap, nthr):
     if G.strided and any(x > 1 for x in G.d):  # brgconv_strided has no dilation
         return _gemm_col(G, nthr), 0, 0, N * G.IC * G.in_sp * dt, False
     if G.strided:  # avx2 also takes grouped strided convs here (measured)
-        S = _brg_strided_scratch(G.OC, G.osp, G.k, nthr, G.s)
+        S = _brg_strided_scratch(G.OC, G.osp, G.k, nthr, G.s,
+                                 exact=all(G.isp[i] == G.osp[i] * G.s[i] for i in range(G.nd)))
         W = G.OC * _rnd(G.ICg, 8 if avx2 else 16)  # Bcda{16,32,48,64}b # fitted block choice
         return S, N * G.OC * G.out_sp * dt, W * G.ks * dt, N * G.IC * G.in_sp * dt, True
     ICp, OCp = _rnd(G.IC, B), _rnd(G.OC, B)
@@ -556,7 +592,7 @@ def _bwd_w_plan(G: _Geo, dt, B, cap, nthr, with_bias):
     """(scratch, diff_dst', src', diff_wei') for backward-weights (diff_bias is exact)."""
     N = G.N
     avx2 = B == 8
-    if G.is_dw and not _bwd_w_pads_ok(G):
+    if G.is_dw and (G.nd == 3 or not _bwd_w_pads_ok(G)):
         return _gemm_bwd_w(G, dt, nthr)
     if G.is_dw:
         C = _rnd(G.g, B)
@@ -588,7 +624,7 @@ def _bwd_w_plan(G: _Geo, dt, B, cap, nthr, with_bias):
                 S += _bias_reducer(nthr, blk, G.g * nb_oc, N)
             return S, N * G.OC * G.out_sp * dt, N * G.IC * G.in_sp * dt, W * dt
     ICp, OCp = _rnd(G.IC, B), _rnd(G.OC, B)
-    if not gemm and G.is_1x1 and (not G.strided or G.IC % B == 0):
+    if not gemm and _jit_1x1_ok(G):
         nthr_mb = _jit_1x1_bwd_w_nthr_mb(G, B, nthr)
         S = 0
         if nthr_mb > 1:
@@ -651,6 +687,9 @@ def _avx2_bwd_w(G: _Geo, dt, nthr, with_bias):
 def _avx2_bwd_w_ok(G: _Geo) -> bool:
     """jit_avx2_conv_bwd_weights_kernel_f32::init_conf argument checks."""
     if any(x > 1 for x in G.d) or G.k[-1] >= 14:
+        return False
+    rp = (G.osp[-1] - 1) * G.s[-1] + G.k[-1] - G.isp[-1] - G.p[-1]
+    if G.p[-1] >= G.k[-1] or rp >= G.k[-1]:
         return False
     for i in range(G.nd - 1):  # depth and height
         if G.k[i] > G.p[i] + G.isp[i] or G.k[i] > G.isp[i] or G.p[i] >= G.k[i]:
@@ -716,8 +755,9 @@ def _mkldnn_transposed_backward(G: _Geo, dt, B, cap, nthr, mask, outs):
     mirror = _Geo(G.N, G.OC, G.IC, G.osp, G.isp, G.k, G.s, G.p, G.d, G.g)
     seq = []
     if mask[0]:
-        S, GO, W, GI, _ = _fwd_plan(mirror, dt, B, cap, nthr, False)
-        seq += [S, GO, W, GI, -W, -GO, -S, (_OUT, "gi", gi_b), -GI]
+        S, GO, W, GI, nhwc = _fwd_plan(mirror, dt, B, cap, nthr, False)
+        seq += [S, GO, W, GI, -W, -GO, -S]
+        seq += ([gi_b, (_OUT, "gi", gi_b), -gi_b, -GI] if nhwc else [(_OUT, "gi", gi_b), -GI])
     if mask[1] or mask[2]:
         S, X, GOb, GW = _bwd_w_plan(mirror, dt, B, cap, nthr, False)
         if mask[2]:
@@ -866,8 +906,9 @@ def conv_backward_transients(grad_output_shape, input_shape, weight_shape, strid
 
     ``output_mask`` is (grad_input, grad_weight, grad_bias). The op's outputs (grad_input =
     input-sized, grad_weight = weight-sized, grad_bias = C_out) are counted as allocated between
-    ``before`` and ``after``; see the module docstring for the credit entry at the start of
-    ``after``. Other arguments as in :func:`conv_forward_transients`.
+    ``before`` and ``after``; grad_input, which the kernel allocates before the whole
+    backward-weights pass, appears in ``before`` as a same-size placeholder (see the module
+    docstring). Other arguments as in :func:`conv_forward_transients`.
     """
     nthr = _threads(num_threads)
     dt = int(dtype_bytes)

@@ -65,6 +65,8 @@ class TensorMeta:
     shape: tuple[int, ...]
     itemsize: int
     dtype: str
+    contiguous: bool = True
+    storage_key: int = 0  # id of the storage during the call: equal keys in one call share storage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,8 @@ def _meta_of(values: Any) -> tuple:
     out = []
     for value in values:
         if isinstance(value, torch.Tensor):
-            out.append(TensorMeta(tuple(value.shape), value.element_size(), str(value.dtype).removeprefix("torch.")))
+            out.append(TensorMeta(tuple(value.shape), value.element_size(), str(value.dtype).removeprefix("torch."),
+                                  value.is_contiguous(), id(value.untyped_storage())))
         elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
             out.append(_meta_of(value))
         else:
