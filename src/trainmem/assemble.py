@@ -60,6 +60,7 @@ def module_table(traced, live_at_peak: dict, depth: int) -> list[dict[str, Any]]
     for record in traced.trace.storages.values():
         if record.category == Category.ACTIVATIONS and record.step == last and record.phase == Phase.FORWARD:
             rows[_prefix(record.module, depth)]["activation_bytes"] += record.nbytes
-    for event in live_at_peak.values():
-        rows[_prefix(event.module, depth)]["bytes_at_peak"] += aligned(event.nbytes)
+    for key, event in live_at_peak.items():
+        owner = traced.trace.storages[key].module if key >= 0 else event.module  # kernel buffers: the running module
+        rows[_prefix(owner, depth)]["bytes_at_peak"] += aligned(event.nbytes)
     return [{"module": name or "(model)", **values} for name, values in sorted(rows.items())]

@@ -120,6 +120,12 @@ class TraceRecorder(TorchDispatchMode):
         for sid in sids:
             self.trace.storages[sid].category = category
 
+    def set_owner(self, tensors_by_name: dict[str, list]) -> None:
+        """Attribute storages to the module that owns them: 'blocks.0.qkv.weight' -> 'blocks.0.qkv'."""
+        for name, tensors in tensors_by_name.items():
+            for sid in self.storage_ids_of(tensors):
+                self.trace.storages[sid].module = name.rpartition(".")[0]
+
     def settle_forward(self, since_seq: int) -> None:
         """Forward/loss outputs still alive when backward starts are saved activations; the ones that
         died before are temporaries."""

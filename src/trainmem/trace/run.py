@@ -60,9 +60,10 @@ def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = N
 
 
 class _RecordingObserver(training.Observer):
-    def __init__(self, recorder: TraceRecorder) -> None:
+    def __init__(self, recorder: TraceRecorder, model: torch.nn.Module) -> None:
         self.recorder = recorder
         self.forward_start = 0
+        self.model = model  # its parameters are replaced by materialize_fake: look them up when needed
 
     def phase(self, phase: Phase, step: int) -> None:
         rec = self.recorder
@@ -75,8 +76,12 @@ class _RecordingObserver(training.Observer):
     def after_backward(self, model: torch.nn.Module) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         self.recorder.set_category(self.recorder.storage_ids_of(grads), Category.GRADIENTS)
+        self.recorder.set_owner({name: [p.grad] for name, p in model.named_parameters() if p.grad is not None})
 
     def after_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        self.recorder.set_owner({names[id(p)]: [t for t in state.values() if isinstance(t, torch.Tensor)]
+                                 for p, state in optimizer.state.items() if id(p) in names})
         state = [t for per_param in optimizer.state.values() for t in per_param.values()
                  if isinstance(t, torch.Tensor)]
         if scaler is not None:
@@ -112,7 +117,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     fake_log_level, fake_log.level = fake_log.level, logging.CRITICAL
     tracker = ModuleTracker(model)
     recorder = TraceRecorder(tracker, kernel_ops)
-    observer = _RecordingObserver(recorder)
+    observer = _RecordingObserver(recorder, model)
     try:
         with fake_mode, tracker, recorder:
             materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
@@ -120,6 +125,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
             prepared = training.prepare(model, make_batch, loss_fn, setup, source)
             recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
             recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
+            recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
             training.run_steps(prepared, setup, observer)
             facts = _model_facts(model)
     except TrainmemError:
