@@ -29,11 +29,11 @@ def _rss_now() -> dict[str, int]:
 
 
 def _profile_peak(prof) -> tuple[int, int]:
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
-    events.sort(key=lambda e: e.start_ns())
+    from trainmem.trace.torch_private import profiler_memory_events
+
+    events = sorted(profiler_memory_events(prof), key=lambda e: e[0])  # stable: same-ns events keep order
     current = peak = 0
-    for event in events:
-        size = event.nbytes()
+    for _, size in events:
         rounded = (abs(size) + 63) // 64 * 64
         current += rounded if size > 0 else -rounded
         peak = max(peak, current)

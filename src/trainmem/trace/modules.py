@@ -13,7 +13,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from trainmem.trace.torch_private import current_autograd_node, sequence_nr, tree_leaves
 
 
 class ModuleTracker:
@@ -54,9 +54,9 @@ class ModuleTracker:
     def current(self) -> str:
         if self._stack:
             return self._stack[-1]
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         if node is not None:
-            return self._by_sequence_nr.get(node._sequence_nr(), "")
+            return self._by_sequence_nr.get(sequence_nr(node), "")
         return ""
 
     def note_outputs(self, out: Any) -> None:
@@ -74,7 +74,7 @@ class ModuleTracker:
                 continue
             grad_fn = tensor.grad_fn
             if grad_fn is not None:
-                self._by_sequence_nr.setdefault(grad_fn._sequence_nr(), name)
+                self._by_sequence_nr.setdefault(sequence_nr(grad_fn), name)
             else:
                 unresolved.append((ref, name))
         self._pending = unresolved

@@ -13,13 +13,12 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from trainmem.errors import TraceError
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.rules import DataDependentRules
+from trainmem.trace.torch_private import TorchDispatchMode, tree_leaves
 
 _PROVISIONAL = {
     Phase.INIT: Category.PARAMETERS, Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trainmem.errors import TraceError
+from trainmem.trace.torch_private import FAKE_LIMITATIONS
 
 
 class DataDependentRules:
@@ -22,12 +23,8 @@ class DataDependentRules:
         self.fired: Counter[tuple[str, str, str]] = Counter()  # (op, module, assumption) -> count
 
     def handle(self, func: Any, args: tuple, kwargs: dict, error: Exception, module: str) -> Any:
-        from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
-                                                   UnsupportedOperatorException)
-
         op = str(getattr(func, "overloadpacket", func)).removeprefix("aten.")
-        if not isinstance(error, (DataDependentOutputException, DynamicOutputShapeException,
-                                  UnsupportedOperatorException)):
+        if not isinstance(error, FAKE_LIMITATIONS):
             raise error  # a real error of the model on this input (shape mismatch…): reported as such
         if op == "_local_scalar_dense" and isinstance(args[0], torch.Tensor):
             return self._scalar_zero(args[0], module)

@@ -13,7 +13,6 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainmem.errors import TrainmemError
 from trainmem.frontends import ModelSource
@@ -22,6 +21,7 @@ from trainmem.trace import step as training
 from trainmem.trace.events import Category, Phase, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
+from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode
 
 
 @dataclasses.dataclass
@@ -113,8 +113,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     model, make_batch, loss_fn = training.unpack_built(built, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-    fake_log_level, fake_log.level = fake_log.level, logging.CRITICAL
+    fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
     tracker = ModuleTracker(model)
     recorder = TraceRecorder(tracker, kernel_ops)
     observer = _RecordingObserver(recorder, model)
@@ -134,7 +133,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         raise recorder.fail(error) from error
     finally:
         recorder.closed = True
-        fake_log.setLevel(fake_log_level)
+        FAKE_TENSOR_LOG.setLevel(fake_log_level)
     classes = {name: type(m).__name__ for name, m in model.named_modules()
                if any(True for _ in m.parameters(recurse=False))}
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], facts[3], recorder.op_counts,
