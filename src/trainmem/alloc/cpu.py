@@ -3,14 +3,19 @@
 Tensor bytes. c10's CPU allocator calls posix_memalign with 64-byte alignment and caches nothing
 (c10/core/impl/alloc_cpu.cpp), so live tensor memory is the running sum of requests rounded up to 64 B.
 
-Resident memory. Those requests go to glibc malloc (malloc/malloc.c), which keeps freed memory:
-- a request at or above the mmap threshold (128 KiB at start) gets its own mmap, returned on free;
-- freeing such a chunk raises the threshold to its size (up to 32 MiB on 64-bit) and the trim
-  threshold to twice that: from then on, tensors below it live in the brk heap;
-- the heap grows at its top; freed chunks coalesce with neighbours and stay resident, and the top is
-  given back only when the free space there exceeds the trim threshold (keeping M_TOP_PAD, 128 KiB);
-- a large request is served from a free chunk (best fit) or the top before sysmalloc maps or grows.
-`GlibcModel` replays the stream through those rules and reports the peak of heap extent + mapped bytes.
+Resident memory. Those requests go to glibc malloc (malloc/malloc.c, glibc 2.36), which keeps freed
+memory. `GlibcModel` follows the main arena's rules:
+- posix_memalign asks _int_malloc for nb + alignment + MINSIZE, then frees the misaligned lead and the
+  spare tail as small chunks (_int_memalign);
+- a small freed chunk goes to the tcache (7 per size, up to 1040 B) or a fastbin (up to 128 B) and is
+  not coalesced: it keeps its neighbours apart. Fastbins are consolidated before a large request and
+  when a free of 64 KiB or more coalesces (FASTBIN_CONSOLIDATION_THRESHOLD); the tcache never is;
+- a request is served best-fit from free chunks, else from the top, else by mmap when it is at least
+  the mmap threshold (128 KiB at start), else by growing the heap (request + M_TOP_PAD, page-rounded);
+- freeing a mapped chunk raises the threshold to its size (up to 32 MiB) and the trim threshold to
+  twice that; the heap top is given back (systrim) when it exceeds the trim threshold.
+Resident = heap extent + mapped chunks. benchmarks/glibc_fidelity.py checks this against the real
+glibc replaying the same allocations.
 """
 
 from __future__ import annotations
@@ -21,13 +26,23 @@ from collections import defaultdict
 
 from trainmem.targets import DeviceEvent
 
-ALIGNMENT = 64
+ALIGNMENT = 64  # c10's posix_memalign alignment
 PAGE = 4096
+MINSIZE = 32
+SIZE_SZ = 8
+TOP_PAD = 128 * 1024  # DEFAULT_TOP_PAD
 MMAP_THRESHOLD_START = 128 * 1024  # DEFAULT_MMAP_THRESHOLD_MIN
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX: 4 * 1024 * 1024 * sizeof(long)
-TOP_PAD = 128 * 1024  # DEFAULT_TOP_PAD
-CHUNK_OVERHEAD = 16  # size field + alignment to 16 (SIZE_SZ 8, MALLOC_ALIGNMENT 16)
-MEMALIGN_SLACK = ALIGNMENT + 32  # _int_memalign asks nb + alignment + MINSIZE
+MAX_FAST = 128  # DEFAULT_MXFAST: 64 * SIZE_SZ / 4
+TCACHE_MAX_CHUNK = 1040  # chunk size of the last tcache bin (64 bins of 16 B from 32 B)
+TCACHE_COUNT = 7
+CONSOLIDATION_THRESHOLD = 65536
+MIN_LARGE_SIZE = 1024
+
+
+def request_to_chunk(nbytes: int) -> int:
+    """request2size: the request plus the size field, rounded up to 16 B, at least MINSIZE."""
+    return max(MINSIZE, (nbytes + SIZE_SZ + 15) & ~15)
 
 
 def aligned(nbytes: int) -> int:
@@ -64,7 +79,8 @@ def replay_tensors(stream: list[DeviceEvent]) -> TensorReplay:
 
 
 class GlibcModel:
-    """glibc malloc's main arena, as far as the resident footprint goes."""
+    """glibc malloc's main arena, as far as the resident footprint goes. Addresses are offsets in a
+    virtual heap [0, brk); chunk addresses satisfy glibc's alignment (mem = chunk + 16)."""
 
     def __init__(self) -> None:
         self.mmap_threshold = MMAP_THRESHOLD_START
@@ -72,30 +88,47 @@ class GlibcModel:
         self.top_start = 0  # first byte of the top chunk; the heap is [0, brk)
         self.brk = 0
         self.mapped = 0
-        self.free_sizes: list[tuple[int, int]] = []  # sorted (size, address) of free heap chunks
+        self.free_sizes: list[tuple[int, int]] = []  # sorted (size, address) of binned free chunks
         self.free_at: dict[int, int] = {}  # address -> size
         self.free_ending: dict[int, int] = {}  # end address -> start address
+        self.fastbins: dict[int, int] = {}  # address -> size: free, but not coalesced until consolidation
+        self.tcache: dict[int, list[int]] = defaultdict(list)  # chunk size -> addresses (never coalesced)
         self.chunks: dict[int, tuple[str, int, int]] = {}  # key -> ("heap"|"mmap", address, size)
         self.peak_resident = 0
 
     def resident(self) -> int:
         return self.brk + self.mapped
 
-    def malloc(self, key: int, nbytes: int) -> None:
-        size = (nbytes + MEMALIGN_SLACK + CHUNK_OVERHEAD + 15) // 16 * 16
-        found = self._best_fit(size)
-        if found is not None:
-            self._take_free(found, size, key)
-        elif self.brk - self.top_start >= size:
-            self._take_top(size, key)
-        elif size >= self.mmap_threshold:
-            mapped = (nbytes + MEMALIGN_SLACK + CHUNK_OVERHEAD + PAGE - 1) // PAGE * PAGE
-            self.chunks[key] = ("mmap", 0, mapped)
-            self.mapped += mapped
-        else:
-            grow = size - (self.brk - self.top_start) + TOP_PAD
-            self.brk += (grow + PAGE - 1) // PAGE * PAGE
-            self._take_top(size, key)
+    def malloc(self, key: int, nbytes: int, alignment: int = ALIGNMENT) -> None:
+        """posix_memalign(alignment, nbytes), as _int_memalign does it."""
+        nb = request_to_chunk(nbytes)
+        kind, address, size = self._int_malloc(request_to_chunk(nb + alignment + MINSIZE))
+        if kind == "heap":
+            lead = -(address + 2 * SIZE_SZ) % alignment  # the user pointer is 16 B past the chunk
+            if 0 < lead < MINSIZE:
+                lead += alignment
+            if lead:
+                self._int_free(address, lead)
+                address, size = address + lead, size - lead
+            if size > nb + MINSIZE:
+                self._int_free(address + nb, size - nb)
+                size = nb
+        self.chunks[key] = (kind, address, size)
+        self.peak_resident = max(self.peak_resident, self.resident())
+
+    def malloc_plain(self, key: int, nbytes: int) -> None:
+        """malloc(nbytes): the tcache, then a fastbin of the exact size, then _int_malloc. The C++ and
+        Python runtime allocate this way (benchmarks/glibc_fidelity.py replays them)."""
+        nb = request_to_chunk(nbytes)
+        if self.tcache[nb]:
+            self.chunks[key] = ("heap", self.tcache[nb].pop(), nb)
+            return
+        exact = next((a for a, size in self.fastbins.items() if size == nb), None) if nb <= MAX_FAST else None
+        if exact is not None:
+            del self.fastbins[exact]
+            self.chunks[key] = ("heap", exact, nb)
+            return
+        self.chunks[key] = self._int_malloc(nb)
         self.peak_resident = max(self.peak_resident, self.resident())
 
     def free(self, key: int) -> None:
@@ -105,36 +138,68 @@ class GlibcModel:
             if self.mmap_threshold < size <= MMAP_THRESHOLD_MAX:
                 self.mmap_threshold, self.trim_threshold = size, 2 * size
             return
-        end = address + size
-        if end in self.free_at:  # merge with the free chunk after
-            size += self._remove_free(end)
-        if address in self.free_ending:  # merge with the free chunk before
+        self._int_free(address, size)
+
+    def _int_malloc(self, nb: int) -> tuple[str, int, int]:
+        if nb >= MIN_LARGE_SIZE and self.fastbins:
+            self._consolidate()
+        index = bisect.bisect_left(self.free_sizes, (nb, -1))
+        if index < len(self.free_sizes):  # best fit; the remainder stays free
+            size, address = self.free_sizes[index]
+            self._remove_free(address)
+            if size - nb >= MINSIZE:
+                self._add_free(address + nb, size - nb)
+                size = nb
+            return "heap", address, size
+        if self.brk - self.top_start >= nb + MINSIZE:
+            self.top_start += nb
+            return "heap", self.top_start - nb, nb
+        if self.fastbins:
+            self._consolidate()
+            return self._int_malloc(nb)
+        if nb >= self.mmap_threshold:  # sysmalloc: a mapping of its own
+            size = (nb + SIZE_SZ + PAGE - 1) // PAGE * PAGE
+            self.mapped += size
+            return "mmap", 0, size
+        grow = nb + TOP_PAD + MINSIZE - (self.brk - self.top_start)
+        self.brk += (grow + PAGE - 1) // PAGE * PAGE
+        self.top_start += nb
+        return "heap", self.top_start - nb, nb
+
+    def _int_free(self, address: int, size: int) -> None:
+        if size <= TCACHE_MAX_CHUNK and len(self.tcache[size]) < TCACHE_COUNT:
+            self.tcache[size].append(address)  # only a plain malloc of this size takes it back
+            return
+        if size <= MAX_FAST:
+            self.fastbins[address] = size
+            return
+        merged = self._coalesce(address, size)
+        if merged >= CONSOLIDATION_THRESHOLD:
+            if self.fastbins:
+                self._consolidate()
+            top = self.brk - self.top_start
+            if top >= self.trim_threshold:  # systrim
+                extra = (top - TOP_PAD - MINSIZE - 1) // PAGE * PAGE
+                self.brk -= max(extra, 0)
+
+    def _coalesce(self, address: int, size: int) -> int:
+        """Merge with free neighbours, into the top when it borders it; returns the merged size."""
+        if address + size in self.free_at:
+            size += self._remove_free(address + size)
+        if address in self.free_ending:
             before = self.free_ending[address]
             size += self._remove_free(before)
             address = before
         if address + size == self.top_start:
             self.top_start = address
-            if self.brk - self.top_start > self.trim_threshold:
-                self.brk = max(self.top_start + TOP_PAD, self.top_start) // PAGE * PAGE
-                self.brk = max(self.brk, self.top_start)
         else:
             self._add_free(address, size)
+        return size
 
-    def _best_fit(self, size: int) -> int | None:
-        index = bisect.bisect_left(self.free_sizes, (size, -1))
-        return self.free_sizes[index][1] if index < len(self.free_sizes) else None
-
-    def _take_free(self, address: int, size: int, key: int) -> None:
-        chunk = self._remove_free(address)
-        self.chunks[key] = ("heap", address, size)
-        if chunk - size >= 32:  # MINSIZE: the remainder stays a free chunk
-            self._add_free(address + size, chunk - size)
-        else:
-            self.chunks[key] = ("heap", address, chunk)
-
-    def _take_top(self, size: int, key: int) -> None:
-        self.chunks[key] = ("heap", self.top_start, size)
-        self.top_start += size
+    def _consolidate(self) -> None:
+        chunks, self.fastbins = sorted(self.fastbins.items()), {}
+        for address, size in chunks:
+            self._coalesce(address, size)
 
     def _add_free(self, address: int, size: int) -> None:
         bisect.insort(self.free_sizes, (size, address))
