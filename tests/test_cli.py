@@ -115,3 +115,28 @@ def test_bad_spec(tmp_path, capsys):
     spec.write_text(json.dumps({"input": [4], "layers": ["linear"]}))
     code, _, err = run(["estimate", str(spec)], capsys)
     assert code == 2 and "layer 0 (linear" in err
+
+
+def test_measure_refuses_what_does_not_fit(capsys):
+    code, _, err = run(["measure", "mlp:100000-100000-10", "--batch-size", "1"], capsys)
+    assert code == 2 and "use --force" in err
+
+
+def test_does_not_fit_exits_1(capsys):
+    code, out, _ = run(["estimate", "mlp:100000-100000-10", "--batch-size", "1"], capsys)
+    assert code == 1 and "DOES NOT FIT" in out
+
+
+def test_two_inputs_from_flags(tmp_factory, capsys):
+    ref = tmp_factory("class Two(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                      "        self.embed = nn.Embedding(100, 8)\n        self.proj = nn.Linear(4, 8)\n"
+                      "        self.head = nn.Linear(8, 3)\n"
+                      "    def forward(self, ids, features):\n"
+                      "        return self.head(self.embed(ids).mean(1) + self.proj(features))\n\n"
+                      "def factory():\n    return Two()\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "12", "--input-dtype", "int64", "--input-max", "100",
+                          "--input-shape", "4", "--input-dtype", "float32", "--input-max", "2", "--format", "json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert [i["shape"] for i in data["setup"]["inputs"]] == [[12], [4]]
+    assert data["model"]["parameters"] == 100 * 8 + 4 * 8 + 8 + 8 * 3 + 3

@@ -58,24 +58,25 @@ class TensorReplay:
 
 
 def replay_tensors(stream: list[DeviceEvent]) -> TensorReplay:
-    live: dict[int, DeviceEvent] = {}
-    current = peak = 0
-    peak_index = 0
-    peak_keys: list[int] = []
+    """Live tensor bytes through the stream: the peak, where it is, and what is alive there."""
+    live: set[int] = set()
+    current = peak = peak_index = 0
     for index, event in enumerate(stream):
         if event.action == "alloc":
-            live[event.key] = event
+            live.add(event.key)
             current += aligned(event.nbytes)
             if current > peak:
-                peak, peak_index, peak_keys = current, index, list(live)
-        elif live.pop(event.key, None) is not None:
+                peak, peak_index = current, index
+        elif event.key in live:
+            live.discard(event.key)
             current -= aligned(event.nbytes)
-    # rebuild the live set at the peak from the keys recorded there
-    by_key = {}
+    at_peak: dict[int, DeviceEvent] = {}
     for event in stream[: peak_index + 1]:
         if event.action == "alloc":
-            by_key[event.key] = event
-    return TensorReplay(peak, peak_index, {k: by_key[k] for k in peak_keys}, current)
+            at_peak[event.key] = event
+        else:
+            at_peak.pop(event.key, None)
+    return TensorReplay(peak, peak_index, at_peak, current)
 
 
 class GlibcModel:
@@ -222,10 +223,3 @@ def replay_resident(stream: list[DeviceEvent]) -> int:
         elif event.key in model.chunks:
             model.free(event.key)
     return model.peak_resident
-
-
-def bytes_by_category(events: dict[int, DeviceEvent]) -> dict[str, int]:
-    totals: dict[str, int] = defaultdict(int)
-    for event in events.values():
-        totals[str(event.category)] += event.nbytes
-    return dict(totals)

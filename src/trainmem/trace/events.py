@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections import defaultdict
 
 
 class Category(enum.StrEnum):
@@ -87,22 +86,3 @@ class Trace:
     events: list[Event] = dataclasses.field(default_factory=list)
     storages: dict[int, StorageRecord] = dataclasses.field(default_factory=dict)
     kernel_calls: list[KernelCall] = dataclasses.field(default_factory=list)
-
-    def category_of(self, event: Event) -> Category:
-        return self.storages[event.sid].category
-
-    def live_at(self, seq: int) -> list[StorageRecord]:
-        """Storages alive just after event `seq`."""
-        alive: dict[int, StorageRecord] = {}
-        for event in self.events[: seq + 1]:
-            if event.action == "alloc":
-                alive[event.sid] = self.storages[event.sid]
-            else:
-                alive.pop(event.sid, None)
-        return list(alive.values())
-
-    def bytes_by_category(self, records: list[StorageRecord], size=lambda n: n) -> dict[str, int]:
-        totals: dict[str, int] = defaultdict(int)
-        for record in records:
-            totals[str(record.category)] += size(record.nbytes)
-        return {str(c): totals.get(str(c), 0) for c in Category}
