@@ -45,7 +45,10 @@ def runtime_floor(op_counts: Counter) -> RuntimeFloor:
             parts[f"runtime_{family}"] = int(data["families"][family])
     assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
-                   "interpreter, torch libraries, thread pools"]
+                   "interpreter, torch libraries, thread pools",
+                   "peak RSS replays tensor allocations through a glibc malloc model; heap fragmentation by the "
+                   "runtime's small objects is not modelled (measured +25-45% of the tensor heap on CNNs, "
+                   "about 0 on MLP/LSTM: benchmarks/results/glibc_fidelity.md)"]
     here = (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
     if here != (data["torch"], data["capability"], data["threads"]):
         assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "
