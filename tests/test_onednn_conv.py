@@ -15,20 +15,14 @@ AVX512 or AVX2, the capabilities the model was checked on.
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-try:
-    import trainmem  # noqa: F401
-except ImportError:  # running from a checkout without PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from trainmem.targets import onednn_conv  # noqa: E402
-from trainmem.targets.onednn_conv import (  # noqa: E402
+from trainmem.targets import onednn_conv
+from trainmem.targets.onednn_conv import (
     conv_backend,
     conv_backward_transients,
     conv_forward_transients,

@@ -6,18 +6,11 @@ no bf16 support on this CPU.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-try:
-    import trainmem  # noqa: F401
-except ImportError:  # running from a checkout without PYTHONPATH=src
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from trainmem.targets.onednn_rnn import (  # noqa: E402
+from trainmem.targets.onednn_rnn import (
     get_good_ld,
     lstm_backward_transients,
     lstm_forward_transients,
