@@ -6,7 +6,6 @@ BIN := $(VENV)/bin
 
 $(BIN)/trainmem: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import time
 from pathlib import Path
@@ -95,16 +96,15 @@ REASONS = {
 
 
 def _reasons(rows: list[dict]) -> list[str]:
-    lines = []
+    """Each reason once, with the rows it explains."""
+    grouped: dict[str, list[str]] = {}
     for row in rows:
         miss = _miss(row)
-        if not miss:
-            continue
-        why = [REASONS["tensor"]] if "tensor" in miss else []
-        if "rss" in miss:
-            why.append(REASONS["rss-low" if row["err_rss"] < 0 else "rss-high"])
-        lines.append(f"- {row['model']}, batch {row['batch']}, {row['optimizer']}: " + "; ".join(why))
-    return lines
+        keys = (["tensor"] if "tensor" in miss else []) + (
+            ["rss-low" if row["err_rss"] < 0 else "rss-high"] if "rss" in miss else [])
+        for key in keys:
+            grouped.setdefault(key, []).append(f"{row['model']} b{row['batch']} {row['optimizer']}")
+    return [f"- {REASONS[key]}. Rows: {', '.join(names)}." for key, names in grouped.items()]
 
 
 def write_markdown(rows: list[dict], runs: int) -> str:
@@ -149,6 +149,8 @@ def main() -> None:
     text = write_markdown(rows, args.runs)
     if not args.only:
         (ROOT / "benchmarks/results/accuracy_cpu.md").write_text(text)
+        data = ROOT / "benchmarks/data/accuracy_cpu.jsonl"  # the raw rows, one JSON object each
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     print(text)
 
 
