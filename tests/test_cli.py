@@ -140,3 +140,22 @@ def test_two_inputs_from_flags(tmp_factory, capsys):
     data = json.loads(out)
     assert [i["shape"] for i in data["setup"]["inputs"]] == [[12], [4]]
     assert data["model"]["parameters"] == 100 * 8 + 4 * 8 + 8 + 8 * 3 + 3
+
+
+def test_data_dependent_shape_names_op_and_module(tmp_factory, capsys):
+    ref = tmp_factory("class Picky(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                      "        self.gate = nn.Linear(4, 4)\n"
+                      "    def forward(self, x):\n        y = self.gate(x)\n        return y[torch.nonzero(y > 0, as_tuple=True)].sum()\n\n"
+                      "def factory():\n    return Picky()\n")
+    code, _, err = run(["estimate", ref, "--input-shape", "4", "--loss", "sum"], capsys)
+    assert code == 2 and "aten.nonzero" in err and "Traceback" not in err
+
+
+def test_value_read_is_assumed_and_warned(tmp_factory, capsys):
+    ref = tmp_factory("class Branchy(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                      "        self.a = nn.Linear(4, 2)\n        self.b = nn.Linear(4, 2)\n"
+                      "    def forward(self, x):\n        return self.a(x) if x.sum().item() > 0 else self.b(x)\n\n"
+                      "def factory():\n    return Branchy()\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "4"], capsys)
+    assert code == 0
+    assert "aten._local_scalar_dense" in err and "value read as 0" in err
