@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.targets import DeviceEvent, KernelEffect
+from trainmem.targets import DeviceEvent, KernelEffect, onednn_conv, onednn_rnn
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace
 
 KernelRule = Callable[[KernelCall, str], KernelEffect]
@@ -29,46 +29,26 @@ def kernel_ops() -> frozenset[str]:
     return frozenset(_RULES)
 
 
-def _optional_rules(name: str):
-    """A rule module that may be absent from a trimmed install; without it the op adds nothing."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"trainmem.targets.{name}")
-    except ImportError:
-        return None
-
-
-def _shape(meta: Any) -> tuple[int, ...] | None:
-    return meta.shape if isinstance(meta, TensorMeta) else None
-
-
 @kernel_rule("mkldnn_rnn_layer")
 def _lstm_workspace(call: KernelCall, capability: str) -> KernelEffect:
     """oneDNN's LSTM returns a training workspace (gates and states of every time step) whose size the
     fake kernel reports as 0 (torch/_meta_registrations.py); the real size is the primitive's
     workspace_desc (aten/src/ATen/native/mkldnn/RNN.cpp), computed in targets/onednn_rnn.py."""
-    from trainmem.targets import onednn_rnn
-
     args = call.args
     # mkldnn_rnn has already made the input time-major, whatever batch_first says
     (seq_len, batch, input_size), hidden_size, bidirectional = args[0].shape, args[10], args[13]
     cell_bytes = args[6].itemsize if isinstance(args[6], TensorMeta) else args[0].itemsize
     nbytes = onednn_rnn.lstm_workspace_bytes(seq_len, batch, input_size, hidden_size, bool(bidirectional),
                                              args[0].itemsize, cell_bytes)
-    transients = getattr(onednn_rnn, "lstm_forward_transients", None)
-    before, after = transients(seq_len, batch, input_size, hidden_size, args[0].itemsize) if transients else ((), ())
+    before, after = onednn_rnn.lstm_forward_transients(seq_len, batch, input_size, hidden_size, args[0].itemsize)
     return KernelEffect(tuple(before), tuple(after), output_nbytes=((3, nbytes),), rule="oneDNN LSTM workspace and buffers")
 
 
 @kernel_rule("mkldnn_rnn_layer_backward")
 def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
     """oneDNN's LSTM backward reorders weights and keeps diff states in buffers of its own."""
-    from trainmem.targets import onednn_rnn
-
-    transients = getattr(onednn_rnn, "lstm_backward_transients", None)
     inp = call.args[0]
-    if transients is None or not isinstance(inp, TensorMeta):
+    if not isinstance(inp, TensorMeta):
         return KernelEffect()
     seq_len, batch, input_size = inp.shape
     hidden_size = call.args[1].shape[0] // 4
@@ -76,7 +56,7 @@ def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
     # the kernel copies a grad that is missing (zeros_like) or not contiguous (.contiguous())
     copied = [not isinstance(g, TensorMeta) or not g.contiguous for g in grads]
     same = isinstance(hx, TensorMeta) and isinstance(cx, TensorMeta) and hx.storage_key == cx.storage_key
-    before, after = transients(seq_len, batch, input_size, hidden_size, inp.itemsize,
+    before, after = onednn_rnn.lstm_backward_transients(seq_len, batch, input_size, hidden_size, inp.itemsize,
                                grad_output_copied=copied[0], grad_hy_copied=copied[1], grad_cy_copied=copied[2],
                                hx_cx_same_storage=same,
                                cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None)
@@ -86,9 +66,6 @@ def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
 @kernel_rule("convolution")
 def _conv_forward(call: KernelCall, capability: str) -> KernelEffect:
     """ideep reorders plain tensors into blocked layouts around oneDNN convolutions (targets/onednn_conv.py)."""
-    onednn_conv = _optional_rules("onednn_conv")
-    if onednn_conv is None:
-        return KernelEffect()
     inp, weight, bias, stride, padding, dilation, transposed, _out_pad, groups = call.args[:9]
     if not isinstance(inp, TensorMeta) or not call.outputs or call.outputs[0] is None:
         return KernelEffect()
@@ -100,9 +77,6 @@ def _conv_forward(call: KernelCall, capability: str) -> KernelEffect:
 
 @kernel_rule("convolution_backward")
 def _conv_backward(call: KernelCall, capability: str) -> KernelEffect:
-    onednn_conv = _optional_rules("onednn_conv")
-    if onednn_conv is None:
-        return KernelEffect()
     grad_output, inp, weight, _bias_sizes, stride, padding, dilation, transposed, _out_pad, groups, mask = call.args[:11]
     if not isinstance(inp, TensorMeta):
         return KernelEffect()
