@@ -18,7 +18,7 @@ EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's usage dump becomes our one line
-        raise TrainmemError(f"{message} (see trainmem {self.prog.split()[-1]} --help)", where="command line")
+        raise TrainmemError(f"{message} (see {self.prog} --help)", where="command line")
 
 
 def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
