@@ -42,7 +42,7 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str
     buffers = STATE_BUFFERS[setup.optimizer]
     batch = setup.batch_size
     layer_outputs = sum(n for m, n in traced.output_elements.items() if m in traced.parameter_modules) // batch
-    input_values = sum(_prod(spec.shape) for spec in setup.inputs) if setup.inputs else None
+    input_values = _traced_input_values(traced, batch)
     saved_bytes, saved_by_op = saved_at_backward_start(traced)
     rows = [
         _row("parameters", f"{params:,} parameters × {value_bytes} B", params * value_bytes, breakdown["parameters"]),
@@ -53,8 +53,7 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str
              len(buffers) * trainable * value_bytes, breakdown["optimizer_state"],
              "created by the first optimizer.step(); the peak of step 1 predates it" if not breakdown["optimizer_state"] and buffers else ""),
     ]
-    hand_values = None
-    if input_values is not None:
+    if input_values:
         hand_values = input_values + 2 * layer_outputs
         rows.append(_row(
             "activations",
@@ -66,6 +65,12 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str
     return {"rows": rows, "saved_activation_bytes": saved_bytes,
             "saved_by_op": dict(saved_by_op.most_common()),
             "differences": _differences(breakdown, saved_by_op, setup)}
+
+
+def _traced_input_values(traced, batch: int) -> int:
+    """Values per sample in the batch the first step made (whatever made it: flags or make_batch)."""
+    return sum(_prod(record.shape) for record in traced.trace.storages.values()
+               if record.phase == Phase.INPUTS and record.step == 0) // batch
 
 
 def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> dict[str, Any]:
