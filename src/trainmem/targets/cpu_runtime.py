@@ -47,7 +47,7 @@ def runtime_floor(op_counts: Counter) -> RuntimeFloor:
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
                    "interpreter, torch libraries, thread pools",
                    "peak RSS replays tensor allocations through a glibc malloc model; heap fragmentation by the "
-                   "runtime's small objects is not modelled (measured +25-45% of the tensor heap on CNNs, "
+                   "runtime's small objects is not modelled (measured +20-45% of the tensor heap on CNNs, "
                    "about 0 on MLP/LSTM: benchmarks/results/glibc_fidelity.md)"]
     here = (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
     if here != (data["torch"], data["capability"], data["threads"]):
