@@ -159,3 +159,21 @@ def test_value_read_is_assumed_and_warned(tmp_factory, capsys):
     code, out, err = run(["estimate", ref, "--input-shape", "4"], capsys)
     assert code == 0
     assert "aten._local_scalar_dense" in err and "value read as 0" in err
+
+
+def test_target_shape_comes_with_the_batch(capsys):
+    base = ["estimate", "mlp:64-16-10", "--batch-size", "32", "--format", "json"]
+    code, out, _ = run(base + ["--target-shape", "scalar"], capsys)
+    assert code == 0 and json.loads(out)["setup"]["target_shape"] == []
+    code, out, _ = run(base + ["--loss", "mse", "--target-shape", "10"], capsys)
+    assert code == 0 and json.loads(out)["breakdown"]["inputs"] >= 32 * (64 + 10) * 4  # batch and target at the peak
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--loss", "mse", "--target-shape", "3"], "expected --target-shape to match the output [10], got [3]"),
+    (["--target-shape", "4"], "class ids for this output"),
+    (["--loss", "sum", "--target-shape", "4"], "no --target-shape with --loss sum"),
+])
+def test_bad_target_shape(args, fragment, capsys):
+    code, _, err = run(["estimate", "mlp:64-16-10", "--batch-size", "8", *args], capsys)
+    assert code == 2 and fragment in err

@@ -29,6 +29,7 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-dtype", action="append", help="float32|int64|…; one, or one per input")
     parser.add_argument("--input-max", action="append", type=int, help="token ids are < this (int inputs)")
     parser.add_argument("--loss", help="cross-entropy|mse|sum")
+    parser.add_argument("--target-shape", help="per-sample target shape ('scalar' for a class id), made with the batch (default: from the output)")
     parser.add_argument("--optimizer", help="sgd|momentum|adam|adamw|rmsprop|adagrad")
     parser.add_argument("--optimizer-impl", help="foreach|for-loop|fused (default: what torch picks)")
     parser.add_argument("--precision", help="fp32|fp16-mixed|bf16-mixed|bf16")
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
+_FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "target_shape": "target_shape", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
                 "precision": "precision", "grad_accum": "grad_accum", "checkpointing": "checkpointing",
                 "freeze": "freeze", "activation": "activation", "dropout": "dropout", "steps": "steps"}
 

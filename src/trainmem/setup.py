@@ -81,6 +81,7 @@ class TrainingSetup:
     batch_size: int = 1
     inputs: tuple[InputSpec, ...] = ()
     loss: Loss | None = None  # None: the model's own default, else cross-entropy
+    target_shape: tuple[int, ...] | None = None  # per-sample target shape; None: made from the output
     optimizer: Optimizer = Optimizer.ADAM
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     precision: Precision = Precision.FP32
@@ -95,6 +96,8 @@ class TrainingSetup:
         _check_positive_int(self.batch_size, "--batch-size")
         _check_positive_int(self.grad_accum, "--grad-accum")
         _check_positive_int(self.steps, "--steps")
+        if self.target_shape is not None:
+            object.__setattr__(self, "target_shape", parse_shape(self.target_shape, "--target-shape", allow_scalar=True))
         if not 0.0 <= float(self.dropout) < 1.0:
             raise expected("a dropout probability in [0, 1)", self.dropout, "--dropout")
         for name, enum_type in _ENUM_FIELDS.items():
@@ -163,8 +166,11 @@ def _check_positive_int(value: Any, where: str) -> None:
         raise expected("a positive integer", value, where)
 
 
-def parse_shape(text: str | Sequence[int], where: str = "--input-shape") -> tuple[int, ...]:
-    """'3,224,224' or '3x224x224' or [3, 224, 224] -> (3, 224, 224)."""
+def parse_shape(text: str | Sequence[int], where: str = "--input-shape", allow_scalar: bool = False) -> tuple[int, ...]:
+    """'3,224,224' or '3x224x224' or [3, 224, 224] -> (3, 224, 224); with allow_scalar, 'scalar' or
+    [] -> () (one value per sample, such as a class id)."""
+    if allow_scalar and (text == "scalar" or (not isinstance(text, str) and len(text) == 0)):
+        return ()
     if isinstance(text, str):
         parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p != ""]
     else:

@@ -46,6 +46,7 @@ class Prepared:
     scaler: Any
     make_batch: Any
     loss_fn: Any
+    make_target: Any  # batch_size -> target tensor, with --target-shape and a built-in loss; else None
     checkpointed: list[str]
     frozen: int  # number of frozen parameters (elements)
 
@@ -100,23 +101,47 @@ def _first_tensor(output: Any) -> torch.Tensor:
 
 
 def builtin_loss(loss: Loss):
-    """Targets are made from the output's shape: classes on the last dim for [B, C] and [B, L, V]
-    (language models), on dim 1 for [B, C, H, W…] (segmentation)."""
-    def loss_fn(output: Any, inputs: Any) -> torch.Tensor:
+    """Without --target-shape, targets are made from the output's shape in the loss phase: classes on
+    the last dim for [B, C] and [B, L, V] (language models), on dim 1 for [B, C, H, W…] (segmentation).
+    With it, the target comes with the batch (make_target) and is checked against the output."""
+    def loss_fn(output: Any, inputs: Any, target: torch.Tensor | None = None) -> torch.Tensor:
         out = _first_tensor(output)
         if loss == Loss.SUM:
             return out.float().sum() if not out.is_floating_point() else out.sum()
         if loss == Loss.MSE:
-            return torch.nn.functional.mse_loss(out, torch.randn_like(out))
+            if target is not None and target.shape != out.shape:
+                raise SetupError(f"expected --target-shape to match the output {list(out.shape[1:])}, got "
+                                 f"{list(target.shape[1:])}", where="--target-shape")
+            return torch.nn.functional.mse_loss(out, torch.randn_like(out) if target is None else target)
         if out.dim() < 2:
             raise SetupError(f"expected a [batch, classes, …] output for cross-entropy, got shape "
                              f"{list(out.shape)}", where="--loss cross-entropy")
         if out.dim() == 3:
             out = out.reshape(-1, out.shape[-1])
-        classes = out.shape[1]
-        target_shape = (out.shape[0], *out.shape[2:])
-        return torch.nn.functional.cross_entropy(out, torch.randint(0, classes, target_shape, device=out.device))
+            target = target.reshape(-1) if target is not None else None
+        expected_shape = (out.shape[0], *out.shape[2:])
+        if target is not None and tuple(target.shape) != expected_shape:
+            raise SetupError(f"expected --target-shape giving {list(expected_shape)} class ids for this output, "
+                             f"got {list(target.shape)}", where="--target-shape")
+        if target is None:
+            target = torch.randint(0, out.shape[1], expected_shape, device=out.device)
+        return torch.nn.functional.cross_entropy(out, target)
     return loss_fn
+
+
+def make_target_fn(setup: TrainingSetup, loss: Loss):
+    """--target-shape: the batch's targets, made with the inputs as a data loader would. Class ids are
+    0 (valid for any number of classes; fake tensors carry no values anyway)."""
+    if setup.target_shape is None:
+        return None
+    if loss == Loss.SUM:
+        raise SetupError("expected no --target-shape with --loss sum (it has no target), got one", where="--target-shape")
+    dtype = torch.bfloat16 if setup.precision == Precision.BF16 else torch.float32
+
+    def make_target(batch_size: int) -> torch.Tensor:
+        shape = (batch_size, *setup.target_shape)
+        return torch.zeros(shape, dtype=torch.int64) if loss == Loss.CROSS_ENTROPY else torch.randn(shape, dtype=dtype)
+    return make_target
 
 
 def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> int:
@@ -167,10 +192,13 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
         raise SetupError("expected at least one trainable parameter, got none (all frozen?)", where="--freeze")
     checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
     scaler = torch.amp.GradScaler("cpu") if setup.precision == Precision.FP16_MIXED else None
+    loss = setup.loss or source.default_loss or Loss.CROSS_ENTROPY
+    if loss_fn is not None and setup.target_shape is not None:
+        raise SetupError("expected --target-shape only with a built-in --loss; this model brings its own loss_fn",
+                         where="--target-shape")
     return Prepared(model, make_optimizer(trainable, setup), scaler,
-                    make_batch or default_make_batch(setup, source),
-                    loss_fn or builtin_loss(setup.loss or source.default_loss or Loss.CROSS_ENTROPY),
-                    checkpointed, frozen)
+                    make_batch or default_make_batch(setup, source), loss_fn or builtin_loss(loss),
+                    make_target_fn(setup, loss), checkpointed, frozen)
 
 
 def _autocast(setup: TrainingSetup):
@@ -185,17 +213,18 @@ def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
             observer.phase(Phase.INPUTS, step)
             batch = prepared.make_batch(setup.batch_size)
             inputs = batch if isinstance(batch, tuple) else (batch,)
+            target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
             observer.phase(Phase.FORWARD, step)
             with _autocast(setup):
                 output = model(*inputs)
                 observer.phase(Phase.LOSS, step)
-                loss = prepared.loss_fn(output, inputs)
+                loss = prepared.loss_fn(output, inputs, *target)
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
             del output
             observer.phase(Phase.BACKWARD, step)
             (scaler.scale(loss) if scaler is not None else loss).backward()
-            del loss, batch, inputs
+            del loss, batch, inputs, target
             observer.after_backward(model)
         observer.phase(Phase.OPTIMIZER, step)
         if scaler is not None:
