@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from kernel_checks import memory_inside, running_peak
 from trainmem.targets import onednn_conv
 from trainmem.targets.onednn_conv import (
     conv_backend,
@@ -40,23 +41,11 @@ _DT = {torch.float32: 4, torch.float64: 8}
 def _in_op_events(fn, op_name):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
-    events = list(prof.profiler.kineto_results.events())
-    op = next(e for e in events if e.name() == op_name)
-    mem = sorted((e for e in events if e.name() == "[memory]"
-                  and op.start_ns() <= e.start_ns() <= op.end_ns()), key=lambda e: e.start_ns())
-    return out, [e.nbytes() for e in mem]
-
-
-def _peak(seq):
-    live = peak = 0
-    for v in seq:
-        live += v
-        peak = max(peak, live)
-    return peak
+    return out, memory_inside(prof, op_name)
 
 
 def _model_peak(before, outputs, after):
-    return _peak(list(before) + [outputs] + list(after))
+    return running_peak(list(before) + [outputs] + list(after))
 
 
 def _close(model, real):
@@ -127,7 +116,7 @@ def test_forward_peak(name):
         tuple(x.shape), tuple(w.shape), tuple(y.shape), a["stride"], a["padding"],
         a["dilation"], a["groups"], a["transposed"], dt, _CAP, has_bias=b is not None)
     _check_pairs(before, after)
-    real = _peak(events)
+    real = running_peak(events)
     model = _model_peak(before, y.numel() * dt, after)
     assert _close(model, real), (name, real, model, events, before, after)
 
@@ -152,7 +141,7 @@ def test_backward_peak(name):
         a["dilation"], a["groups"], a["transposed"], mask, dt, _CAP)
     _check_pairs(before, after)
     outs = sum(t.numel() * t.element_size() for t in grads if t is not None)
-    real = _peak(events)
+    real = running_peak(events)
     model = _model_peak(before, outs, after)
     assert _close(model, real), (name, real, model, events, before, after)
 
@@ -172,7 +161,7 @@ def test_backward_grad_input_only():
         tuple(go.shape), tuple(x.shape), tuple(w.shape), a["stride"], a["padding"],
         a["dilation"], 1, False, [True, False, False], 4, _CAP)
     _check_pairs(before, after)
-    assert _close(_model_peak(before, grads[0].numel() * 4, after), _peak(events))
+    assert _close(_model_peak(before, grads[0].numel() * 4, after), running_peak(events))
 
 
 @needs_cpu

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_checks import memory_inside, running_peak
 from trainmem.targets.onednn_rnn import (
     get_good_ld,
     lstm_backward_transients,
@@ -129,14 +130,6 @@ def test_page_rounding_smallest_case():
 # --------------------------------------------------------------------------------------------
 
 
-def _peak(deltas):
-    cur = best = 0
-    for d in deltas:
-        cur += d
-        best = max(best, cur)
-    return best
-
-
 def test_transients_reproduce_profiled_sequence():
     """nn.LSTM(128, 256, num_layers=2, batch_first=True) on [8, 64, 128] fp32, profiled with
     torch 2.13 / oneDNN 3.12: layer 0 forward and layer 1 backward (grad_output copied from the
@@ -147,7 +140,7 @@ def test_transients_reproduce_profiled_sequence():
             -532480, -4096]
     assert sorted(x for x in before + after if x > 0) == sorted(
         x for x in real if x > 0 and x not in outputs)
-    assert _peak(before + outputs + after) == _peak(real)
+    assert running_peak(before + outputs + after) == running_peak(real)
 
     before, after = lstm_backward_transients(64, 8, 256, 256, 4)
     assert before == [524288, 8192, 8192, 4096]
@@ -201,13 +194,8 @@ def _real_in_op(T, B, I, H, dtype, reverse, grads, share):
         bout = torch.ops.aten.mkldnn_rnn_layer_backward(
             *args, out[0], out[1], out[2], go, ghy, gcy, reverse, _LSTM_MODE, H, 1, True, True,
             False, [], False, out[3])
-    events = list(prof.profiler.kineto_results.events())
-    mem = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    result = []
-    for name, outs in (("aten::mkldnn_rnn_layer", out), ("aten::mkldnn_rnn_layer_backward", bout)):
-        (op,) = [e for e in events if e.name() == name]
-        real = [e.nbytes() for e in mem if op.start_ns() <= e.start_ns() <= op.end_ns()]
-        result.append((real, [o.untyped_storage().nbytes() for o in outs]))
+    result = [(memory_inside(prof, name), [o.untyped_storage().nbytes() for o in outs])
+              for name, outs in (("aten::mkldnn_rnn_layer", out), ("aten::mkldnn_rnn_layer_backward", bout))]
     flags = {
         "grad_output_copied": go is None or not go.is_contiguous(),
         "grad_hy_copied": ghy is None,
@@ -233,7 +221,7 @@ TRANSIENT_SHAPES = [
 
 
 @pytest.mark.parametrize("T,B,I,H,dtype,reverse,grads,share", TRANSIENT_SHAPES)
-def test_transients_match_real_in_op_peak(T, B, I, H, dtype, reverse, grads, share):
+def test_transients_match_real_in_oprunning_peak(T, B, I, H, dtype, reverse, grads, share):
     if not (_HAS_BF16 if dtype is torch.bfloat16 else _HAS_MKLDNN):
         pytest.skip("oneDNN (bf16) unavailable")
     ((fwd_real, fwd_outs), (bwd_real, bwd_outs)), flags = _real_in_op(
@@ -244,5 +232,5 @@ def test_transients_match_real_in_op_peak(T, B, I, H, dtype, reverse, grads, sha
         (bwd_real, bwd_outs, lstm_backward_transients(T, B, I, H, s, **flags)),
     ):
         assert sum(before) + sum(after) == 0
-        real_peak, model_peak = _peak(real), _peak(before + outs + after)
+        real_peak, model_peak = running_peak(real), running_peak(before + outs + after)
         assert abs(model_peak - real_peak) <= max(0.01 * real_peak, 8192), (real, before, after)
