@@ -65,10 +65,10 @@ def run(request: dict) -> dict:
             _train(source, setup, training)
         result["tensor_peak_bytes"], result["memory_events"] = _profile_peak(prof)
     else:
-        model = _train(source, setup, training)
+        prepared = _train(source, setup, training)  # kept alive: RSS after the steps includes the model
         result["rss_after_steps"] = _rss_now()
         result["peak_rss_bytes"] = _status_bytes("VmHWM")
-        del model
+        result["parameters"] = sum(p.numel() for p in prepared.model.parameters())
     result["seconds"] = time.perf_counter() - started
     return result
 

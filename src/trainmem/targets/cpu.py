@@ -7,7 +7,6 @@ its source. The rule's effect is spliced into the event stream around the op's o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from trainmem.targets import DeviceEvent, KernelEffect, onednn_conv, onednn_rnn
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace

@@ -638,7 +638,6 @@ def _bwd_w_plan(G: _Geo, dt, B, cap, nthr, with_bias):
             S += _entry(nthr * min(ICp // B, 8) * B * G.out_sp * _F32)
         return S, N * OCp * G.out_sp * dt, N * ICp * G.in_sp * dt, OCp * ICp * dt
     if not gemm:
-        dilated = any(x > 1 for x in G.d)
         if avx2:  # jit:avx2 bwd-weights: no dilation; measured: the 3d case went to gemm
             if G.nd == 3 or not _avx2_bwd_w_ok(G):
                 return _gemm_bwd_w(G, dt, nthr)

@@ -103,9 +103,6 @@ class TraceRecorder(TorchDispatchMode):
                             self.modules.current(), record.op, self.step))
 
     # ---- settling categories after the fact -------------------------------------------------
-    def live_records(self) -> list[StorageRecord]:
-        return [self.trace.storages[sid] for sid, _ in self._live.values()]
-
     def storage_ids_of(self, tensors: Any) -> set[int]:
         ids = set()
         for tensor in tensors:
