@@ -177,3 +177,11 @@ def test_target_shape_comes_with_the_batch(capsys):
 def test_bad_target_shape(args, fragment, capsys):
     code, _, err = run(["estimate", "mlp:64-16-10", "--batch-size", "8", *args], capsys)
     assert code == 2 and fragment in err
+
+
+def test_gpu_devices_are_listed_but_not_estimated_yet(capsys):
+    code, out, _ = run(["devices", "--format", "json"], capsys)
+    gpus = {d["name"]: d for d in json.loads(out) if d["kind"] == "cuda"}
+    assert code == 0 and gpus["h100-80gb"]["cublas_workspace_bytes"] == 32 * 2**20 and gpus["a100-40gb"]["bf16"]
+    code, _, err = run(["estimate", "mlp:10-2", "--device", "a100-40gb"], capsys)
+    assert code == 2 and "the CUDA target is not built yet" in err

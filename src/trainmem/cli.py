@@ -109,7 +109,10 @@ def _devices(args: argparse.Namespace) -> int:
         print(json.dumps([d.to_dict() for d in devices], indent=2))
     else:
         for d in devices:
-            print(f"{d.name:12s} {d.kind:5s} {format_bytes(d.capacity_bytes):>12s}  {d.description}")
+            extra = "" if d.gpu is None else (f"  bf16 {'yes' if d.gpu.bf16 else 'no'}, flash "
+                                              f"{'yes' if d.gpu.flash_attention else 'no'}, cuBLAS workspace "
+                                              f"{format_bytes(d.gpu.cublas_workspace_bytes)}")
+            print(f"{d.name:12s} {d.kind:5s} {format_bytes(d.capacity_bytes):>12s}  {d.description}{extra}")
     return EXIT_OK
 
 

@@ -1,7 +1,9 @@
 """The device table: where training will run. No torch.
 
-Only the CPU target exists so far; its capacity is this machine's physical memory (MemTotal in
-/proc/meminfo), and `available_bytes()` is what the kernel says a new process could still use.
+The CPU's capacity is this machine's physical memory (MemTotal in /proc/meminfo), and
+`available_bytes()` is what the kernel says a new process could still use. GPUs come from
+device_catalog.py (facts with their sources) or `custom:capacity=24GiB,cc=8.9`; the CUDA target
+that estimates for them is not built yet, so estimate() accepts them in the table only.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from trainmem.device_catalog import CATALOG, GpuSpec, find_gpu, parse_custom
 from trainmem.errors import expected
 
 
@@ -18,9 +21,16 @@ class Device:
     kind: str  # "cpu" or "cuda"
     capacity_bytes: int
     description: str
+    gpu: GpuSpec | None = None  # the catalog entry, for kind "cuda"
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "kind": self.kind, "capacity_bytes": self.capacity_bytes}
+        out: dict[str, object] = {"name": self.name, "kind": self.kind, "capacity_bytes": self.capacity_bytes}
+        if self.gpu is not None:
+            out.update(compute_capability=".".join(map(str, self.gpu.compute_capability)),
+                       cublas_workspace_bytes=self.gpu.cublas_workspace_bytes, bf16=self.gpu.bf16,
+                       flash_attention=self.gpu.flash_attention, cuda_context_bytes=self.gpu.cuda_context_bytes,
+                       capacity_source=self.gpu.capacity_source, context_source=self.gpu.context_source)
+        return out
 
 
 def _meminfo(field: str) -> int | None:
@@ -46,13 +56,22 @@ def available_bytes() -> int | None:
     return _meminfo("MemAvailable")
 
 
+def gpu_device(spec: GpuSpec) -> Device:
+    cc = ".".join(map(str, spec.compute_capability))
+    return Device(spec.name, "cuda", spec.capacity_bytes, f"{spec.marketing_name}, cc {cc}", spec)
+
+
 def all_devices() -> list[Device]:
-    return [cpu_device()]
+    return [cpu_device(), *(gpu_device(spec) for spec in CATALOG)]
 
 
 def get_device(name: str) -> Device:
-    for device in all_devices():
-        if device.name == name.lower():
-            return device
-    names = ", ".join(d.name for d in all_devices())
-    raise expected(f"a device among {names} (GPU targets are not built yet)", name, "--device")
+    if name.lower().startswith("custom:"):
+        return gpu_device(parse_custom(name))
+    if name.lower() == "cpu":
+        return cpu_device()
+    spec = find_gpu(name)
+    if spec is None:
+        names = ", ".join(d.name for d in all_devices())
+        raise expected(f"a device among {names}, or custom:capacity=SIZE,cc=X.Y", name, "--device")
+    return gpu_device(spec)

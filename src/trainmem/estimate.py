@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from trainmem.devices import Device, get_device
+from trainmem.errors import SetupError
 from trainmem.setup import TrainingSetup
 
 
@@ -88,6 +89,9 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
     elif setup_values:
         setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
     target_device = get_device(device)
+    if target_device.kind != "cpu":
+        raise SetupError(f"expected --device cpu: the CUDA target is not built yet, got {device!r} "
+                         "(`trainmem devices` lists the GPU facts already collected)", where="--device")
     source = resolve(model, setup)
     traced = trace_training(source, setup, cpu_target.kernel_ops())
     return assemble(source, setup, target_device, traced, depth)

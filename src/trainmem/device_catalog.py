@@ -1,0 +1,188 @@
+"""Catalog of GPU targets for `trainmem devices` / `--device NAME`. No torch.
+
+Each entry records the memory the driver reports and where that number comes from.
+
+* `capacity_bytes` is the framebuffer total that nvidia-smi prints ("... / 81559MiB"), times 2**20.
+  This is the driver's total for the board. `torch.cuda.get_device_properties().total_memory`
+  (= `cudaDeviceProp.totalGlobalMem` = `cudaMemGetInfo` total) is a little lower, because the
+  driver keeps some memory for itself. For example, an A100-SXM4-40GB shows 40960MiB in nvidia-smi
+  but 42,298,834,944 B (40339 MiB) in deviceQuery (bottlerocket-os/bottlerocket#3873), and an
+  H100 80GB HBM3 shows 81559MiB in nvidia-smi but total_memory=81089MB in PyTorch. The exact gap
+  depends on the driver.
+* The rules that depend on compute capability follow PyTorch's own source (see the functions
+  below). They are not per-GPU guesses.
+* `cuda_context_bytes` is one default for every GPU: 287 MB with lazy module loading, reported in
+  PyTorch PR #86509. No per-GPU figures with a public source were found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from trainmem.errors import SetupError
+from trainmem.units import parse_bytes
+
+MiB = 1024**2
+
+# PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize() (returned through
+# getChosenWorkspaceSize()): the default is ":4096:2:16:8", i.e. 4096*1024*2 + 16*1024*8 bytes.
+# Hopper and Blackwell (properties->major in 9, 10, 11, 12) get 4096*8*1024 = 32 MiB instead.
+# Older releases used `major == 9 && minor == 0` (sm90 only).
+CUBLAS_DEFAULT_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8  # 8,519,680
+CUBLAS_LARGE_WORKSPACE = 4096 * 8 * 1024  # 33,554,432
+CUBLAS_LARGE_WORKSPACE_MAJORS = frozenset({9, 10, 11, 12})
+CUBLAS_SOURCE = ("pytorch aten/src/ATen/cuda/CublasHandlePool.cpp parseChosenWorkspaceSize: "
+                 ":4096:2:16:8 default, 32MiB when cc major in {9,10,11,12}")
+
+# PyTorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:
+# check_flash_attention_hardware_support -> check_sm_version<sm80, sm121> (older: <sm80, sm90>).
+FLASH_MIN_CC = (8, 0)
+FLASH_MAX_CC = (12, 1)
+# sdp_utils.cpp check_dtypes_low_precision: bf16 is accepted when dprop->major >= 8.
+BF16_MIN_MAJOR = 8
+
+# Figure from gpu-facts.md: PyTorch PR #86509 reports 287 MB for the CUDA context with lazy
+# loading (667 MB eager). It is read here as 287 * 10**6 bytes.
+DEFAULT_CONTEXT_BYTES = 287 * 1000**2
+DEFAULT_CONTEXT_SOURCE = ("PyTorch PR #86509 (reported): ~287 MB CUDA context with lazy module "
+                          "loading, 667 MB eager; default for every GPU, not measured per GPU")
+
+
+def cublas_workspace_for(cc: tuple[int, int]) -> int:
+    return CUBLAS_LARGE_WORKSPACE if cc[0] in CUBLAS_LARGE_WORKSPACE_MAJORS else CUBLAS_DEFAULT_WORKSPACE
+
+
+def bf16_for(cc: tuple[int, int]) -> bool:
+    return cc[0] >= BF16_MIN_MAJOR
+
+
+def flash_attention_for(cc: tuple[int, int]) -> bool:
+    return FLASH_MIN_CC <= tuple(cc) <= FLASH_MAX_CC
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    aliases: tuple[str, ...]
+    marketing_name: str
+    capacity_bytes: int
+    capacity_source: str
+    compute_capability: tuple[int, int]
+    cublas_workspace_bytes: int
+    bf16: bool
+    flash_attention: bool
+    cuda_context_bytes: int
+    context_source: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name, "aliases": list(self.aliases), "marketing_name": self.marketing_name,
+            "capacity_bytes": self.capacity_bytes, "capacity_source": self.capacity_source,
+            "compute_capability": f"{self.compute_capability[0]}.{self.compute_capability[1]}",
+            "cublas_workspace_bytes": self.cublas_workspace_bytes, "bf16": self.bf16,
+            "flash_attention": self.flash_attention, "cuda_context_bytes": self.cuda_context_bytes,
+            "context_source": self.context_source,
+        }
+
+
+def _gpu(name: str, aliases: tuple[str, ...], marketing: str, mib: int, source: str,
+         cc: tuple[int, int], context: int = DEFAULT_CONTEXT_BYTES,
+         context_source: str = DEFAULT_CONTEXT_SOURCE) -> GpuSpec:
+    return GpuSpec(name=name, aliases=aliases, marketing_name=marketing, capacity_bytes=mib * MiB,
+                   capacity_source=source, compute_capability=cc,
+                   cublas_workspace_bytes=cublas_workspace_for(cc), bf16=bf16_for(cc),
+                   flash_attention=flash_attention_for(cc), cuda_context_bytes=context,
+                   context_source=context_source)
+
+
+_MODAL = "https://github.com/modal-labs/modal-client/pull/2797 (nvidia-smi totals per GPU type)"
+
+CATALOG: tuple[GpuSpec, ...] = (
+    _gpu("v100-16gb", ("v100-sxm2-16gb",), "Tesla V100-SXM2-16GB", 16384,
+         "nvidia-smi '5MiB / 16384MiB', https://github.com/1CatAI/1Cat-vLLM/issues/85", (7, 0)),
+    _gpu("v100-32gb", ("v100-pcie-32gb",), "Tesla V100-PCIE-32GB", 32480,
+         "nvidia-smi '31194MiB / 32480MiB' (driver 410.48, Tesla V100-PCIE), "
+         "https://blog.cachecha.com/csdn/kunhe0512/126265050.html", (7, 0)),
+    _gpu("t4", ("tesla-t4",), "Tesla T4", 15360, f"nvidia-smi 15360MiB, {_MODAL}", (7, 5)),
+    _gpu("a10g", ("a10",), "NVIDIA A10G", 23028,
+         "nvidia-smi '8722MiB / 23028MiB', https://github.com/NVIDIA/DCGM/issues/232; "
+         f"also 23028MiB in {_MODAL}", (8, 6)),
+    _gpu("l4", (), "NVIDIA L4", 23034, f"nvidia-smi 23034MiB, {_MODAL}", (8, 9)),
+    _gpu("a100-40gb", ("a100-sxm4-40gb",), "NVIDIA A100-SXM4-40GB", 40960,
+         f"nvidia-smi 40960MiB, {_MODAL}; deviceQuery totalGlobalMem 42298834944 B, "
+         "https://github.com/bottlerocket-os/bottlerocket/pull/3873", (8, 0)),
+    _gpu("a100-80gb", ("a100-sxm4-80gb",), "NVIDIA A100-SXM4-80GB", 81920,
+         f"nvidia-smi 81920MiB, {_MODAL}", (8, 0)),
+    _gpu("h100-80gb", ("h100-sxm", "h100-80gb-hbm3"), "NVIDIA H100 80GB HBM3", 81559,
+         "nvidia-smi '0MiB / 81559MiB', https://github.com/NVIDIA/nccl/issues/1264; "
+         f"also 81559MiB in {_MODAL}", (9, 0)),
+    _gpu("l40s", (), "NVIDIA L40S", 46068, f"nvidia-smi 46068MiB, {_MODAL}", (8, 9)),
+    _gpu("rtx3090", ("3090", "rtx-3090"), "NVIDIA GeForce RTX 3090", 24576,
+         "nvidia-smi '22598MiB / 24576MiB', https://github.com/noonghunna/club-3090/issues/1128",
+         (8, 6)),
+    _gpu("rtx4090", ("4090", "rtx-4090"), "NVIDIA GeForce RTX 4090", 24564,
+         "nvidia-smi '507MiB / 24564MiB', https://github.com/RLinf/RLinf/issues/255", (8, 9)),
+    _gpu("rtx5090", ("5090", "rtx-5090"), "NVIDIA GeForce RTX 5090", 32607,
+         "nvidia-smi '29024MiB / 32607MiB', https://github.com/noonghunna/club-3090/issues/1261",
+         (12, 0)),
+    _gpu("b200", (), "NVIDIA B200", 183359,
+         "nvidia-smi '166593MiB / 183359MiB', https://github.com/NVIDIA/TensorRT-LLM/issues/10278",
+         (10, 0)),
+)
+
+
+def _key(text: str) -> str:
+    return text.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def find_gpu(name: str) -> GpuSpec | None:
+    """A catalog entry by name or alias, ignoring case; None when unknown."""
+    key = _key(name)
+    for spec in CATALOG:
+        if key == spec.name or key in spec.aliases:
+            return spec
+    return None
+
+
+_CC = re.compile(r"^\s*(\d+)\.(\d+)\s*$")
+_FORM = "custom:capacity=SIZE,cc=MAJOR.MINOR[,context=SIZE]"
+
+
+def _bad(got: object) -> SetupError:
+    return SetupError(f"expected {_FORM} (e.g. custom:capacity=24GiB,cc=8.9), got {got!r}",
+                      where="--device")
+
+
+def parse_custom(text: str) -> GpuSpec:
+    """'custom:capacity=24GiB,cc=8.9[,context=500MiB]' -> GpuSpec named 'custom'."""
+    raw = str(text).strip()
+    if not raw.lower().startswith("custom:"):
+        raise _bad(text)
+    fields: dict[str, str] = {}
+    for part in raw[len("custom:"):].split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("capacity", "cc", "context") or key in fields or not value.strip():
+            raise _bad(text)
+        fields[key] = value.strip()
+    if "capacity" not in fields or "cc" not in fields:
+        raise _bad(text)
+    try:
+        capacity = parse_bytes(fields["capacity"], "--device")
+        context = parse_bytes(fields["context"], "--device") if "context" in fields else None
+    except SetupError:
+        raise _bad(text) from None
+    match = _CC.match(fields["cc"])
+    if not match or capacity <= 0:
+        raise _bad(text)
+    cc = (int(match.group(1)), int(match.group(2)))
+    if context is None:
+        context, context_source = DEFAULT_CONTEXT_BYTES, DEFAULT_CONTEXT_SOURCE
+    else:
+        context_source = "given on the command line"
+    return GpuSpec(name="custom", aliases=(), marketing_name=f"custom (cc {cc[0]}.{cc[1]})",
+                   capacity_bytes=capacity, capacity_source="given on the command line",
+                   compute_capability=cc, cublas_workspace_bytes=cublas_workspace_for(cc),
+                   bf16=bf16_for(cc), flash_attention=flash_attention_for(cc),
+                   cuda_context_bytes=context, context_source=context_source)
