@@ -5,6 +5,10 @@ mode "rss":     no profiler; peak RSS (VmHWM) after the steps, and RSS after imp
 mode "tensors": torch.profiler memory events (they include allocations made inside kernels, below
                 the dispatcher); the tensor peak is the running sum of 64-byte-rounded sizes,
                 as PyTorch's CPU allocator rounds each request (c10/core/impl/alloc_cpu.cpp).
+mode "cuda":    the steps on GPU 0 (model, batch and optimizer made under torch.device("cuda"));
+                torch.cuda.max_memory_allocated / max_memory_reserved, the process's memory as
+                nvidia-smi reports it at the end (the cache is still held), and the GPU, driver,
+                CUDA and torch versions (measure/cuda.py).
 Prints one JSON line.
 """
 
@@ -58,7 +62,11 @@ def run(request: dict) -> dict:
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "rss_before_torch": after_import["rss"],
               "rss_after_torch": after_torch["rss"], "rss_file_after_torch": after_torch["rss_file"]}
     started = time.perf_counter()
-    if request["mode"] == "tensors":
+    if request["mode"] == "cuda":
+        from trainmem.measure.cuda import measure_cuda_steps
+
+        result.update(measure_cuda_steps(lambda: _train(source, setup, training, "cuda")))
+    elif request["mode"] == "tensors":
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -73,9 +81,9 @@ def run(request: dict) -> dict:
     return result
 
 
-def _train(source, setup, training):
+def _train(source, setup, training, device_type: str = "cpu"):
     model, make_batch, loss_fn = training.unpack_built(source.build(), source)
-    prepared = training.prepare(model, make_batch, loss_fn, setup, source)
+    prepared = training.prepare(model, make_batch, loss_fn, setup, source, device_type)
     training.run_steps(prepared, setup, training.Observer())
     return prepared
 

@@ -49,6 +49,7 @@ class Prepared:
     make_target: Any  # batch_size -> target tensor, with --target-shape and a built-in loss; else None
     checkpointed: list[str]
     frozen: int  # number of frozen parameters (elements)
+    device_type: str = "cpu"  # where the real run happens: autocast and GradScaler follow it
 
 
 def unpack_built(built: Any, source: ModelSource) -> tuple[torch.nn.Module, Any, Any]:
@@ -180,7 +181,7 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup) -> to
 
 
 def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup,
-            source: ModelSource) -> Prepared:
+            source: ModelSource, device_type: str = "cpu") -> Prepared:
     """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model."""
     if setup.precision == Precision.BF16 and any(p.dtype != torch.bfloat16 for p in model.parameters()
                                                  if p.is_floating_point()):
@@ -191,19 +192,19 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
     if not trainable:
         raise SetupError("expected at least one trainable parameter, got none (all frozen?)", where="--freeze")
     checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
-    scaler = torch.amp.GradScaler("cpu") if setup.precision == Precision.FP16_MIXED else None
+    scaler = torch.amp.GradScaler(device_type) if setup.precision == Precision.FP16_MIXED else None
     loss = setup.loss or source.default_loss or Loss.CROSS_ENTROPY
     if loss_fn is not None and setup.target_shape is not None:
         raise SetupError("expected --target-shape only with a built-in --loss; this model brings its own loss_fn",
                          where="--target-shape")
     return Prepared(model, make_optimizer(trainable, setup), scaler,
                     make_batch or default_make_batch(setup, source), loss_fn or builtin_loss(loss),
-                    make_target_fn(setup, loss), checkpointed, frozen)
+                    make_target_fn(setup, loss), checkpointed, frozen, device_type)
 
 
-def _autocast(setup: TrainingSetup):
+def _autocast(setup: TrainingSetup, device_type: str):
     dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
-    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
@@ -215,7 +216,7 @@ def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
             inputs = batch if isinstance(batch, tuple) else (batch,)
             target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
             observer.phase(Phase.FORWARD, step)
-            with _autocast(setup):
+            with _autocast(setup, prepared.device_type):
                 output = model(*inputs)
                 observer.phase(Phase.LOSS, step)
                 loss = prepared.loss_fn(output, inputs, *target)
