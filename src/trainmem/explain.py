@@ -3,6 +3,7 @@ each difference named. Formulas explain; the trace computes."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -69,19 +70,12 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str
 
 def _traced_input_values(traced, batch: int) -> int:
     """Values per sample in the batch the first step made (whatever made it: flags or make_batch)."""
-    return sum(_prod(record.shape) for record in traced.trace.storages.values()
+    return sum(math.prod(record.shape) for record in traced.trace.storages.values()
                if record.phase == Phase.INPUTS and record.step == 0) // batch
 
 
 def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> dict[str, Any]:
     return {"what": name, "formula": formula, "hand_bytes": hand, "traced_bytes": traced, "note": note}
-
-
-def _prod(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup) -> list[str]:

@@ -24,7 +24,6 @@ class ModuleTracker:
         self._by_sequence_nr: dict[int, str] = {}
         self._handles: list[Any] = []
         self.output_elements: dict[str, int] = {}  # module -> elements of its first forward's output
-        self.leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
 
     def __enter__(self) -> ModuleTracker:
         hooks = torch.nn.modules.module

@@ -29,15 +29,13 @@ class TraceResult:
     trace: Trace
     parameters: int
     trainable_parameters: int
-    parameter_bytes_by_dtype: dict[str, int]
     module_parameters: dict[str, int]  # module path -> parameter elements (own, not recursive)
     op_counts: Counter
     warnings: list[str]
     checkpointed: list[str]
     model_name: str
     output_elements: dict[str, int]  # module -> output elements of its first forward (whole batch)
-    leaf_modules: set[str]
-    parameter_modules: dict[str, str]  # module path -> class name, for modules that own parameters
+    parameter_modules: set[str]  # module paths that own parameters
 
 
 def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
@@ -92,19 +90,15 @@ class _RecordingObserver(training.Observer):
         self.recorder.set_category(self.recorder.storage_ids_of(scalars), Category.OPTIMIZER_SCALARS)
 
 
-def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], dict[str, int]]:
+def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]]:
     unique = {id(p): p for p in model.parameters()}.values()
-    by_dtype: Counter = Counter()
-    for p in unique:
-        by_dtype[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     per_module: dict[str, int] = {}
     owned: set[int] = set()  # a tied parameter belongs to the first module that holds it
     for name, module in model.named_modules():
         mine = [p for p in module.parameters(recurse=False) if id(p) not in owned]
         owned.update(id(p) for p in mine)
         per_module[name] = sum(p.numel() for p in mine)
-    return (sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad),
-            dict(by_dtype), per_module)
+    return sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), per_module
 
 
 def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset()) -> TraceResult:
@@ -120,7 +114,6 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     try:
         with fake_mode, tracker, recorder:
             materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
-            recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
             prepared = training.prepare(model, make_batch, loss_fn, setup, source)
             recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
             recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
@@ -134,8 +127,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     finally:
         recorder.closed = True
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
-    classes = {name: type(m).__name__ for name, m in model.named_modules()
-               if any(True for _ in m.parameters(recurse=False))}
-    return TraceResult(recorder.trace, facts[0], facts[1], facts[2], facts[3], recorder.op_counts,
+    owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
                        recorder.rules.warnings(), prepared.checkpointed, type(model).__name__,
-                       tracker.output_elements, tracker.leaves, classes)
+                       tracker.output_elements, owners)

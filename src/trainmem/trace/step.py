@@ -48,7 +48,6 @@ class Prepared:
     loss_fn: Any
     make_target: Any  # batch_size -> target tensor, with --target-shape and a built-in loss; else None
     checkpointed: list[str]
-    frozen: int  # number of frozen parameters (elements)
     device_type: str = "cpu"  # where the real run happens: autocast and GradScaler follow it
 
 
@@ -145,9 +144,8 @@ def make_target_fn(setup: TrainingSetup, loss: Loss):
     return make_target
 
 
-def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> int:
+def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> None:
     """Turn off requires_grad for parameters whose name matches a pattern (fnmatch, or a module prefix)."""
-    frozen = 0
     for pattern in patterns:
         matched = [(n, p) for n, p in model.named_parameters()
                    if fnmatch.fnmatchcase(n, pattern) or n.startswith(pattern.rstrip(".") + ".")]
@@ -156,9 +154,7 @@ def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> int:
             raise SetupError(f"expected --freeze {pattern!r} to match parameter names such as {names}, "
                              "it matched none", where="--freeze")
         for _, parameter in matched:
-            frozen += parameter.numel() if parameter.requires_grad else 0
             parameter.requires_grad_(False)
-    return frozen
 
 
 def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup) -> torch.optim.Optimizer:
@@ -187,7 +183,7 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
                                                  if p.is_floating_point()):
         model.to(torch.bfloat16)
     model.train()
-    frozen = freeze_parameters(model, setup.freeze)
+    freeze_parameters(model, setup.freeze)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise SetupError("expected at least one trainable parameter, got none (all frozen?)", where="--freeze")
@@ -199,7 +195,7 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
                          where="--target-shape")
     return Prepared(model, make_optimizer(trainable, setup), scaler,
                     make_batch or default_make_batch(setup, source), loss_fn or builtin_loss(loss),
-                    make_target_fn(setup, loss), checkpointed, frozen, device_type)
+                    make_target_fn(setup, loss), checkpointed, device_type)
 
 
 def _autocast(setup: TrainingSetup, device_type: str):
