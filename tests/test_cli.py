@@ -179,9 +179,38 @@ def test_bad_target_shape(args, fragment, capsys):
     assert code == 2 and fragment in err
 
 
-def test_gpu_devices_are_listed_but_not_estimated_yet(capsys):
+def test_gpu_devices_are_listed_and_estimated(capsys):
     code, out, _ = run(["devices", "--format", "json"], capsys)
     gpus = {d["name"]: d for d in json.loads(out) if d["kind"] == "cuda"}
     assert code == 0 and gpus["h100-80gb"]["cublas_workspace_bytes"] == 32 * 2**20 and gpus["a100-40gb"]["bf16"]
-    code, _, err = run(["estimate", "mlp:10-2", "--device", "a100-40gb"], capsys)
-    assert code == 2 and "the CUDA target is not built yet" in err
+    code, out, _ = run(["estimate", "mlp:10-2", "--device", "a100-40gb", "--format", "json",
+                        "--cuda-context", "500MiB"], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["device"]["kind"] == "cuda"
+    peak = result["peak"]
+    assert peak["allocated_bytes"] <= peak["reserved_bytes"] == result["process"]["reserved"]
+    assert peak["process_bytes"] == peak["reserved_bytes"] + 500 * 2**20
+    assert result["allocator"]["segments_at_peak"] >= 1
+
+
+def test_gpu_that_does_not_fit_exits_1(capsys):
+    code, out, _ = run(["estimate", "mlp:4096-4096-4096", "--input-shape", "4096", "--batch-size", "4",
+                        "--device", "custom:capacity=300MiB,cc=8.0", "--cuda-context", "100MiB"], capsys)
+    assert code == 1 and "DOES NOT FIT" in out and "runs out of memory" in out
+
+
+def test_fit_finds_the_largest_batch(capsys):
+    code, out, _ = run(["fit", "mlp:256-256-10", "--input-shape", "256", "--device",
+                        "custom:capacity=400MiB,cc=8.0", "--format", "json"], capsys)
+    result = json.loads(out)
+    best, miss = result["best"], result["first_miss"]
+    assert code == 0 and miss == best + 1
+    fits = {row["value"]: row["fits"] for row in result["tried"]}
+    assert fits[best] and not fits[miss]
+
+
+def test_fit_explains_what_to_change_when_nothing_fits(capsys):
+    code, out, _ = run(["fit", "mlp:4096-4096-4096", "--input-shape", "4096", "--optimizer", "adam",
+                        "--device", "custom:capacity=400MiB,cc=8.0", "--cuda-context", "100MiB"], capsys)
+    assert code == 1 and "Even batch size 1 does not fit" in out
+    assert "8-bit Adam" in out and "checkpointing" in out and "mixed precision" in out

@@ -39,7 +39,9 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation", help="relu|tanh|gelu|sigmoid (mlp: models)")
     parser.add_argument("--dropout", type=float, help="dropout probability between layers (mlp: models)")
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9")
+    parser.add_argument("--cuda-context", metavar="SIZE", help="CUDA context bytes in nvidia-smi (default: the device's)")
+    parser.add_argument("--alloc-conf", metavar="SETTINGS", help="PYTORCH_CUDA_ALLOC_CONF for the run, e.g. expandable_segments:True")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--depth", type=int, default=2, help="per-module table depth")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -54,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setup_flags(measure)
     measure.add_argument("--force", action="store_true", help="run even if the estimate says it will not fit")
     measure.add_argument("--runs", type=int, default=1, help="fresh processes for RSS (median reported)")
+    fit = commands.add_parser("fit", help="the largest batch size (or --max-seq: sequence length) that fits --device")
+    _add_setup_flags(fit)
+    fit.add_argument("--max-seq", action="store_true", help="search the first input's first dimension, batch fixed")
     commands.add_parser("devices", help="list target devices").add_argument("--format", choices=["table", "json"], default="table")
     return parser
 
@@ -86,10 +91,30 @@ def _estimate(args: argparse.Namespace) -> int:
 
     if args.depth < 1:
         raise TrainmemError(f"expected --depth of at least 1, got {args.depth}", where="--depth")
-    result = estimate(args.model, setup=setup_from_args(args), device=args.device, depth=args.depth)
+    result = estimate(args.model, setup=setup_from_args(args), device=args.device, depth=args.depth,
+                      **_gpu_options(args))
     _print_warnings(result.warnings, args.format)
     print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
+    from trainmem.units import parse_bytes
+
+    options: dict[str, Any] = {}
+    if args.cuda_context is not None:
+        options["cuda_context"] = parse_bytes(args.cuda_context, "--cuda-context")
+    if args.alloc_conf is not None:
+        options["alloc_conf"] = args.alloc_conf
+    return options
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from trainmem.fit import fit
+
+    result = fit(args.model, setup_from_args(args), args.device, sequence=args.max_seq, **_gpu_options(args))
+    print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
+    return EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -131,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
-        return {"estimate": _estimate, "measure": _measure, "devices": _devices}[args.command](args)
+        return {"estimate": _estimate, "measure": _measure, "fit": _fit, "devices": _devices}[args.command](args)
     except TrainmemError as error:
         if debug:
             raise

@@ -32,18 +32,22 @@ class Estimate:
     explanation: dict[str, Any]
     process_parts: dict[str, int]
     coverage: dict[str, Any]
+    allocated: int | None = None  # CUDA: max_memory_allocated (None on the CPU: the tensor peak)
+    reserved: int | None = None  # CUDA: max_memory_reserved (the CPU allocator caches nothing)
+    allocator: dict[str, Any] = dataclasses.field(default_factory=dict)  # CUDA: fragmentation, segments
+    fits_override: bool | None = None  # False when the simulated allocator ran out of memory
 
     @property
     def allocated_bytes(self) -> int:
-        return self.tensor_bytes  # on the CPU, what the allocator hands out is the tensor storage
+        return self.tensor_bytes if self.allocated is None else self.allocated
 
     @property
     def reserved_bytes(self) -> int | None:
-        return None  # the CPU allocator caches nothing
+        return self.reserved
 
     @property
     def fits(self) -> bool:
-        return self.process_bytes <= self.device.capacity_bytes
+        return self.process_bytes <= self.device.capacity_bytes and self.fits_override is not False
 
     def to_dict(self) -> dict[str, Any]:
         from trainmem import __version__
@@ -64,6 +68,7 @@ class Estimate:
             "modules": self.modules,
             "explanation": self.explanation,
             "coverage": self.coverage,
+            **({"allocator": self.allocator} if self.allocator else {}),
             "warnings": list(self.warnings),
         }
 
@@ -74,11 +79,13 @@ class Estimate:
 
 
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "cpu", depth: int = 2,
-             **setup_values: Any) -> Estimate:
+             cuda_context: int | None = None, alloc_conf: str | None = None, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
-    input_shape="1000", …), the same names as the CLI flags and TOML keys."""
+    input_shape="1000", …), the same names as the CLI flags and TOML keys. For a GPU `device`,
+    `cuda_context` overrides the catalog's CUDA-context bytes and `alloc_conf` is a
+    PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True")."""
     from trainmem.frontends import resolve
     from trainmem.targets import cpu as cpu_target
     from trainmem.trace.run import trace_training
@@ -89,12 +96,40 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
     elif setup_values:
         setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
     target_device = get_device(device)
-    if target_device.kind != "cpu":
-        raise SetupError(f"expected --device cpu: the CUDA target is not built yet, got {device!r} "
-                         "(`trainmem devices` lists the GPU facts already collected)", where="--device")
+    if target_device.kind == "cuda":
+        return _estimate_cuda(model, setup, target_device, depth, cuda_context, alloc_conf)
+    if cuda_context is not None or alloc_conf is not None:
+        raise SetupError("expected --cuda-context and --alloc-conf only with a GPU --device, got --device cpu",
+                         where="--device")
     source = resolve(model, setup)
     traced = trace_training(source, setup, cpu_target.kernel_ops())
     return assemble(source, setup, target_device, traced, depth)
+
+
+def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int, cuda_context: int | None,
+                   alloc_conf: str | None) -> Estimate:
+    from trainmem.alloc.cuda_config import AllocatorConfig
+    from trainmem.assemble_cuda import assemble_cuda
+    from trainmem.frontends import resolve
+    from trainmem.targets import cuda as cuda_target
+    from trainmem.trace.cuda_sdpa import CudaFacts
+    from trainmem.trace.run import trace_training
+
+    try:
+        config = AllocatorConfig.from_env_string(alloc_conf or "")
+    except ValueError as error:
+        raise SetupError(f"expected PYTORCH_CUDA_ALLOC_CONF settings (key:value,…), {error}",
+                         where="--alloc-conf") from None
+    if config.backend != "native":
+        raise SetupError("expected the native caching allocator, got backend:cudaMallocAsync "
+                         "(CUDA's own pool is not modelled)", where="--alloc-conf")
+    if setup.precision.value.startswith("bf16") and not device.gpu.bf16:
+        raise SetupError(f"expected a GPU with bf16 (compute capability 8.0 or newer) for --precision "
+                         f"{setup.precision}, got {device.name} (cc {device.gpu.compute_capability[0]}."
+                         f"{device.gpu.compute_capability[1]})", where="--precision")
+    source = resolve(model, setup)
+    traced = trace_training(source, setup, cuda_target.kernel_ops(), CudaFacts(device.gpu.compute_capability))
+    return assemble_cuda(source, setup, device, traced, depth, config, cuda_context)
 
 
 def _plain(setup: TrainingSetup) -> dict[str, Any]:

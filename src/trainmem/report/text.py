@@ -21,19 +21,35 @@ def render_text(est) -> str:
            + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
            + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", ""]
     out.append("Peak memory")
-    out += _table([
-        ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
-        ["allocated", format_bytes(est.allocated_bytes), "= tensors on the CPU"],
-        ["reserved", format_bytes(est.reserved_bytes), "the CPU allocator caches nothing"],
-        ["process (peak RSS)", format_bytes(est.process_bytes), f"of {format_bytes(est.device.capacity_bytes)}: "
-         + ("fits" if est.fits else "DOES NOT FIT")],
-    ], "lrl")
+    verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
+    if est.device.kind == "cuda":
+        out += _table([
+            ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B as requested"],
+            ["allocated", format_bytes(est.allocated_bytes), f"{est.allocated_bytes:,} B  torch.cuda.max_memory_allocated()"],
+            ["reserved", format_bytes(est.reserved_bytes), f"{est.reserved_bytes:,} B  torch.cuda.max_memory_reserved()"],
+            ["process (nvidia-smi)", format_bytes(est.process_bytes), verdict],
+        ], "lrl")
+    else:
+        out += _table([
+            ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
+            ["allocated", format_bytes(est.allocated_bytes), "= tensors on the CPU"],
+            ["reserved", format_bytes(est.reserved_bytes), "the CPU allocator caches nothing"],
+            ["process (peak RSS)", format_bytes(est.process_bytes), verdict],
+        ], "lrl")
     out += ["", f"Where: step {est.peak_step + 1}, {est.peak_phase}, module '{est.peak_module or '(model)'}', "
                 f"op {est.peak_op}", "", "Breakdown at the peak"]
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
-    out += _table(rows + [["total", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"]], "lrr")
-    out += ["", "Process memory (peak RSS)"]
+    total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
+    out += _table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
+    out += ["", "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"]
     out += _table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
+    if est.allocator:
+        a = est.allocator
+        out += ["", "Caching allocator",
+                f"  reserved but not allocated: {format_bytes(a['fragmentation_at_allocated_peak'])} at the allocated peak, "
+                f"{format_bytes(a['fragmentation_at_reserved_peak'])} at the reserved peak",
+                f"  segments at the allocated peak: {a['segments_at_peak']} "
+                f"(large {format_bytes(a['large_segment_bytes_at_peak'])}, small {format_bytes(a['small_segment_bytes_at_peak'])})"]
     out += ["", "Per module"]
     out += _table([["module", "params", "saved activations", "at peak"]] + [
         [m["module"], f"{m['parameters']:,}", format_bytes(m["activation_bytes"]), format_bytes(m["bytes_at_peak"])]

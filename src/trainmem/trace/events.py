@@ -86,3 +86,5 @@ class Trace:
     events: list[Event] = dataclasses.field(default_factory=list)
     storages: dict[int, StorageRecord] = dataclasses.field(default_factory=dict)
     kernel_calls: list[KernelCall] = dataclasses.field(default_factory=list)
+    # storages a CUDA run would keep in host memory (the optimizers' step counters, unless fused)
+    host_storages: set[int] = dataclasses.field(default_factory=set)

@@ -7,6 +7,7 @@ of building under FakeTensorMode (modules that deepcopy a layer give each copy i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import Counter
@@ -21,7 +22,22 @@ from trainmem.trace import step as training
 from trainmem.trace.events import Category, Phase, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
+from trainmem.trace.cuda_sdpa import CudaFacts
 from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode
+
+
+@contextlib.contextmanager
+def _cuda_semantics(cuda: CudaFacts | None):
+    """CUDA's autocast lists and attention backend for the length of the trace (nothing for the CPU)."""
+    if cuda is None:
+        yield None
+        return
+    from trainmem.trace.cuda_autocast import cuda_autocast_kernels
+    from trainmem.trace.cuda_sdpa import CudaAttention
+
+    attention = CudaAttention(cuda)
+    with cuda_autocast_kernels(), attention:
+        yield attention
 
 
 @dataclasses.dataclass
@@ -88,6 +104,11 @@ class _RecordingObserver(training.Observer):
         scalars = [t for t in state if isinstance(t, torch.Tensor) and t.dim() == 0]
         self.recorder.set_category(self.recorder.storage_ids_of(buffers), Category.OPTIMIZER_STATE)
         self.recorder.set_category(self.recorder.storage_ids_of(scalars), Category.OPTIMIZER_SCALARS)
+        # torch/optim/adam.py _init_group (likewise adamw, adagrad, rmsprop): `step` is a CPU tensor
+        # unless the optimizer is fused or capturable, so a CUDA run keeps it in host memory
+        if not any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups):
+            steps = [state["step"] for state in optimizer.state.values() if isinstance(state.get("step"), torch.Tensor)]
+            self.recorder.trace.host_storages |= set(self.recorder.storage_ids_of(steps))
 
 
 def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]]:
@@ -101,7 +122,10 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]]:
     return sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), per_module
 
 
-def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset()) -> TraceResult:
+def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset(),
+                   cuda: CudaFacts | None = None) -> TraceResult:
+    """Trace two training steps. With `cuda`, the trace follows what a CUDA run does differently
+    (autocast lists, attention backend, optimizer default); see trace/cuda_autocast.py, cuda_sdpa.py."""
     with torch.device("meta"):
         built = source.build()
     model, make_batch, loss_fn = training.unpack_built(built, source)
@@ -112,9 +136,9 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     recorder = TraceRecorder(tracker, kernel_ops)
     observer = _RecordingObserver(recorder, model)
     try:
-        with fake_mode, tracker, recorder:
+        with fake_mode, tracker, recorder, _cuda_semantics(cuda) as attention:
             materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
-            prepared = training.prepare(model, make_batch, loss_fn, setup, source)
+            prepared = training.prepare(model, make_batch, loss_fn, setup, source, cuda_semantics=cuda is not None)
             recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
             recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
             recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
@@ -129,5 +153,5 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
     owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
-                       recorder.rules.warnings(), prepared.checkpointed, type(model).__name__,
+                       recorder.rules.warnings() + (attention.summary() if attention is not None else []), prepared.checkpointed, type(model).__name__,
                        tracker.output_elements, owners)

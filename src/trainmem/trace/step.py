@@ -49,6 +49,7 @@ class Prepared:
     make_target: Any  # batch_size -> target tensor, with --target-shape and a built-in loss; else None
     checkpointed: list[str]
     device_type: str = "cpu"  # where the real run happens: autocast and GradScaler follow it
+    cuda_semantics: bool = False  # a CPU trace of a CUDA run: CUDA's autocast lists, CUDA's optimizer default
 
 
 def unpack_built(built: Any, source: ModelSource) -> tuple[torch.nn.Module, Any, Any]:
@@ -157,9 +158,13 @@ def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> None
             parameter.requires_grad_(False)
 
 
-def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup) -> torch.optim.Optimizer:
+def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
+                   cuda_semantics: bool = False) -> torch.optim.Optimizer:
+    # torch/optim/optimizer.py _default_to_fused_or_foreach: with every parameter on CUDA the default
+    # is foreach; on the CPU it is the for-loop. A CPU trace of a CUDA run asks for foreach outright.
+    default = {"foreach": True} if cuda_semantics else {}
     impl = {OptimizerImpl.FOREACH: {"foreach": True}, OptimizerImpl.FOR_LOOP: {"foreach": False},
-            OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.DEFAULT: {}}[setup.optimizer_impl]
+            OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.DEFAULT: default}[setup.optimizer_impl]
     kind = setup.optimizer
     if impl.get("fused") and kind in (Optimizer.RMSPROP,):
         raise SetupError(f"expected an optimizer with a fused implementation (sgd, momentum, adam, adamw, "
@@ -177,7 +182,7 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup) -> to
 
 
 def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup,
-            source: ModelSource, device_type: str = "cpu") -> Prepared:
+            source: ModelSource, device_type: str = "cpu", cuda_semantics: bool = False) -> Prepared:
     """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model."""
     if setup.precision == Precision.BF16 and any(p.dtype != torch.bfloat16 for p in model.parameters()
                                                  if p.is_floating_point()):
@@ -193,14 +198,20 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
     if loss_fn is not None and setup.target_shape is not None:
         raise SetupError("expected --target-shape only with a built-in --loss; this model brings its own loss_fn",
                          where="--target-shape")
-    return Prepared(model, make_optimizer(trainable, setup), scaler,
+    return Prepared(model, make_optimizer(trainable, setup, cuda_semantics), scaler,
                     make_batch or default_make_batch(setup, source), loss_fn or builtin_loss(loss),
-                    make_target_fn(setup, loss), checkpointed, device_type)
+                    make_target_fn(setup, loss), checkpointed, device_type, cuda_semantics)
 
 
-def _autocast(setup: TrainingSetup, device_type: str):
+def _autocast(setup: TrainingSetup, prepared: Prepared):
     dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    if dtype is None:
+        return contextlib.nullcontext()
+    if prepared.cuda_semantics:
+        from trainmem.trace.cuda_autocast import cuda_autocast_region
+
+        return cuda_autocast_region(dtype)
+    return torch.autocast(prepared.device_type, dtype=dtype)
 
 
 def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
@@ -212,7 +223,7 @@ def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
             inputs = batch if isinstance(batch, tuple) else (batch,)
             target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
             observer.phase(Phase.FORWARD, step)
-            with _autocast(setup, prepared.device_type):
+            with _autocast(setup, prepared):
                 output = model(*inputs)
                 observer.phase(Phase.LOSS, step)
                 loss = prepared.loss_fn(output, inputs, *target)

@@ -3,7 +3,10 @@ torch upgrade that moves one breaks in one place."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import warnings
 
 import torch
 from torch._subclasses.fake_tensor import (  # noqa: F401 - re-exported
@@ -35,3 +38,41 @@ def profiler_memory_events(prof) -> list[tuple[int, int]]:
     results object is not a public API; the events include allocations made inside kernels."""
     return [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
             if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+
+
+# ---- dispatcher internals for CUDA autocast on a CPU trace (trace/cuda_autocast.py) ----
+def call_as_fallthrough(op, args: tuple, kwargs: dict):
+    """Call `op` as if its AutocastCPU kernel were a fallthrough: a composite op is decomposed with
+    autocast still on (its inner ops meet autocast again); any other op runs with AutocastCPU excluded,
+    which is the same for a kernel that calls no autocast-listed op."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
+        return op.decompose(*args, **kwargs)
+    with exclude_autocast_cpu():
+        return op(*args, **kwargs)
+
+
+def exclude_autocast_cpu():
+    """What autocast's C++ wrapper does around the op it calls: ExcludeDispatchKeyGuard(AutocastCPU)."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
+
+
+@functools.cache
+def _ops_with_kernel(key: str) -> frozenset[str]:
+    names = set()
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+            names.add(name[len("aten::"):])
+    return frozenset(names)
+
+
+def ops_with_kernel(key: str) -> set[str]:
+    """aten op names ('linear', 'pow.Scalar') with a kernel registered for dispatch key `key`."""
+    return set(_ops_with_kernel(key))
+
+
+@contextlib.contextmanager
+def quiet_kernel_override():
+    """Registering a Python kernel over a C++ one warns once per op; the override is deliberate."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

@@ -1,0 +1,125 @@
+"""Turn a trace recorded with CUDA semantics into an Estimate for a GPU: CUDA target stream → caching
+allocator replay → allocated / reserved peaks → process memory (reserved + CUDA context)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError, round_size
+from trainmem.alloc.cuda_config import AllocatorConfig
+from trainmem.assemble import module_table
+from trainmem.devices import Device
+from trainmem.estimate import Estimate
+from trainmem.explain import explain
+from trainmem.setup import TrainingSetup
+from trainmem.targets import DeviceEvent
+from trainmem.targets import cuda as cuda_target
+from trainmem.trace.events import Category
+
+
+@dataclasses.dataclass
+class Replay:
+    allocator: CudaCachingAllocator
+    peak_index: int  # the event after which max_memory_allocated was first reached
+    tensor_peak: int  # live bytes as requested (no rounding), at their own peak
+    oom: str | None  # the simulated out-of-memory message, if the run would fail
+
+
+def replay_stream(events: list[DeviceEvent], config: AllocatorConfig, capacity: int | None) -> Replay:
+    allocator = CudaCachingAllocator(config, capacity)
+    best, peak_index, live, tensor_peak = -1, 0, 0, 0
+    sizes: dict[int, int] = {}
+    for index, event in enumerate(events):
+        if event.action == "alloc":
+            try:
+                allocator.malloc(event.key, event.nbytes)
+            except CudaOutOfMemoryError as error:
+                return Replay(allocator, peak_index, tensor_peak, f"{error} (at {event.phase}, op {event.op})")
+            sizes[event.key] = event.nbytes
+            live += event.nbytes
+            tensor_peak = max(tensor_peak, live)
+            if allocator.allocated_bytes > best:
+                best, peak_index = allocator.allocated_bytes, index
+        elif event.key in sizes:
+            allocator.free(event.key)
+            live -= sizes.pop(event.key)
+    return Replay(allocator, peak_index, tensor_peak, None)
+
+
+def segments_at(events: list[DeviceEvent], config: AllocatorConfig, index: int):
+    """torch.cuda.memory_snapshot() as it would read at the allocated peak (a second, partial replay)."""
+    allocator = CudaCachingAllocator(config, None)
+    for event in events[: index + 1]:
+        if event.action == "alloc":
+            allocator.malloc(event.key, event.nbytes)
+        elif event.key in allocator.active:
+            allocator.free(event.key)
+    return allocator.snapshot()
+
+
+def live_at(events: list[DeviceEvent], index: int) -> dict[int, DeviceEvent]:
+    live: dict[int, DeviceEvent] = {}
+    for event in events[: index + 1]:
+        if event.action == "alloc":
+            live[event.key] = event
+        else:
+            live.pop(event.key, None)
+    return live
+
+
+def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: int, config: AllocatorConfig,
+                  cuda_context: int | None) -> Estimate:
+    gpu = device.gpu
+    context = gpu.cuda_context_bytes if cuda_context is None else cuda_context
+    context_source = gpu.context_source if cuda_context is None else "given with --cuda-context"
+    stream = cuda_target.device_stream(traced.trace, gpu.cublas_workspace_bytes)
+    # cudaMalloc may hand out what the card has left once the CUDA context is in place
+    run = replay_stream(stream.events, config, max(device.capacity_bytes - context, 0))
+    oom = run.oom
+    if oom is not None:  # still report the whole run's figures, as if the card were large enough
+        run = replay_stream(stream.events, config, None)
+    allocator = run.allocator
+    live = live_at(stream.events, run.peak_index)
+    breakdown = {str(c): 0 for c in Category}
+    for event in live.values():
+        breakdown[str(event.category)] += round_size(event.nbytes, config)
+    # what the allocator charges beyond the 512-byte rounding: blocks kept whole rather than split
+    breakdown[str(Category.RUNTIME)] += allocator.peak_allocated_bytes - sum(breakdown.values())
+    reserved = allocator.peak_reserved_bytes
+    process_parts = {"reserved": reserved, "cuda_context": context}
+    peak_event = stream.events[run.peak_index]
+    fragmentation = allocator.fragmentation
+    warnings = list(traced.warnings) + [
+        f"process memory = max reserved + CUDA context {context:,} B ({context_source}); cuBLAS/cuDNN "
+        "handles and the kernels loaded at run time are taken to be inside that figure",
+        f"caching allocator: {config_text(config)}",
+    ] + [f"CUDA rule: {rule}" for rule in stream.rules] + stream.gaps
+    if oom is not None:
+        warnings.insert(0, f"the simulated run runs out of memory on {device.name}: {oom}")
+    if traced.checkpointed:
+        warnings.append(f"activation checkpointing wraps {len(traced.checkpointed)} blocks")
+    segments = segments_at(stream.events, config, run.peak_index)
+    return Estimate(
+        model_name=source.name, setup=setup, device=device, parameters=traced.parameters,
+        trainable_parameters=traced.trainable_parameters, tensor_bytes=run.tensor_peak,
+        process_bytes=reserved + context, breakdown=breakdown, peak_phase=str(peak_event.phase),
+        peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
+        modules=module_table(traced, live, depth), warnings=warnings,
+        explanation=explain(traced, setup, breakdown), process_parts=process_parts,
+        coverage={"ops": dict(traced.op_counts), "kernel_rules": stream.rules,
+                  "compute_capability": ".".join(map(str, gpu.compute_capability))},
+        allocated=allocator.peak_allocated_bytes, reserved=reserved,
+        allocator={"fragmentation_at_allocated_peak": fragmentation.at_allocated_peak,
+                   "fragmentation_at_reserved_peak": fragmentation.at_reserved_peak,
+                   "segments_at_peak": len(segments),
+                   "large_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "large"),
+                   "small_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "small"),
+                   "settings": config_text(config), "out_of_memory": oom},
+        fits_override=oom is None)
+
+
+def config_text(config: AllocatorConfig) -> str:
+    default = AllocatorConfig()
+    changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+               if getattr(config, f.name) != getattr(default, f.name)]
+    return ", ".join(changed) if changed else "PyTorch defaults (no PYTORCH_CUDA_ALLOC_CONF)"

@@ -1,0 +1,88 @@
+"""The CUDA target: turn a CPU trace recorded with CUDA semantics into the event stream a CUDA run
+sends to PyTorch's caching allocator.
+
+What the trace already carries (trace/cuda_autocast.py, trace/cuda_sdpa.py, the foreach optimizer
+default): CUDA's autocast lists and cast cache, the attention backend CUDA picks and what it saves.
+What this module adds or removes, one rule per mechanism, each with its source:
+
+* cuBLAS workspace — allocated through the caching allocator the first time a thread's handle is
+  used on a stream, and kept (aten/src/ATen/cuda/CublasHandlePool.cpp: getCurrentCUDABlasHandle →
+  cublasSetWorkspace with getCUDABlasWorkspace(), keyed by (handle, stream); handles come from a
+  per-thread pool). A training step uses two threads: the Python thread runs forward and the loss,
+  autograd's device thread runs backward, so two workspaces. cuBLASLt shares it
+  (getCUDABlasLtWorkspace returns the cuBLAS workspace unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0).
+* host tensors — the optimizers' `step` counters live on the CPU unless the optimizer is fused or
+  capturable (torch/optim/adam.py _init_group: `torch.tensor(0.0, dtype=_get_scalar_dtype())`
+  without a device), so they are not in the CUDA allocator's figures.
+* cuDNN convolution workspaces are transient and depend on the algorithm cuDNN's heuristics pick on
+  the real GPU: counted and reported, not sized (a stated gap).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainmem.targets import DeviceEvent
+from trainmem.trace.events import Category, Phase, Trace
+
+# ops that reach cuBLAS / cuBLASLt (aten/src/ATen/native/cuda/Blas.cpp, LinearAlgebra.cpp)
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
+                        "_addmm_activation", "addr"})
+CUDNN_CONV_OPS = frozenset({"convolution", "convolution_backward"})
+CUDNN_RNN_OPS = frozenset({"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"})
+
+
+def kernel_ops() -> frozenset[str]:
+    return CUBLAS_OPS | CUDNN_CONV_OPS | CUDNN_RNN_OPS
+
+
+@dataclasses.dataclass
+class CudaStream:
+    events: list[DeviceEvent]
+    rules: dict[str, int]  # rule → times applied
+    gaps: list[str]  # what this target knows it does not size
+
+
+def _thread(phase: Phase) -> str:
+    # backward runs on autograd's device thread (torch/csrc/autograd/engine.cpp, one thread per device)
+    return "autograd" if phase == Phase.BACKWARD else "main"
+
+
+def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
+    workspaces: dict[int, str] = {}  # trace seq → thread whose first cuBLAS call comes there
+    seen: set[str] = set()
+    counts = {"conv": 0, "rnn": 0}
+    for call in trace.kernel_calls:
+        anchor = trace.events[min(call.at_seq, len(trace.events) - 1)] if trace.events else None
+        if anchor is None:
+            continue
+        if call.op in CUBLAS_OPS and _thread(anchor.phase) not in seen:
+            seen.add(_thread(anchor.phase))
+            workspaces[call.at_seq] = _thread(anchor.phase)
+        elif call.op in CUDNN_CONV_OPS:
+            counts["conv"] += 1
+        elif call.op in CUDNN_RNN_OPS:
+            counts["rnn"] += 1
+    events: list[DeviceEvent] = []
+    for event in trace.events:
+        thread = workspaces.pop(event.seq, None)
+        if thread is not None:
+            events.append(DeviceEvent("alloc", cublas_workspace_bytes, -1 - len(events), Category.RUNTIME,
+                                      event.phase, event.module, f"cuBLAS workspace ({thread} thread)",
+                                      event.step, event.seq))
+        if event.sid in trace.host_storages:
+            continue
+        events.append(DeviceEvent(event.action, event.nbytes, event.sid, trace.storages[event.sid].category,
+                                  event.phase, event.module, event.op, event.step, event.seq))
+    for thread in workspaces.values():  # a cuBLAS call that allocated nothing itself, at the very end
+        events.append(DeviceEvent("alloc", cublas_workspace_bytes, -1 - len(events), Category.RUNTIME,
+                                  Phase.OPTIMIZER, "", f"cuBLAS workspace ({thread} thread)", 0, len(trace.events)))
+    rules = {f"cuBLAS workspace, {thread} thread ({cublas_workspace_bytes:,} B)": 1 for thread in sorted(seen)}
+    gaps = []
+    if counts["conv"]:
+        gaps.append(f"{counts['conv']} convolution calls: cuDNN's workspaces are transient and chosen by "
+                    "cuDNN on the real GPU; not sized here (reserved may be higher)")
+    if counts["rnn"]:
+        gaps.append(f"{counts['rnn']} recurrent-layer calls traced with the CPU kernel: cuDNN's RNN reserve "
+                    "space is not modelled")
+    return CudaStream(events, rules, gaps)
