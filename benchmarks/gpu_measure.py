@@ -26,12 +26,18 @@ from trainmem.measure.cpu import run_child  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 
 MODELS = ROOT / "tests" / "models.py"
+HF = ROOT / "benchmarks" / "hf_models.py"
 EXTRA = [  # precisions and optimizer implementations that change what a GPU run holds
     ("tiny_gpt", f"{MODELS}:tiny_gpt", {"precision": "bf16-mixed", "optimizer": "adamw"}, 16),
     ("tiny_gpt", f"{MODELS}:tiny_gpt", {"precision": "fp16-mixed", "optimizer": "adamw"}, 16),
     ("tiny_gpt", f"{MODELS}:tiny_gpt", {"optimizer": "adamw", "optimizer_impl": "fused"}, 16),
     ("tiny_gpt", f"{MODELS}:tiny_gpt", {"optimizer": "adamw", "optimizer_impl": "for-loop"}, 16),
     ("resnet_small", f"{MODELS}:resnet_small", {"precision": "bf16-mixed", "optimizer": "momentum"}, 32),
+    # the published calibration points' models (benchmarks/data/gpu_published.jsonl), when transformers is there
+    ("bert_base_mlm", f"{HF}:bert_base_mlm", {"optimizer": "adamw"}, 2),
+    ("gpt2_clm", f"{HF}:gpt2_clm", {"optimizer": "adamw"}, 2),
+    ("vit_base", f"{HF}:vit_base_classification", {"optimizer": "adamw"}, 2),
+    ("gpt2_clm", f"{HF}:gpt2_clm", {"optimizer": "adamw", "precision": "bf16-mixed"}, 8),
 ]
 
 

@@ -214,3 +214,11 @@ def test_fit_explains_what_to_change_when_nothing_fits(capsys):
                         "--device", "custom:capacity=400MiB,cc=8.0", "--cuda-context", "100MiB"], capsys)
     assert code == 1 and "Even batch size 1 does not fit" in out
     assert "8-bit Adam" in out and "checkpointing" in out and "mixed precision" in out
+
+
+def test_measure_on_a_gpu_needs_one(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, _, err = run(["measure", "mlp:8-8", "--input-shape", "8", "--device", "cuda"], capsys)
+    assert code == 2 and "expected a CUDA GPU on this machine" in err

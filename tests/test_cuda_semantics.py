@@ -141,7 +141,7 @@ def test_bert_base_calibration_point():
     """optimum-benchmark, bert-base-uncased fill-mask training, batch 2, seq 16, fp32, AdamW (Trainer
     default adamw_torch → foreach): max_memory_allocated 2,195.3 MB, max_memory_reserved 2,497.7 MB
     (MB = 1e6 B; benchmarks/data/gpu_published.jsonl has the source). Within 5% of each."""
-    est = estimate("tests/hf_models.py:bert_base_mlm", device="a100-40gb", batch_size=2, optimizer="adamw")
+    est = estimate("benchmarks/hf_models.py:bert_base_mlm", device="a100-40gb", batch_size=2, optimizer="adamw")
     assert est.allocated_bytes == pytest.approx(2195.345408 * MB, rel=0.05)
     assert est.reserved_bytes == pytest.approx(2497.708032 * MB, rel=0.05)
     assert est.peak_phase == "optimizer"  # the foreach sqrt list on top of the model states

@@ -120,6 +120,12 @@ def _fit(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     from trainmem.measure.cpu import measure
 
+    if args.device != "cpu":  # one JSON line: measured on this machine's GPU, estimated for it
+        from trainmem.measure.cuda import measure_on_gpu
+
+        print(json.dumps(measure_on_gpu(args.model, setup_from_args(args), args.device, **_gpu_options(args))))
+        return EXIT_OK
+
     comparison = measure(args.model, setup_from_args(args), force=args.force, runs=args.runs, depth=args.depth)
     print(json.dumps(comparison.to_dict(), indent=2) if args.format == "json" else str(comparison))
     return EXIT_OK

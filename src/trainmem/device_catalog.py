@@ -11,6 +11,8 @@ Each entry records the memory the driver reports and where that number comes fro
   depends on the driver.
 * The rules that depend on compute capability follow PyTorch's own source (see the functions
   below). They are not per-GPU guesses.
+* H200 is not listed: its capacity (143771MiB in nvidia-smi, 143156 MiB in torch) was found only in
+  pastes that could not be traced to a public page; use `custom:capacity=143771MiB,cc=9.0`.
 * `cuda_context_bytes` is one default for every GPU: 287 MB with lazy module loading, reported in
   PyTorch PR #86509. No per-GPU figures with a public source were found.
 """
@@ -104,6 +106,10 @@ CATALOG: tuple[GpuSpec, ...] = (
     _gpu("v100-32gb", ("v100-pcie-32gb",), "Tesla V100-PCIE-32GB", 32480,
          "nvidia-smi '31194MiB / 32480MiB' (driver 410.48, Tesla V100-PCIE), "
          "https://blog.cachecha.com/csdn/kunhe0512/126265050.html", (7, 0)),
+    _gpu("v100-sxm2-32gb", (), "Tesla V100-SXM2-32GB", 32768,
+         "nvidia-smi 32768MiB (driver 510.39.01; other drivers show 32510MiB), deviceQuery 34089926656 B, "
+         "https://github.com/sdsc/sdsc-summer-institute-2023/blob/main/5.3a_gpu_computing_programming/README.md",
+         (7, 0)),
     _gpu("t4", ("tesla-t4",), "Tesla T4", 15360, f"nvidia-smi 15360MiB, {_MODAL}", (7, 5)),
     _gpu("a10g", ("a10",), "NVIDIA A10G", 23028,
          "nvidia-smi '8722MiB / 23028MiB', https://github.com/NVIDIA/DCGM/issues/232; "
@@ -117,12 +123,19 @@ CATALOG: tuple[GpuSpec, ...] = (
     _gpu("h100-80gb", ("h100-sxm", "h100-80gb-hbm3"), "NVIDIA H100 80GB HBM3", 81559,
          "nvidia-smi '0MiB / 81559MiB', https://github.com/NVIDIA/nccl/issues/1264; "
          f"also 81559MiB in {_MODAL}", (9, 0)),
+    _gpu("h100-pcie", ("h100-pcie-80gb",), "NVIDIA H100 PCIe", 81559,
+         "nvidia-smi '25169MiB / 81559MiB' (driver 535.129.03), "
+         "https://github.com/triton-inference-server/tensorrtllm_backend/blob/main/docs/llama.md", (9, 0)),
     _gpu("l40s", (), "NVIDIA L40S", 46068, f"nvidia-smi 46068MiB, {_MODAL}", (8, 9)),
     _gpu("rtx3090", ("3090", "rtx-3090"), "NVIDIA GeForce RTX 3090", 24576,
          "nvidia-smi '22598MiB / 24576MiB', https://github.com/noonghunna/club-3090/issues/1128",
          (8, 6)),
     _gpu("rtx4090", ("4090", "rtx-4090"), "NVIDIA GeForce RTX 4090", 24564,
          "nvidia-smi '507MiB / 24564MiB', https://github.com/RLinf/RLinf/issues/255", (8, 9)),
+    _gpu("rtx-a6000", ("a6000",), "NVIDIA RTX A6000", 48676,
+         "torch total_memory=48676MB, https://github.com/pytorch/ao/blob/main/torchao/prototype/hqq/README.md "
+         "(torch's figure: nvidia-smi shows about 464 MiB more with ECC off; no citable nvidia-smi paste found)",
+         (8, 6)),
     _gpu("rtx5090", ("5090", "rtx-5090"), "NVIDIA GeForce RTX 5090", 32607,
          "nvidia-smi '29024MiB / 32607MiB', https://github.com/noonghunna/club-3090/issues/1261",
          (12, 0)),

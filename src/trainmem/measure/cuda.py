@@ -62,3 +62,32 @@ def measure_cuda_steps(train: Callable[[], Any]) -> dict[str, Any]:
               "process_bytes": process_used_bytes(os.getpid()),
               "parameters": sum(p.numel() for p in prepared.model.parameters()), **gpu_facts()}
     return result
+
+
+def measure_on_gpu(model_ref: str, setup, device: str, **options: Any) -> dict[str, Any]:
+    """`trainmem measure --device cuda|<gpu>`: the steps for real on this machine's GPU (a fresh process),
+    beside the estimate for that GPU, as one JSON-able dict. `device` "cuda" estimates for the GPU found
+    (its total memory and compute capability); a catalog name estimates for that entry."""
+    import torch
+
+    from trainmem.estimate import estimate
+    from trainmem.measure.cpu import run_child
+
+    if not isinstance(model_ref, str):
+        raise MeasureError("expected a model reference string (a module object cannot be rebuilt in a fresh "
+                           "process)", where="measure")
+    if not torch.cuda.is_available():
+        raise MeasureError(f"expected a CUDA GPU on this machine for measure --device {device}, found none "
+                           f"(torch {torch.__version__})", where="--device")
+    measured = run_child(model_ref, setup, "cuda")
+    target = device
+    if device == "cuda":
+        target = f"custom:capacity={measured['total_memory_bytes']}B,cc={measured['compute_capability']}"
+    est = estimate(model_ref, setup=setup, device=target, **options)
+    figures = {"allocated_bytes": ("max_memory_allocated", est.allocated_bytes),
+               "reserved_bytes": ("max_memory_reserved", est.reserved_bytes),
+               "process_bytes": ("process_bytes", est.process_bytes)}
+    errors = {key: (value / measured[name] - 1 if measured.get(name) else None)
+              for key, (name, value) in figures.items()}
+    return {"model": model_ref, "setup": setup.to_dict(), "measured": measured,
+            "estimated": {key: value for key, (_, value) in figures.items()}, "error": errors}
