@@ -95,7 +95,7 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
         return type(value)(_cast(v, dtype) for v in value)
     if not _eligible(value) or value.dtype == dtype:
         return value
-    cacheable = (dtype == _STATE.dtype and value.dtype == torch.float32 and value.requires_grad
+    cacheable = (_STATE.dtype is not None and dtype == _STATE.dtype and value.dtype == torch.float32 and value.requires_grad
                  and value.is_leaf and not value._is_view())
     if cacheable and id(value) in _STATE.cache:
         return _STATE.cache[id(value)][1]
@@ -133,8 +133,10 @@ def _kernel(name: str, policy: str | None):
             raise RuntimeError(f"torch.nn.functional.{name} is unsafe to autocast on CUDA (autocast_mode.cpp "
                                "bans it); use binary_cross_entropy_with_logits")
         target = op
+        # the autocast dtype in force: ours, or the one torch.utils.checkpoint re-enters for recomputation
+        low = torch.get_autocast_dtype("cpu")
         if policy == LOWER_PRECISION:
-            args, kwargs = _cast(args, _STATE.dtype), {k: _cast(v, _STATE.dtype) for k, v in kwargs.items()}
+            args, kwargs = _cast(args, low), {k: _cast(v, low) for k, v in kwargs.items()}
         elif policy == FP32:
             args, kwargs = _cast(args, torch.float32), {k: _cast(v, torch.float32) for k, v in kwargs.items()}
         elif policy == PROMOTE:
@@ -157,8 +159,8 @@ def _kernel(name: str, policy: str | None):
 
 
 def autocast_dtype() -> torch.dtype | None:
-    """The dtype of the CUDA autocast region open now, or None."""
-    return _STATE.dtype if _STATE.dtype is not None and torch.is_autocast_enabled("cpu") else None
+    """The autocast dtype in force now (a region of ours, or checkpoint's recomputation), or None."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
 
 
 def registered_ops(key: str) -> set[str]:

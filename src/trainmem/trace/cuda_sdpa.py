@@ -24,7 +24,6 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from trainmem.trace import torch_private
 
@@ -78,32 +77,30 @@ def _efficient_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cc: tuple[i
     return q.shape[-1] == k.shape[-1] and q.shape[-1] % align == 0 and v.shape[-1] % align == 0
 
 
-class CudaAttention(TorchFunctionMode):
-    """Routes F.scaled_dot_product_attention to the backend CUDA would choose, and counts the choices."""
+class CudaAttention:
+    """For the length of a trace, aten::scaled_dot_product_attention runs the backend CUDA would
+    choose. The op is CompositeImplicitAutograd; a Python kernel registered for that key replaces the
+    CPU decomposition, so the choice is made wherever the op is called: in forward, and again when
+    torch.utils.checkpoint recomputes a block inside backward. Autocast's cast of q, k, v happens
+    before (the op is in CUDA's lower_precision_fp list; trace/cuda_autocast.py)."""
 
     def __init__(self, facts: CudaFacts) -> None:
-        super().__init__()
         self.facts = facts
         self.choices: Counter[str] = Counter()
+        self._library = None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention and func is not torch._C._nn.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        return self.attention(*args, **kwargs)
+    def __enter__(self) -> CudaAttention:
+        self._library = torch.library.Library("aten", "IMPL")
+        with torch_private.quiet_kernel_override():
+            self._library.impl("scaled_dot_product_attention", self.attention, "CompositeImplicitAutograd")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._library._destroy()
 
     def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False):
-        from trainmem.trace.cuda_autocast import autocast_dtype
-
-        dtype = autocast_dtype()
-        if dtype is not None:  # lower_precision_fp: cast before the backend is chosen
-            query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in (query, key, value))
-            if attn_mask is not None and attn_mask.is_floating_point():
-                attn_mask = attn_mask.to(dtype)
-        # as in autocast's wrapper, the backend runs with autocast excluded: its inner ops are not cast
-        with torch_private.exclude_autocast_cpu():
-            return self._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return self._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     def _dispatch(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         cc = self.facts.compute_capability
