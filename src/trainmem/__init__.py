@@ -3,6 +3,7 @@
 from trainmem.devices import Device
 from trainmem.errors import TrainmemError
 from trainmem.estimate import Estimate, estimate
+from trainmem.fit import FitResult, fit
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
 
 __version__ = "0.1.0"
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Device",
     "Estimate",
+    "FitResult",
     "InputSpec",
     "Loss",
     "Optimizer",
@@ -19,4 +21,5 @@ __all__ = [
     "TrainmemError",
     "__version__",
     "estimate",
+    "fit",
 ]

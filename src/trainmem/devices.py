@@ -2,8 +2,8 @@
 
 The CPU's capacity is this machine's physical memory (MemTotal in /proc/meminfo), and
 `available_bytes()` is what the kernel says a new process could still use. GPUs come from
-device_catalog.py (facts with their sources) or `custom:capacity=24GiB,cc=8.9`; the CUDA target
-that estimates for them is not built yet, so estimate() accepts them in the table only.
+device_catalog.py (facts with their sources) or `custom:capacity=24GiB,cc=8.9`; estimates for them
+go through the CUDA target (targets/cuda.py, assemble_cuda.py).
 """
 
 from __future__ import annotations
