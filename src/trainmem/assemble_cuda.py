@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError, round_size
+from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError, replay, round_size
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.assemble import module_table
 from trainmem.devices import Device
@@ -48,13 +48,7 @@ def replay_stream(events: list[DeviceEvent], config: AllocatorConfig, capacity: 
 
 def segments_at(events: list[DeviceEvent], config: AllocatorConfig, index: int):
     """torch.cuda.memory_snapshot() as it would read at the allocated peak (a second, partial replay)."""
-    allocator = CudaCachingAllocator(config, None)
-    for event in events[: index + 1]:
-        if event.action == "alloc":
-            allocator.malloc(event.key, event.nbytes)
-        elif event.key in allocator.active:
-            allocator.free(event.key)
-    return allocator.snapshot()
+    return replay(events[: index + 1], config).snapshot()
 
 
 def live_at(events: list[DeviceEvent], index: int) -> dict[int, DeviceEvent]:
