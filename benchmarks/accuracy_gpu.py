@@ -51,7 +51,7 @@ def _measured_rows() -> list[dict]:
 
 
 def _setup_values(setup: dict) -> dict:
-    keep = ("batch_size", "optimizer", "optimizer_impl", "precision", "grad_accum", "checkpointing", "inputs")
+    keep = ("batch_size", "optimizer", "optimizer_impl", "precision", "grad_accum", "checkpointing", "zero_grad", "inputs")
     values = {k: v for k, v in setup.items() if k in keep and v is not None}
     if "inputs" in values:
         values["inputs"] = [tuple(i.values()) if isinstance(i, dict) else i for i in values["inputs"]]

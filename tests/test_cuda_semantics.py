@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from trainmem import estimate
 from trainmem.trace import cuda_autocast
 from trainmem.trace.cuda_autocast import CUDA_POLICY, cuda_autocast_kernels, cuda_autocast_region
-from trainmem.trace.cuda_sdpa import CudaAttention, CudaFacts
+from trainmem.trace.cuda_composites import CudaAttention, CudaFacts
 from trainmem.trace.torch_private import FakeTensorMode, ops_with_kernel
 
 MB = 10**6
@@ -145,3 +145,22 @@ def test_bert_base_calibration_point():
     assert est.allocated_bytes == pytest.approx(2195.345408 * MB, rel=0.05)
     assert est.reserved_bytes == pytest.approx(2497.708032 * MB, rel=0.05)
     assert est.peak_phase == "optimizer"  # the foreach sqrt list on top of the model states
+
+
+def test_dropout_keeps_a_bool_mask_on_cuda():
+    """ATen's dropout takes the fused native_dropout kernel on CUDA (1-byte mask); the CPU path keeps a
+    noise tensor of the input's dtype."""
+    kw = dict(batch_size=64, input_shape="1024", dropout=0.5)
+    cuda = estimate("mlp:1024-1024-10", device="a100-40gb", **kw)
+    cpu = estimate("mlp:1024-1024-10", **kw)
+    assert "native_dropout" in cuda.coverage["ops"] and "native_dropout" not in cpu.coverage["ops"]
+    assert "bernoulli_" in cpu.coverage["ops"]
+
+
+def test_zero_grad_zeros_keeps_gradients_alive():
+    kw = dict(batch_size=256, input_shape="1024", optimizer="sgd", device="a100-40gb")
+    freed = estimate("mlp:1024-1024-1024-10", **kw)
+    kept = estimate("mlp:1024-1024-1024-10", zero_grad="zeros", **kw)
+    grads = 2 * (1024 * 1024 + 1024) * 4 + (1024 * 10 + 10) * 4
+    assert kept.allocated_bytes >= freed.allocated_bytes
+    assert kept.breakdown["gradients"] >= grads - 4096  # all gradients alive at the peak

@@ -35,6 +35,7 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", help="fp32|fp16-mixed|bf16-mixed|bf16")
     parser.add_argument("--grad-accum", type=int)
     parser.add_argument("--checkpointing", action="store_true", default=None)
+    parser.add_argument("--zero-grad", help="none (free gradients between steps, torch >= 2.0) | zeros (keep them, set_to_none=False)")
     parser.add_argument("--freeze", action="append", metavar="PATTERN", help="parameter names to freeze (fnmatch)")
     parser.add_argument("--activation", help="relu|tanh|gelu|sigmoid (mlp: models)")
     parser.add_argument("--dropout", type=float, help="dropout probability between layers (mlp: models)")
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "target_shape": "target_shape", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
                 "precision": "precision", "grad_accum": "grad_accum", "checkpointing": "checkpointing",
-                "freeze": "freeze", "activation": "activation", "dropout": "dropout", "steps": "steps"}
+                "freeze": "freeze", "zero_grad": "zero_grad", "activation": "activation", "dropout": "dropout", "steps": "steps"}
 
 
 def setup_from_args(args: argparse.Namespace):

@@ -112,7 +112,7 @@ def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int,
     from trainmem.assemble_cuda import assemble_cuda
     from trainmem.frontends import resolve
     from trainmem.targets import cuda as cuda_target
-    from trainmem.trace.cuda_sdpa import CudaFacts
+    from trainmem.trace.cuda_composites import CudaFacts
     from trainmem.trace.run import trace_training
 
     try:

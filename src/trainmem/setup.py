@@ -36,6 +36,11 @@ class Precision(enum.StrEnum):
     BF16 = "bf16"  # parameters, gradients, state and activations all bf16
 
 
+class ZeroGrad(enum.StrEnum):
+    NONE = "none"  # zero_grad(set_to_none=True), torch >= 2.0's default: gradients are freed between steps
+    ZEROS = "zeros"  # set_to_none=False, torch < 2.0's default: gradients stay allocated, filled with 0
+
+
 class Loss(enum.StrEnum):
     CROSS_ENTROPY = "cross-entropy"
     MSE = "mse"
@@ -88,6 +93,7 @@ class TrainingSetup:
     grad_accum: int = 1
     checkpointing: bool = False
     freeze: tuple[str, ...] = ()
+    zero_grad: ZeroGrad = ZeroGrad.NONE
     steps: int = 2
     activation: Activation = Activation.RELU  # used by mlp: references only
     dropout: float = 0.0  # used by mlp: references only
@@ -149,7 +155,7 @@ def _input_spec(item: Any, where: str) -> InputSpec:
 
 _ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
     "loss": Loss, "optimizer": Optimizer, "optimizer_impl": OptimizerImpl,
-    "precision": Precision, "activation": Activation,
+    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad,
 }
 
 

@@ -1,7 +1,7 @@
 """The CUDA target: turn a CPU trace recorded with CUDA semantics into the event stream a CUDA run
 sends to PyTorch's caching allocator.
 
-What the trace already carries (trace/cuda_autocast.py, trace/cuda_sdpa.py, the foreach optimizer
+What the trace already carries (trace/cuda_autocast.py, trace/cuda_composites.py, the foreach optimizer
 default): CUDA's autocast lists and cast cache, the attention backend CUDA picks and what it saves.
 What this module adds or removes, one rule per mechanism, each with its source:
 

@@ -22,7 +22,7 @@ from trainmem.trace import step as training
 from trainmem.trace.events import Category, Phase, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
-from trainmem.trace.cuda_sdpa import CudaFacts
+from trainmem.trace.cuda_composites import CudaFacts
 from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode
 
 
@@ -33,10 +33,10 @@ def _cuda_semantics(cuda: CudaFacts | None):
         yield None
         return
     from trainmem.trace.cuda_autocast import cuda_autocast_kernels
-    from trainmem.trace.cuda_sdpa import CudaAttention
+    from trainmem.trace.cuda_composites import CudaAttention, CudaDropout
 
     attention = CudaAttention(cuda)
-    with cuda_autocast_kernels(), attention:
+    with cuda_autocast_kernels(), attention, CudaDropout():
         yield attention
 
 
@@ -125,7 +125,7 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]]:
 def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset(),
                    cuda: CudaFacts | None = None) -> TraceResult:
     """Trace two training steps. With `cuda`, the trace follows what a CUDA run does differently
-    (autocast lists, attention backend, optimizer default); see trace/cuda_autocast.py, cuda_sdpa.py."""
+    (autocast lists, attention backend, optimizer default); see trace/cuda_autocast.py, cuda_composites.py."""
     with torch.device("meta"):
         built = source.build()
     model, make_batch, loss_fn = training.unpack_built(built, source)

@@ -2,7 +2,7 @@
 
     for step in range(steps):
         for micro in range(grad_accum):   inputs → forward → loss → backward
-        optimizer.step() (through GradScaler for fp16-mixed) → zero_grad(set_to_none=True)
+        optimizer.step() (through GradScaler for fp16-mixed) → zero_grad (set_to_none unless --zero-grad zeros)
 
 Batch, output and loss references are dropped right after each backward, as a careful training
 loop does; gradients are set to None by zero_grad (torch ≥ 2.0 default). An observer is told of each
@@ -20,7 +20,7 @@ import torch
 
 from trainmem.errors import SetupError
 from trainmem.frontends import ModelSource
-from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
+from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.events import Phase
 
@@ -242,4 +242,4 @@ def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
             optimizer.step()
         observer.after_optimizer(optimizer, scaler)
         observer.phase(Phase.ZERO_GRAD, step)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=setup.zero_grad == ZeroGrad.NONE)

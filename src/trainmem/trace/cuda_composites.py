@@ -1,4 +1,5 @@
-"""scaled_dot_product_attention as CUDA would run it, on a CPU trace.
+"""Composite ops that decompose differently on CUDA, run as CUDA would on a CPU trace: attention
+(scaled_dot_product_attention) and dropout.
 
 On the CPU, F.scaled_dot_product_attention picks the CPU flash kernel or the math path. On CUDA,
 select_sdp_backend (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) tries the fused backends
@@ -153,3 +154,27 @@ def _math(query, key, value, mask, dropout_p, is_causal, scale, gqa):
     out = torch.ops.aten._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal,
                                                            None, scale=scale)[0]
     return out.to(original) if low else out
+
+
+class CudaDropout:
+    """For the length of a trace, aten::dropout decomposes as on CUDA. ATen's dropout (Dropout.cpp)
+    takes the fused `native_dropout` kernel when is_fused_kernel_acceptable: a CUDA input, 0 < p < 1,
+    numel > 0. It keeps a 1-byte bool mask for backward. The CPU path multiplies by a noise tensor in
+    the input's dtype (bernoulli_, div_, mul), which keeps 4 bytes per element in fp32."""
+
+    def __enter__(self) -> CudaDropout:
+        self._library = torch.library.Library("aten", "IMPL")
+        with torch_private.quiet_kernel_override():
+            self._library.impl("dropout", self.dropout, "CompositeImplicitAutograd")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._library._destroy()
+
+    @staticmethod
+    def dropout(input, p, train):
+        if not train or p == 0 or input.numel() == 0:
+            return input  # _dropout_impl returns its input unchanged
+        if p == 1:
+            return input.mul(torch.zeros((), dtype=input.dtype))
+        return torch.ops.aten.native_dropout(input, p, train)[0]
