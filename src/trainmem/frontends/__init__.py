@@ -4,6 +4,7 @@
     net.yaml | net.json              a layer spec (frontends/spec.py)
     path/to/file.py:factory          a factory in a file the user points at as code
     package.module:factory           a factory in an importable module
+    model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
     an nn.Module object              (Python API only)
 """
 
@@ -29,6 +30,7 @@ class ModelSource:
     loss_fn: Callable[[Any, Any], Any] | None = None  # (output, inputs) -> scalar tensor
     default_inputs: tuple[InputSpec, ...] = ()
     default_loss: Loss | None = None
+    notes: tuple[str, ...] = ()  # what the reference cannot tell (a state dict has no forward …)
 
 
 def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
@@ -41,6 +43,12 @@ def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
         from trainmem.frontends.mlp import from_mlp_ref
 
         return from_mlp_ref(ref, setup)
+    from trainmem.frontends.checkpoint import is_checkpoint
+
+    if is_checkpoint(ref):
+        from trainmem.frontends.checkpoint import from_checkpoint
+
+        return from_checkpoint(ref)
     if ref.lower().endswith((".yaml", ".yml", ".json")):
         from trainmem.frontends.spec import from_spec_file
 
@@ -50,5 +58,5 @@ def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
 
         return from_python_ref(ref)
     raise ModelRefError(
-        "expected a model reference such as mlp:1000-100-10, net.yaml, path/file.py:factory or "
-        f"package.module:factory, got {ref!r}", where="MODEL")
+        "expected a model reference such as mlp:1000-100-10, net.yaml, path/file.py:factory, "
+        f"package.module:factory or a checkpoint file, got {ref!r}", where="MODEL")

@@ -153,5 +153,6 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
     owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
-                       recorder.rules.warnings() + (attention.summary() if attention is not None else []), prepared.checkpointed, type(model).__name__,
+                       list(source.notes) + recorder.rules.warnings() + (attention.summary() if attention is not None else []),
+                       prepared.checkpointed, type(model).__name__,
                        tracker.output_elements, owners)
