@@ -81,6 +81,8 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
     breakdown[str(Category.RUNTIME)] += allocator.peak_allocated_bytes - sum(breakdown.values())
     reserved = allocator.peak_reserved_bytes
     process_parts = {"reserved": reserved, "cuda_context": context}
+    if stream.managed_peak:
+        process_parts["managed_memory"] = stream.managed_peak
     peak_event = stream.events[run.peak_index]
     fragmentation = allocator.fragmentation
     warnings = list(traced.warnings) + [
@@ -96,7 +98,7 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
     return Estimate(
         model_name=source.name, setup=setup, device=device, parameters=traced.parameters,
         trainable_parameters=traced.trainable_parameters, tensor_bytes=run.tensor_peak,
-        process_bytes=reserved + context, breakdown=breakdown, peak_phase=str(peak_event.phase),
+        process_bytes=sum(process_parts.values()), breakdown=breakdown, peak_phase=str(peak_event.phase),
         peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
         modules=module_table(traced, live, depth), warnings=warnings,
         explanation=explain(traced, setup, breakdown), process_parts=process_parts,

@@ -13,7 +13,25 @@ from trainmem.trace.events import Category, Phase
 # per-parameter state buffers each optimizer keeps (torch/optim/*.py)
 STATE_BUFFERS = {Optimizer.SGD: (), Optimizer.MOMENTUM: ("momentum_buffer",),
                  Optimizer.ADAM: ("exp_avg", "exp_avg_sq"), Optimizer.ADAMW: ("exp_avg", "exp_avg_sq"),
-                 Optimizer.RMSPROP: ("square_avg",), Optimizer.ADAGRAD: ("sum",)}
+                 Optimizer.RMSPROP: ("square_avg",), Optimizer.ADAGRAD: ("sum",), Optimizer.LION: ("exp_avg",)}
+
+
+def optimizer_state_hand(setup: TrainingSetup, trainable: int, shapes: list[tuple[int, ...]],
+                         value_bytes: int) -> tuple[str, int]:
+    """The textbook size of the optimizer's state: (formula, bytes)."""
+    kind = setup.optimizer
+    if kind in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+        blocks = -(-trainable // 256)
+        return (f"2 buffers (state1, state2) × {trainable:,} × 1 B + 2 × {blocks:,} blocks of 256 × 4 B absmax "
+                "(tensors under 4,096 elements keep fp32 state)", 2 * trainable + 8 * blocks)
+    if kind == Optimizer.ADAFACTOR:
+        # torch/optim/_adafactor.py: a row and a column second moment per matrix, a full one per vector
+        values = sum(math.prod(s) // s[-1] + math.prod(s) // s[-2] if len(s) > 1 else math.prod(s) for s in shapes)
+        return (f"factored second moments: rows + columns per matrix, full per vector = {values:,} values × 4 B",
+                values * 4)
+    buffers = STATE_BUFFERS[kind]
+    return (f"{len(buffers)} buffers ({', '.join(buffers) or 'none'}) × {trainable:,} × {value_bytes} B",
+            len(buffers) * trainable * value_bytes)
 
 
 def saved_at_backward_start(traced) -> tuple[int, Counter]:
@@ -40,7 +58,7 @@ def saved_at_backward_start(traced) -> tuple[int, Counter]:
 def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str, Any]:
     value_bytes = 2 if setup.precision == Precision.BF16 else 4
     params, trainable = traced.parameters, traced.trainable_parameters
-    buffers = STATE_BUFFERS[setup.optimizer]
+    state_formula, state_bytes = optimizer_state_hand(setup, trainable, traced.trainable_shapes, value_bytes)
     batch = setup.batch_size
     layer_outputs = sum(n for m, n in traced.output_elements.items() if m in traced.parameter_modules) // batch
     input_values = _traced_input_values(traced, batch)
@@ -50,9 +68,8 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str
         _row("gradients", f"{trainable:,} trainable parameters × {value_bytes} B", trainable * value_bytes,
              breakdown["gradients"], "at the peak" if breakdown["gradients"] else
              "none alive at the peak (zero_grad sets them to None; the peak is before they exist)"),
-        _row("optimizer_state", f"{len(buffers)} buffers ({', '.join(buffers) or 'none'}) × {trainable:,} × {value_bytes} B",
-             len(buffers) * trainable * value_bytes, breakdown["optimizer_state"],
-             "created by the first optimizer.step(); the peak of step 1 predates it" if not breakdown["optimizer_state"] and buffers else ""),
+        _row("optimizer_state", state_formula, state_bytes, breakdown["optimizer_state"],
+             "created by the first optimizer.step(); the peak of step 1 predates it" if not breakdown["optimizer_state"] and state_bytes else ""),
     ]
     if input_values:
         hand_values = input_values + 2 * layer_outputs

@@ -20,6 +20,10 @@ class Optimizer(enum.StrEnum):
     ADAMW = "adamw"
     RMSPROP = "rmsprop"
     ADAGRAD = "adagrad"
+    ADAFACTOR = "adafactor"  # torch.optim.Adafactor: factored second moments, no first moment
+    LION = "lion"  # one momentum buffer (trace/optimizers.py)
+    ADAMW_8BIT = "adamw-8bit"  # bitsandbytes AdamW8bit's state layout (trace/optimizers.py)
+    PAGED_ADAMW_8BIT = "paged-adamw-8bit"  # the same, large states in CUDA managed memory
 
 
 class OptimizerImpl(enum.StrEnum):

@@ -14,6 +14,10 @@ What this module adds or removes, one rule per mechanism, each with its source:
 * host tensors — the optimizers' `step` counters live on the CPU unless the optimizer is fused or
   capturable (torch/optim/adam.py _init_group: `torch.tensor(0.0, dtype=_get_scalar_dtype())`
   without a device), so they are not in the CUDA allocator's figures.
+* managed memory — paged optimizers (bitsandbytes PagedAdamW8bit) allocate large states with
+  cudaMallocManaged (functional.get_paged), outside the caching allocator: not in allocated/reserved.
+  Their bytes are counted apart (`managed_peak`) and added to the process figure, as pages resident
+  on the GPU while the optimizer runs.
 * cuDNN convolution workspaces are transient and depend on the algorithm cuDNN's heuristics pick on
   the real GPU: counted and reported, not sized (a stated gap).
 """
@@ -41,6 +45,7 @@ class CudaStream:
     events: list[DeviceEvent]
     rules: dict[str, int]  # rule → times applied
     gaps: list[str]  # what this target knows it does not size
+    managed_peak: int = 0  # peak bytes of storages in CUDA managed memory (outside the allocator)
 
 
 def _thread(phase: Phase) -> str:
@@ -64,6 +69,7 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
         elif call.op in CUDNN_RNN_OPS:
             counts["rnn"] += 1
     events: list[DeviceEvent] = []
+    managed, managed_peak = 0, 0
     for event in trace.events:
         thread = workspaces.pop(event.seq, None)
         if thread is not None:
@@ -71,6 +77,10 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
                                       event.phase, event.module, f"cuBLAS workspace ({thread} thread)",
                                       event.step, event.seq))
         if event.sid in trace.host_storages:
+            continue
+        if event.sid in trace.managed_storages:
+            managed += event.nbytes if event.action == "alloc" else -event.nbytes
+            managed_peak = max(managed_peak, managed)
             continue
         events.append(DeviceEvent(event.action, event.nbytes, event.sid, trace.storages[event.sid].category,
                                   event.phase, event.module, event.op, event.step, event.seq))
@@ -85,4 +95,6 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
     if counts["rnn"]:
         gaps.append(f"{counts['rnn']} recurrent-layer calls traced with the CPU kernel: cuDNN's RNN reserve "
                     "space is not modelled")
-    return CudaStream(events, rules, gaps)
+    if trace.managed_storages:
+        rules[f"paged optimizer state in managed memory ({len(trace.managed_storages)} tensors)"] = 1
+    return CudaStream(events, rules, gaps, managed_peak)

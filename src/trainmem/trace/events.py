@@ -88,3 +88,5 @@ class Trace:
     kernel_calls: list[KernelCall] = dataclasses.field(default_factory=list)
     # storages a CUDA run would keep in host memory (the optimizers' step counters, unless fused)
     host_storages: set[int] = dataclasses.field(default_factory=set)
+    # storages a CUDA run allocates outside PyTorch's caching allocator (paged optimizer state: managed memory)
+    managed_storages: set[int] = dataclasses.field(default_factory=set)

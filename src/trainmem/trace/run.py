@@ -52,6 +52,7 @@ class TraceResult:
     model_name: str
     output_elements: dict[str, int]  # module -> output elements of its first forward (whole batch)
     parameter_modules: set[str]  # module paths that own parameters
+    trainable_shapes: list[tuple[int, ...]]  # shape of each trainable parameter (tied ones once)
 
 
 def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
@@ -104,6 +105,9 @@ class _RecordingObserver(training.Observer):
         scalars = [t for t in state if isinstance(t, torch.Tensor) and t.dim() == 0]
         self.recorder.set_category(self.recorder.storage_ids_of(buffers), Category.OPTIMIZER_STATE)
         self.recorder.set_category(self.recorder.storage_ids_of(scalars), Category.OPTIMIZER_SCALARS)
+        paged = getattr(optimizer, "paged_tensors", None)
+        if paged:
+            self.recorder.trace.managed_storages |= set(self.recorder.storage_ids_of(paged))
         # torch/optim/adam.py _init_group (likewise adamw, adagrad, rmsprop): `step` is a CPU tensor
         # unless the optimizer is fused or capturable, so a CUDA run keeps it in host memory
         if not any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups):
@@ -111,7 +115,7 @@ class _RecordingObserver(training.Observer):
             self.recorder.trace.host_storages |= set(self.recorder.storage_ids_of(steps))
 
 
-def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]]:
+def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
     unique = {id(p): p for p in model.parameters()}.values()
     per_module: dict[str, int] = {}
     owned: set[int] = set()  # a tied parameter belongs to the first module that holds it
@@ -119,7 +123,8 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]]:
         mine = [p for p in module.parameters(recurse=False) if id(p) not in owned]
         owned.update(id(p) for p in mine)
         per_module[name] = sum(p.numel() for p in mine)
-    return sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), per_module
+    return (sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), per_module,
+            [tuple(p.shape) for p in unique if p.requires_grad])
 
 
 def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset(),
@@ -155,4 +160,4 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
                        list(source.notes) + recorder.rules.warnings() + (attention.summary() if attention is not None else []),
                        prepared.checkpointed, type(model).__name__,
-                       tracker.output_elements, owners)
+                       tracker.output_elements, owners, facts[3])

@@ -166,9 +166,18 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
     impl = {OptimizerImpl.FOREACH: {"foreach": True}, OptimizerImpl.FOR_LOOP: {"foreach": False},
             OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.DEFAULT: default}[setup.optimizer_impl]
     kind = setup.optimizer
-    if impl.get("fused") and kind in (Optimizer.RMSPROP,):
+    if impl.get("fused") and kind in (Optimizer.RMSPROP, Optimizer.ADAFACTOR):
         raise SetupError(f"expected an optimizer with a fused implementation (sgd, momentum, adam, adamw, "
                          f"adagrad), got {kind}", where="--optimizer-impl fused")
+    if kind in (Optimizer.LION, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+        if setup.optimizer_impl != OptimizerImpl.DEFAULT:
+            raise SetupError(f"expected no --optimizer-impl with {kind} (it has one implementation), got "
+                             f"{setup.optimizer_impl}", where="--optimizer-impl")
+        from trainmem.trace import optimizers
+
+        if kind == Optimizer.LION:
+            return optimizers.Lion(params)
+        return optimizers.AdamW8bit(params, paged=kind == Optimizer.PAGED_ADAMW_8BIT)
     optim = torch.optim
     table = {
         Optimizer.SGD: lambda: optim.SGD(params, lr=0.01, **impl),
@@ -177,6 +186,7 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
         Optimizer.ADAMW: lambda: optim.AdamW(params, lr=1e-3, **impl),
         Optimizer.RMSPROP: lambda: optim.RMSprop(params, lr=1e-3, **impl),
         Optimizer.ADAGRAD: lambda: optim.Adagrad(params, lr=0.01, **impl),
+        Optimizer.ADAFACTOR: lambda: optim.Adafactor(params, lr=0.01, **impl),
     }
     return table[kind]()
 
