@@ -39,6 +39,14 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--freeze", action="append", metavar="PATTERN", help="parameter names to freeze (fnmatch)")
     parser.add_argument("--activation", help="relu|tanh|gelu|sigmoid (mlp: models)")
     parser.add_argument("--dropout", type=float, help="dropout probability between layers (mlp: models)")
+    parser.add_argument("--task", help="hf: models: causal-lm|masked-lm|seq-cls|seq2seq|image-cls|… (default: the model's)")
+    parser.add_argument("--seq-len", type=int, help="hf: models: tokens per sample (default 512, capped by the model)")
+    parser.add_argument("--lora", metavar="SPEC", help="LoRA through peft: r=16,alpha=32,targets=q_proj,v_proj[,dropout=0.05]")
+    parser.add_argument("--qlora", action="store_true", default=None,
+                        help="4-bit NF4 base weights + LoRA (default r=64,alpha=16,all linear), bf16, paged 8-bit AdamW")
+    parser.add_argument("--hf-trainer", action="store_true", default=None,
+                        help="what transformers.Trainer does by default: fused AdamW, clip at 1.0, fp32 outputs under mixed precision")
+    parser.add_argument("--max-grad-norm", type=float, help="clip_grad_norm_ before each step")
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9")
     parser.add_argument("--cuda-context", metavar="SIZE", help="CUDA context bytes in nvidia-smi (default: the device's)")
@@ -66,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "target_shape": "target_shape", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
                 "precision": "precision", "grad_accum": "grad_accum", "checkpointing": "checkpointing",
-                "freeze": "freeze", "zero_grad": "zero_grad", "activation": "activation", "dropout": "dropout", "steps": "steps"}
+                "freeze": "freeze", "zero_grad": "zero_grad", "activation": "activation", "dropout": "dropout", "steps": "steps", "task": "task", "seq_len": "seq_len", "lora": "lora", "qlora": "qlora", "hf_trainer": "hf_trainer", "max_grad_norm": "max_grad_norm"}
 
 
 def setup_from_args(args: argparse.Namespace):

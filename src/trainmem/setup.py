@@ -84,6 +84,54 @@ class InputSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """`--lora r=16,alpha=32,targets=q_proj,v_proj[,dropout=0.05]`; no targets: peft's defaults."""
+
+    r: int = 8
+    alpha: int = 8
+    targets: tuple[str, ...] = ()
+    dropout: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> LoraSpec:
+        values: dict[str, Any] = {}
+        targets: list[str] = []
+        key = None
+        for part in (p.strip() for p in str(text).split(",") if p.strip()):
+            name, sep, value = part.partition("=")
+            if sep:
+                key = name.strip().lower()
+                if key not in ("r", "alpha", "targets", "dropout"):
+                    raise expected("--lora keys r, alpha, targets, dropout", name, "--lora")
+                if key == "targets":
+                    targets.append(value.strip())
+                else:
+                    values[key] = value.strip()
+            elif key == "targets":  # targets=q_proj,v_proj: the list goes on until the next key
+                targets.append(part)
+            else:
+                raise expected("--lora as r=16,alpha=32,targets=q_proj,v_proj", text, "--lora")
+        try:
+            spec = cls(r=int(values.get("r", 8)), alpha=int(values.get("alpha", values.get("r", 8))),
+                       targets=tuple(targets), dropout=float(values.get("dropout", 0.0)))
+        except ValueError:
+            raise expected("--lora numbers (r and alpha integers, dropout a probability)", text, "--lora") from None
+        if spec.r < 1 or not 0.0 <= spec.dropout < 1.0:
+            raise expected("--lora with r ≥ 1 and dropout in [0, 1)", text, "--lora")
+        return spec
+
+
+# QLoRA (Dettmers et al. 2023): LoRA on every linear layer, r=64, alpha=16, dropout 0.1 (models up to
+# 13B), bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft prepare_model_for_kbit_training)
+QLORA_LORA = LoraSpec(r=64, alpha=16, targets=("all-linear",), dropout=0.1)
+QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "checkpointing": True}
+# transformers TrainingArguments (5.x, with torch >= 2.8): optim adamw_torch_fused, max_grad_norm 1.0,
+# evaluation off; Trainer.training_step: loss / gradient_accumulation_steps, zero_grad to None;
+# under mixed precision the Accelerator converts model outputs to fp32 (trace/step.py outputs_to_fp32)
+HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": "fused", "max_grad_norm": 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainingSetup:
     """Everything about one training run except the model itself."""
 
@@ -101,11 +149,21 @@ class TrainingSetup:
     steps: int = 2
     activation: Activation = Activation.RELU  # used by mlp: references only
     dropout: float = 0.0  # used by mlp: references only
+    task: str | None = None  # hf: references: causal-lm, masked-lm, … (None: the model's own)
+    seq_len: int | None = None  # hf: references: tokens per sample (None: 512, capped by the model)
+    lora: str | None = None  # "r=16,alpha=32,targets=q_proj,v_proj" (trace/finetune.py)
+    qlora: bool = False  # 4-bit NF4 base weights + LoRA (QLORA_DEFAULTS unless given)
+    hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
+    max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
 
     def __post_init__(self) -> None:
         _check_positive_int(self.batch_size, "--batch-size")
         _check_positive_int(self.grad_accum, "--grad-accum")
         _check_positive_int(self.steps, "--steps")
+        if self.seq_len is not None:
+            _check_positive_int(self.seq_len, "--seq-len")
+        if self.lora is not None:
+            LoraSpec.parse(self.lora)
         if self.target_shape is not None:
             object.__setattr__(self, "target_shape", parse_shape(self.target_shape, "--target-shape", allow_scalar=True))
         if not 0.0 <= float(self.dropout) < 1.0:
@@ -123,6 +181,10 @@ class TrainingSetup:
         if unknown:
             raise expected(f"setup keys among {', '.join(sorted(names))}", unknown[0], where)
         kwargs = {k: v for k, v in values.items() if k in names}
+        if kwargs.get("qlora"):
+            kwargs = {**QLORA_DEFAULTS, **kwargs}
+        if kwargs.get("hf_trainer"):
+            kwargs = {**HF_TRAINER_DEFAULTS, **kwargs}
         if "inputs" not in kwargs and "input_shape" in values:
             kwargs["inputs"] = parse_inputs(values["input_shape"], values.get("input_dtype"), values.get("input_max"))
         if "inputs" in kwargs:
@@ -130,6 +192,11 @@ class TrainingSetup:
         if "freeze" in kwargs:
             kwargs["freeze"] = tuple(kwargs["freeze"])
         return cls(**kwargs)
+
+    def lora_spec(self) -> LoraSpec | None:
+        if self.lora is not None:
+            return LoraSpec.parse(self.lora)
+        return QLORA_LORA if self.qlora else None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> TrainingSetup:

@@ -4,6 +4,7 @@
     net.yaml | net.json              a layer spec (frontends/spec.py)
     path/to/file.py:factory          a factory in a file the user points at as code
     package.module:factory           a factory in an importable module
+    hf:NAME | hf:DIR | hf:config.json       a Hugging Face model from its configuration (frontends/hf.py)
     model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
     an nn.Module object              (Python API only)
 """
@@ -43,6 +44,10 @@ def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
         from trainmem.frontends.mlp import from_mlp_ref
 
         return from_mlp_ref(ref, setup)
+    if ref.startswith("hf:"):
+        from trainmem.frontends.hf import from_hf_ref
+
+        return from_hf_ref(ref, setup)
     from trainmem.frontends.checkpoint import is_checkpoint
 
     if is_checkpoint(ref):

@@ -82,7 +82,10 @@ def run(request: dict) -> dict:
 
 
 def _train(source, setup, training, device_type: str = "cpu"):
+    from trainmem.trace import finetune
+
     model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    model, _ = finetune.apply(model, setup)
     prepared = training.prepare(model, make_batch, loss_fn, setup, source, device_type)
     training.run_steps(prepared, setup, training.Observer())
     return prepared

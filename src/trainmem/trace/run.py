@@ -131,9 +131,11 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
                    cuda: CudaFacts | None = None) -> TraceResult:
     """Trace two training steps. With `cuda`, the trace follows what a CUDA run does differently
     (autocast lists, attention backend, optimizer default); see trace/cuda_autocast.py, cuda_composites.py."""
+    from trainmem.trace import finetune
+
     with torch.device("meta"):
-        built = source.build()
-    model, make_batch, loss_fn = training.unpack_built(built, source)
+        model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+        model, finetune_notes = finetune.apply(model, setup)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
@@ -158,6 +160,6 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
     owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
-                       list(source.notes) + recorder.rules.warnings() + (attention.summary() if attention is not None else []),
+                       list(source.notes) + finetune_notes + recorder.rules.warnings() + (attention.summary() if attention is not None else []),
                        prepared.checkpointed, type(model).__name__,
                        tracker.output_elements, owners, facts[3])

@@ -224,17 +224,42 @@ def _autocast(setup: TrainingSetup, prepared: Prepared):
     return torch.autocast(prepared.device_type, dtype=dtype)
 
 
+def outputs_to_fp32(output: Any) -> Any:
+    """accelerate's convert_outputs_to_fp32 (utils/operations.py), which the Trainer's Accelerator puts
+    around forward under mixed precision: every fp16/bf16 tensor of the output gets an fp32 copy."""
+    def convert(value: Any) -> Any:
+        return value.float() if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        for key in list(output.keys()):
+            output[key] = convert(output[key])
+        return output
+    if isinstance(output, tuple):
+        return type(output)(convert(v) for v in output)
+    return convert(output)
+
+
+def clip_gradients(prepared: Prepared, max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_, after GradScaler.unscale_ as the Trainer does; foreach on CUDA
+    (its default there), per tensor on the CPU."""
+    if prepared.scaler is not None:
+        prepared.scaler.unscale_(prepared.optimizer)
+    params = [p for p in prepared.model.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True if prepared.cuda_semantics else None)
+
+
 def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
     model, optimizer, scaler = prepared.model, prepared.optimizer, prepared.scaler
     for step in range(setup.steps):
         for _ in range(setup.grad_accum):
             observer.phase(Phase.INPUTS, step)
             batch = prepared.make_batch(setup.batch_size)
-            inputs = batch if isinstance(batch, tuple) else (batch,)
+            inputs = batch if isinstance(batch, (tuple, dict)) else (batch,)
             target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
             observer.phase(Phase.FORWARD, step)
             with _autocast(setup, prepared):
-                output = model(*inputs)
+                output = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+                if setup.hf_trainer and setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+                    output = outputs_to_fp32(output)
                 observer.phase(Phase.LOSS, step)
                 loss = prepared.loss_fn(output, inputs, *target)
                 if setup.grad_accum > 1:
@@ -245,6 +270,8 @@ def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
             del loss, batch, inputs, target
             observer.after_backward(model)
         observer.phase(Phase.OPTIMIZER, step)
+        if setup.max_grad_norm is not None:
+            clip_gradients(prepared, setup.max_grad_norm)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

@@ -1,0 +1,113 @@
+"""hf: references (bundled table, a config.json, a directory), tasks and --seq-len; LoRA through peft,
+QLoRA's 4-bit base weights, and the Hugging Face Trainer's defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from trainmem import estimate  # noqa: E402
+from trainmem.errors import ModelRefError, SetupError  # noqa: E402
+from trainmem.frontends.hf import bundled, find_bundled  # noqa: E402
+from trainmem.setup import LoraSpec, TrainingSetup  # noqa: E402
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 128,
+              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256}
+# embeddings and head 2 × 1000 × 128; per layer q,o 128², k,v 128×64, gate/up/down 3 × 128×256, 2 norms 128
+LLAMA_PARAMS = 2 * 1000 * 128 + 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128) + 128
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return tmp_path
+
+
+def test_config_dir_and_file(tiny):
+    by_dir = estimate(f"hf:{tiny}", batch_size=2, seq_len=32)
+    by_file = estimate(f"hf:{tiny / 'config.json'}", batch_size=2, seq_len=32)
+    assert by_dir.parameters == by_file.parameters == LLAMA_PARAMS
+    assert "causal-lm" in by_dir.model_name
+
+
+def test_bundled_names_match_case_insensitively():
+    assert find_bundled("HF-Internal-Nothing") is None
+    assert find_bundled("GPT2-XL")[0] == "openai-community/gpt2-xl"
+    assert find_bundled("meta-llama/llama-3.1-70b")[0] == "meta-llama/Llama-3.1-70B"
+    assert len(bundled()) >= 30
+
+
+def test_bundled_bert_counts_like_the_hub():
+    est = estimate("hf:bert-base-uncased", batch_size=1, seq_len=16)
+    assert est.parameters == 109_514_298  # BertForMaskedLM(bert-base-uncased), decoder tied to the embeddings
+
+
+def test_seq_len_and_task(tiny):
+    short = estimate(f"hf:{tiny}", batch_size=2, seq_len=16)
+    long = estimate(f"hf:{tiny}", batch_size=2, seq_len=128)
+    assert long.tensor_bytes > short.tensor_bytes
+    cls = estimate(f"hf:{tiny}", batch_size=2, seq_len=16, task="seq-cls")
+    assert "seq-cls" in cls.model_name and cls.parameters < short.parameters  # a 2-label head, no LM head
+    with pytest.raises(SetupError, match="--task"):
+        estimate(f"hf:{tiny}", task="translation")
+
+
+def test_unknown_name_says_what_is_expected():
+    with pytest.raises(ModelRefError, match="bundled model name"):
+        estimate("hf:no-such-model")
+
+
+def test_lora_spec_parsing():
+    spec = LoraSpec.parse("r=16,alpha=32,targets=q_proj,v_proj,dropout=0.05")
+    assert (spec.r, spec.alpha, spec.targets, spec.dropout) == (16, 32, ("q_proj", "v_proj"), 0.05)
+    with pytest.raises(SetupError):
+        LoraSpec.parse("rank=4")
+
+
+def test_lora_trains_only_the_adapters(tiny):
+    est = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, optimizer="adamw", device="a100-40gb",
+                   lora="r=8,alpha=16,targets=q_proj,v_proj")
+    # A: [8, 128] and B: [out, 8] for q (out 128) and v (out 64), in each of 2 layers
+    assert est.trainable_parameters == 2 * (8 * 128 + 128 * 8 + 8 * 128 + 64 * 8)
+    assert est.parameters == LLAMA_PARAMS + est.trainable_parameters
+    full = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, optimizer="adamw", device="a100-40gb")
+    assert est.breakdown["optimizer_state"] < full.breakdown["optimizer_state"] / 20
+
+
+def test_qlora_stores_base_weights_in_4_bits(tiny):
+    est = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, qlora=True, device="a100-40gb")
+    setup = est.setup
+    assert (setup.optimizer, setup.precision, setup.checkpointing) == ("paged-adamw-8bit", "bf16-mixed", True)
+    assert any("4-bit NF4" in w for w in est.warnings)
+    linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256)  # the quantized weights' values
+    fp32 = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, device="a100-40gb", lora="r=64,alpha=16,targets=all-linear")
+    # a quantized value takes half a byte instead of 4 (statistics come on top)
+    assert fp32.breakdown["parameters"] - est.breakdown["parameters"] > linear * 3
+
+
+def test_hf_trainer_defaults():
+    setup = TrainingSetup.from_mapping({"hf_trainer": True})
+    assert (setup.optimizer, setup.optimizer_impl, setup.max_grad_norm) == ("adamw", "fused", 1.0)
+    kept = TrainingSetup.from_mapping({"hf_trainer": True, "optimizer": "sgd"})
+    assert kept.optimizer == "sgd"
+
+
+def test_trainer_default_optimizer_is_what_transformers_says():
+    """The constant in setup.py follows the installed transformers' TrainingArguments default."""
+    import transformers
+    args = transformers.TrainingArguments(output_dir="unused", report_to="none")
+    assert str(args.optim.value) == "adamw_torch_fused"
+    assert args.max_grad_norm == 1.0
+
+
+def test_hf_trainer_copies_outputs_to_fp32_under_mixed_precision(tiny):
+    kw = dict(batch_size=4, seq_len=128, device="a100-40gb", precision="bf16-mixed", optimizer_impl="fused")
+    plain = estimate(f"hf:{tiny}", optimizer="adamw", **kw)
+    trainer = estimate(f"hf:{tiny}", hf_trainer=True, **kw)
+    assert "_to_copy" in trainer.coverage["ops"]
+    assert trainer.tensor_bytes >= plain.tensor_bytes
