@@ -93,3 +93,14 @@ def test_module_object_is_not_touched():
     est = trainmem.estimate(model, batch_size=2, optimizer="adam", input_shape=str(D))
     assert est.breakdown["parameters"] == 4 * (D * 3 + 3)
     assert torch.equal(model.weight, before)
+
+
+def test_rules_of_thumb_for_the_seed_mlp():
+    """131,410 fp32 parameters; per sample 1,000 inputs and 810 leaf-layer outputs (4×(100 linear + 100
+    relu) + 10), batch 256."""
+    est = trainmem.estimate("mlp:1000-100-100-100-100-10", batch_size=256, optimizer="adam", input_shape="1000")
+    rules = {row["rule"]: row["bytes"] for row in est.baselines}
+    assert rules["checkpoint size × 2"] == 2 * 131_410 * 4
+    assert rules["16 bytes per parameter (mixed-precision Adam)"] == 16 * 131_410
+    assert rules["torchinfo-style (input + 2 × layer outputs + parameters)"] == (
+        256 * 1000 * 4 + 2 * 810 * 256 * 4 + 131_410 * 4)

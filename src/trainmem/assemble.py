@@ -8,6 +8,7 @@ from typing import Any
 from trainmem.alloc.cpu import aligned, replay_resident, replay_tensors
 from trainmem.devices import Device
 from trainmem.estimate import Estimate
+from trainmem.baselines import baselines
 from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
 from trainmem.targets import cpu as cpu_target
@@ -42,6 +43,7 @@ def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -
         peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
         modules=module_table(traced, tensors.live_at_peak, depth), warnings=warnings,
         explanation=explain(traced, setup, breakdown), process_parts=process_parts,
+        baselines=baselines(traced, setup, tensors.peak_bytes, "tensor peak"),
         coverage={"ops": dict(traced.op_counts), "kernel_rules": fired, "capability": capability,
                   "threads": torch.get_num_threads()})
 

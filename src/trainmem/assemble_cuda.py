@@ -10,6 +10,7 @@ from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.assemble import module_table
 from trainmem.devices import Device
 from trainmem.estimate import Estimate
+from trainmem.baselines import baselines
 from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
 from trainmem.targets import DeviceEvent
@@ -102,6 +103,7 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
         peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
         modules=module_table(traced, live, depth), warnings=warnings,
         explanation=explain(traced, setup, breakdown), process_parts=process_parts,
+        baselines=baselines(traced, setup, allocator.peak_allocated_bytes, "max_memory_allocated"),
         coverage={"ops": dict(traced.op_counts), "kernel_rules": stream.rules,
                   "compute_capability": ".".join(map(str, gpu.compute_capability))},
         allocated=allocator.peak_allocated_bytes, reserved=reserved,

@@ -36,6 +36,7 @@ class Estimate:
     reserved: int | None = None  # CUDA: max_memory_reserved (the CPU allocator caches nothing)
     allocator: dict[str, Any] = dataclasses.field(default_factory=dict)  # CUDA: fragmentation, segments
     fits_override: bool | None = None  # False when the simulated allocator ran out of memory
+    baselines: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rules of thumb beside us
 
     @property
     def allocated_bytes(self) -> int:
@@ -68,6 +69,7 @@ class Estimate:
             "modules": self.modules,
             "explanation": self.explanation,
             "coverage": self.coverage,
+            "baselines": self.baselines,
             **({"allocator": self.allocator} if self.allocator else {}),
             "warnings": list(self.warnings),
         }

@@ -60,6 +60,12 @@ def render_text(est) -> str:
         if row["note"]:
             out.append(f"      {row['note']}")
     out += [f"  · {note}" for note in est.explanation["differences"]]
+    if est.baselines:
+        out += ["", f"Rules of thumb beside this estimate (vs {est.baselines[0]['vs']})"]
+        for row in est.baselines:
+            gap = row["relative_to_estimate"]
+            out.append(f"  {row['rule']}: {format_bytes(row['bytes'])}"
+                       + (f" ({gap:+.0%})" if gap is not None else "") + f" — {row['why']}")
     if est.warnings:
         out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
     return "\n".join(out)

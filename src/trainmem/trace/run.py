@@ -53,6 +53,9 @@ class TraceResult:
     output_elements: dict[str, int]  # module -> output elements of its first forward (whole batch)
     parameter_modules: set[str]  # module paths that own parameters
     trainable_shapes: list[tuple[int, ...]]  # shape of each trainable parameter (tied ones once)
+    leaf_modules: set[str]  # modules without children (the layers a torchinfo-style summary lists)
+    buffer_bytes: int  # the model's buffers
+    input_bytes: int  # one batch as the first step made it
 
 
 def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
@@ -162,4 +165,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
                        list(source.notes) + finetune_notes + recorder.rules.warnings() + (attention.summary() if attention is not None else []),
                        prepared.checkpointed, type(model).__name__,
-                       tracker.output_elements, owners, facts[3])
+                       tracker.output_elements, owners, facts[3],
+                       {name for name, m in model.named_modules() if not any(True for _ in m.children())},
+                       sum(b.numel() * b.element_size() for b in model.buffers()),
+                       sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0))
