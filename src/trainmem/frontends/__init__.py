@@ -5,6 +5,7 @@
     path/to/file.py:factory          a factory in a file the user points at as code
     package.module:factory           a factory in an importable module
     hf:NAME | hf:DIR | hf:config.json       a Hugging Face model from its configuration (frontends/hf.py)
+    model.onnx                              an ONNX graph converted to torch (frontends/onnx_ref.py)
     model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
     an nn.Module object              (Python API only)
 """
@@ -48,6 +49,10 @@ def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
         from trainmem.frontends.hf import from_hf_ref
 
         return from_hf_ref(ref, setup)
+    if ref.lower().endswith(".onnx"):
+        from trainmem.frontends.onnx_ref import from_onnx
+
+        return from_onnx(ref)
     from trainmem.frontends.checkpoint import is_checkpoint
 
     if is_checkpoint(ref):
