@@ -4,6 +4,7 @@
     net.yaml | net.json              a layer spec (frontends/spec.py)
     path/to/file.py:factory          a factory in a file the user points at as code
     package.module:factory           a factory in an importable module
+    torchvision:NAME | timm:NAME[?k=v&…]    a vision model by name (frontends/vision.py)
     hf:NAME | hf:DIR | hf:config.json       a Hugging Face model from its configuration (frontends/hf.py)
     model.onnx                              an ONNX graph converted to torch (frontends/onnx_ref.py)
     model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
@@ -45,6 +46,10 @@ def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
         from trainmem.frontends.mlp import from_mlp_ref
 
         return from_mlp_ref(ref, setup)
+    if ref.startswith(("torchvision:", "timm:")):
+        from trainmem.frontends.vision import from_vision_ref
+
+        return from_vision_ref(ref)
     if ref.startswith("hf:"):
         from trainmem.frontends.hf import from_hf_ref
 
