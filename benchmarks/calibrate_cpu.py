@@ -30,13 +30,17 @@ from trainmem.trace.run import trace_training  # noqa: E402
 
 FAMILIES = {"convolution": "tests/models.py:tiny_conv", "lstm": "tests/models.py:tiny_lstm",
             "attention": "tests/models.py:tiny_attention"}
+# libraries a model reference imports into the training process (the hf: frontend imports transformers;
+# --lora imports peft), measured as increments over the floor with a tiny model that needs them
+LIBRARIES = {"transformers": ("hf:tests/data/tiny_llama", {}),
+             "peft": ("hf:tests/data/tiny_llama", {"lora": "r=4,targets=q_proj"})}
 
 
-def rss_above_tensors(ref: str, runs: int) -> tuple[int, list[int]]:
+def rss_above_tensors(ref: str, runs: int, extra: dict | None = None) -> tuple[int, list[int]]:
     import torch
 
-    setup = TrainingSetup(batch_size=1, optimizer="adam", inputs=TrainingSetup.from_mapping(
-        {"input_shape": "8"}).inputs if ref.startswith("mlp:") else ())
+    setup = TrainingSetup.from_mapping({"batch_size": 1, "optimizer": "adam", **(extra or {}),
+                                        **({"input_shape": "8"} if ref.startswith("mlp:") else {})})
     peaks = [run_child(ref, setup, "rss")["peak_rss_bytes"] for _ in range(runs)]
     traced = trace_training(resolve(ref, setup), setup, cpu_target.kernel_ops())
     stream, _ = cpu_target.device_stream(traced.trace, torch.backends.cpu.get_cpu_capability())
@@ -48,19 +52,31 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--libraries-only", action="store_true",
+                        help="measure the library increments again, keep the floor and kernel families")
     args = parser.parse_args()
-    floor, peaks = rss_above_tensors("mlp:8-8-2", args.runs)
-    print(f"floor: {floor:,} B (peak RSS of runs: {peaks})")
-    families = {}
-    for family, ref in FAMILIES.items():
-        above, peaks = rss_above_tensors(str(ROOT / ref.split(':')[0]) + ":" + ref.split(":")[1], args.runs)
-        families[family] = max(0, above - floor)
-        print(f"{family}: +{families[family]:,} B (peak RSS of runs: {peaks})")
-    data = {"floor_bytes": floor, "families": families, "runs": args.runs,
+    out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
+    old = json.loads(out.read_text()) if out.exists() else {}
+    if args.libraries_only:
+        floor, families = old["floor_bytes"], old["families"]
+    else:
+        floor, peaks = rss_above_tensors("mlp:8-8-2", args.runs)
+        print(f"floor: {floor:,} B (peak RSS of runs: {peaks})")
+        families = {}
+        for family, ref in FAMILIES.items():
+            above, peaks = rss_above_tensors(str(ROOT / ref.split(':')[0]) + ":" + ref.split(":")[1], args.runs)
+            families[family] = max(0, above - floor)
+            print(f"{family}: +{families[family]:,} B (peak RSS of runs: {peaks})")
+    libraries, below = {}, 0
+    for library, (ref, extra) in LIBRARIES.items():  # each over the floor and the libraries before it
+        above, peaks = rss_above_tensors(ref.replace("hf:", f"hf:{ROOT}/"), args.runs, extra)
+        libraries[library] = max(0, above - floor - below)
+        below += libraries[library]
+        print(f"library {library}: +{libraries[library]:,} B (peak RSS of runs: {peaks})")
+    data = {"floor_bytes": floor, "families": families, "libraries": libraries, "runs": args.runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {platform.python_version()}",
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py"}
-    out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -34,6 +34,7 @@ class ModelSource:
     default_inputs: tuple[InputSpec, ...] = ()
     default_loss: Loss | None = None
     notes: tuple[str, ...] = ()  # what the reference cannot tell (a state dict has no forward …)
+    libraries: tuple[str, ...] = ()  # libraries the training process imports for this model (transformers …)
 
 
 def resolve(model: Any, setup: TrainingSetup) -> ModelSource:

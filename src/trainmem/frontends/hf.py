@@ -111,7 +111,7 @@ def from_hf_ref(ref: str, setup):
         return auto.from_config(hf_config)
 
     return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
-                       make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss,
+                       make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        notes=(f"hf: {name}: {model_type} built from its config for {task}, sequence length "
                               f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does",))
 

@@ -35,7 +35,9 @@ def load() -> dict:
     return json.loads(DATA.read_text())
 
 
-def runtime_floor(op_counts: Counter) -> RuntimeFloor:
+def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -> RuntimeFloor:
+    """The floor, the kernel families the trace used, and the libraries the model reference brings
+    into the process (transformers for hf:, peft for --lora), each as measured by calibrate_cpu.py."""
     import torch
 
     data = load()
@@ -43,6 +45,9 @@ def runtime_floor(op_counts: Counter) -> RuntimeFloor:
     for family, ops in FAMILIES.items():
         if any(op_counts.get(op) for op in ops) and family in data.get("families", {}):
             parts[f"runtime_{family}"] = int(data["families"][family])
+    for library in sorted(libraries):
+        if library in data.get("libraries", {}):
+            parts[f"library_{library}"] = int(data["libraries"][library])
     assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
                    "interpreter, torch libraries, thread pools",
