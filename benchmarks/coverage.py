@@ -98,7 +98,7 @@ def report(rows: list[dict], device: str) -> str:
     fired: dict[str, list[str]] = {}
     for r in rows:
         for rule in r.get("rules", []):
-            fired.setdefault(rule.split(" ×")[0], []).append(r["ref"])
+            fired.setdefault(rule.split(" — ")[0], []).append(r["ref"])
     lines += ["", "## Data-dependent rules that fired", ""] + (
         [f"- {rule}: {len(models)} models ({', '.join(models[:5])}{' …' if len(models) > 5 else ''})"
          for rule, models in sorted(fired.items())] or ["- none"])

@@ -38,6 +38,14 @@ EXTRA = [  # precisions and optimizer implementations that change what a GPU run
     ("gpt2_clm", f"{HF}:gpt2_clm", {"optimizer": "adamw"}, 2),
     ("vit_base", f"{HF}:vit_base_classification", {"optimizer": "adamw"}, 2),
     ("gpt2_clm", f"{HF}:gpt2_clm", {"optimizer": "adamw", "precision": "bf16-mixed"}, 8),
+    # hf: references, LoRA through peft and the Trainer's defaults (all real code on a GPU; QLoRA and the
+    # 8-bit optimizers are left out: here they would run trainmem's stand-ins, not bitsandbytes)
+    ("hf:gpt2", "hf:gpt2", {"seq_len": 512, "hf_trainer": True, "precision": "bf16-mixed"}, 8),
+    ("hf:gpt2+lora", "hf:gpt2", {"seq_len": 512, "lora": "r=16,alpha=32,targets=c_attn", "precision": "bf16-mixed",
+                                 "optimizer": "adamw"}, 8),
+    ("hf:Qwen2.5-0.5B+lora", "hf:Qwen/Qwen2.5-0.5B", {"seq_len": 1024, "lora": "r=16,alpha=32,targets=q_proj,v_proj",
+                                                       "precision": "bf16-mixed", "optimizer": "adamw",
+                                                       "checkpointing": True}, 4),
 ]
 
 

@@ -4,7 +4,8 @@ Runs each command N times as a fresh process (wall clock; peak RSS from wait4's 
 `/usr/bin/time -v` reports it) and writes the medians to benchmarks/results/speed.md.
 
     python benchmarks/speed.py [--runs 5]
-Targets (issue #3): the 1.3B GPT-style estimate in < 20 s with < 1 GiB peak RSS; the seed MLP CLI call < 3 s.
+Targets: the 1.3B GPT-style estimate in < 20 s with < 1 GiB peak RSS; the seed MLP CLI call < 3 s (issue #3);
+a 70B model from its configuration in < 1 min (issue #5).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ CASES = [
     ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed",
      TRAINMEM + ["estimate", f"{ROOT}/tests/models.py:gpt_1b3", "--batch-size", "8", "--optimizer", "adamw",
                  "--precision", "bf16-mixed"], 20.0, 2**30),
+    ("Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, bf16-mixed, on h100-80gb",
+     TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
+                 "--precision", "bf16-mixed", "--device", "h100-80gb"], 60.0, None),
+    ("BERT-base masked LM on a100-40gb (the GPU calibration point)",
+     TRAINMEM + ["estimate", "hf:bert-base-uncased", "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw",
+                 "--device", "a100-40gb"], None, None),
     ("import torch alone (for scale)", [sys.executable, "-c", "import torch"], None, None),
 ]
 

@@ -124,3 +124,15 @@ def test_cpu_measure_agrees_on_a_hf_model(tiny, extra):
     errors = measure(f"hf:{tiny}", setup, runs=1).to_dict()["error"]
     assert abs(errors["tensor_bytes"]) <= 0.01
     assert abs(errors["process_bytes"]) <= 0.05
+
+
+def test_mixture_of_experts_routing_rule(tmp_path):
+    """transformers' eager experts ask which tokens each expert got (nonzero): a deliberate rule assumes
+    balanced routing, and the report says so."""
+    config = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 500, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    est = estimate(f"hf:{tmp_path}", batch_size=2, seq_len=32)
+    assert any(w.startswith("aten.nonzero: routing balanced") for w in est.warnings)
+    assert any("eager experts" in w for w in est.warnings)

@@ -102,18 +102,24 @@ def from_hf_ref(ref: str, setup):
         config["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) or 0
     seq_len = setup.seq_len or min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
     _transformers()  # fail here, with the install hint, rather than inside the trace
+    options, notes = {}, []
+    if any(key in config for key in ("num_local_experts", "num_experts")) and setup.precision != "bf16":
+        # transformers' default mixture-of-experts kernel (torch grouped_mm) takes only bf16/fp16 weights;
+        # with fp32 master weights the experts run as a loop of per-expert matmuls ("eager")
+        options["experts_implementation"] = "eager"
+        notes.append("fp32 expert weights: transformers' eager experts (grouped_mm needs bf16/fp16 weights)")
 
     def build():
         transformers = _transformers()
         transformers.logging.set_verbosity_error()  # config notices are not ours to print
         hf_config = transformers.AutoConfig.for_model(model_type, **config)
         auto = getattr(transformers, _AUTO_CLASS[task])
-        return auto.from_config(hf_config)
+        return auto.from_config(hf_config, **options)
 
     return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        notes=(f"hf: {name}: {model_type} built from its config for {task}, sequence length "
-                              f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does",))
+                              f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does", *notes))
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:

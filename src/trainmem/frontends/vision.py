@@ -59,9 +59,10 @@ def _torchvision_input(name: str, kwargs: dict[str, Any]) -> tuple[int, ...]:
     if "image_size" in kwargs:
         return (3, kwargs["image_size"], kwargs["image_size"])
     try:
-        weights = torchvision.models.get_model_weights(name).DEFAULT
-        crop = weights.transforms().crop_size
-        return (3, crop[0], crop[0])
+        # the smallest crop among the published weights: weights=None builds the model's default size,
+        # and larger crops belong to weights that also change the model (vit_h_14's SWAG E2E at 518)
+        crops = [w.transforms().crop_size[0] for w in torchvision.models.get_model_weights(name)]
+        return (3, min(crops), min(crops)) if crops else DEFAULT_IMAGE
     except (ValueError, AttributeError, KeyError, TypeError):
         return DEFAULT_IMAGE
 

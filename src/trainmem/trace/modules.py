@@ -19,6 +19,7 @@ from trainmem.trace.torch_private import current_autograd_node, sequence_nr, tre
 class ModuleTracker:
     def __init__(self, model: torch.nn.Module) -> None:
         self._names = {id(m): name for name, m in model.named_modules()}
+        self._by_name = {name: m for name, m in model.named_modules()}
         self._stack: list[str] = []
         self._pending: list[tuple[weakref.ref, str]] = []
         self._by_sequence_nr: dict[int, str] = {}
@@ -49,6 +50,10 @@ class ModuleTracker:
             self.resolve_pending()
             self._pending.clear()  # what has no grad_fn by now never gets one
             self._stack.pop()
+
+    def current_module(self) -> torch.nn.Module | None:
+        """The innermost module running its forward now (None in backward or outside any module)."""
+        return self._by_name.get(self._stack[-1]) if self._stack else None
 
     def current(self) -> str:
         if self._stack:

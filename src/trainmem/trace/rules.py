@@ -22,12 +22,16 @@ class DataDependentRules:
     def __init__(self) -> None:
         self.fired: Counter[tuple[str, str, str]] = Counter()  # (op, module, assumption) -> count
 
-    def handle(self, func: Any, args: tuple, kwargs: dict, error: Exception, module: str) -> Any:
+    def handle(self, func: Any, args: tuple, kwargs: dict, error: Exception, module: str,
+               module_object: Any = None) -> Any:
         op = str(getattr(func, "overloadpacket", func)).removeprefix("aten.")
         if not isinstance(error, FAKE_LIMITATIONS):
             raise error  # a real error of the model on this input (shape mismatch…): reported as such
         if op == "_local_scalar_dense" and isinstance(args[0], torch.Tensor):
             return self._scalar_zero(args[0], module)
+        experts = getattr(module_object, "num_experts", None)
+        if op == "nonzero" and isinstance(experts, int) and isinstance(args[0], torch.Tensor):
+            return self._balanced_routing(args[0], experts, module)
         raise TraceError(f"op aten.{op} cannot run on fake tensors ({type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else 'no message'}); "
                          "it needs a rule in trainmem/trace/rules.py", where=module or "model") from error
@@ -40,6 +44,24 @@ class DataDependentRules:
             return False
         return 0.0 if tensor.dtype.is_floating_point else 0
 
+    def _balanced_routing(self, mask: torch.Tensor, experts: int, module: str) -> torch.Tensor:
+        """A mixture-of-experts layer asks which experts got tokens, then which tokens each expert got
+        (transformers' eager experts: `expert_mask.sum(...) > 0).nonzero()`, then `torch.where(expert_mask[e])`).
+        Assume balanced routing: every expert is hit, and each gets its share of the token-slots."""
+        if mask.dim() == 1:  # the per-expert hit mask (experts, or experts + a 'no expert' slot)
+            self.fired[("nonzero", module, "every expert receives tokens")] += 1
+            return torch.arange(min(experts, mask.shape[0]), dtype=torch.long).unsqueeze(1)
+        self.fired[("nonzero", module, "routing balanced: each expert gets 1/experts of the token-slots")] += 1
+        return torch.empty((-(-mask.numel() // experts), mask.dim()), dtype=torch.long)
+
     def warnings(self) -> list[str]:
-        return [f"aten.{op} in '{module or 'model'}' ×{count}: {assumption} (fake tensors have no values)"
-                for (op, module, assumption), count in sorted(self.fired.items())]
+        """One line per (op, assumption), with how often and where (the first modules by name)."""
+        grouped: dict[tuple[str, str], Counter] = {}
+        for (op, module, assumption), count in self.fired.items():
+            grouped.setdefault((op, assumption), Counter())[module or "model"] += count
+        lines = []
+        for (op, assumption), modules in sorted(grouped.items()):
+            names = sorted(modules)
+            where = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            lines.append(f"aten.{op}: {assumption} (fake tensors have no values) — ×{sum(modules.values())} in {where}")
+        return lines
