@@ -88,16 +88,14 @@ class CudaAttention:
     def __init__(self, facts: CudaFacts) -> None:
         self.facts = facts
         self.choices: Counter[str] = Counter()
-        self._library = None
+        self._override = _CompositeOverride("scaled_dot_product_attention", self.attention)
 
     def __enter__(self) -> CudaAttention:
-        self._library = torch.library.Library("aten", "IMPL")
-        with torch_private.quiet_kernel_override():
-            self._library.impl("scaled_dot_product_attention", self.attention, "CompositeImplicitAutograd")
+        self._override.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._library._destroy()
+        self._override.__exit__(*exc)
 
     def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False):
@@ -156,25 +154,33 @@ def _math(query, key, value, mask, dropout_p, is_causal, scale, gqa):
     return out.to(original) if low else out
 
 
-class CudaDropout:
-    """For the length of a trace, aten::dropout decomposes as on CUDA. ATen's dropout (Dropout.cpp)
-    takes the fused `native_dropout` kernel when is_fused_kernel_acceptable: a CUDA input, 0 < p < 1,
-    numel > 0. It keeps a 1-byte bool mask for backward. The CPU path multiplies by a noise tensor in
-    the input's dtype (bernoulli_, div_, mul), which keeps 4 bytes per element in fp32."""
+class _CompositeOverride:
+    """A Python kernel for a CompositeImplicitAutograd op, registered on enter and removed on exit
+    (the dispatcher then finds the C++ decomposition again)."""
 
-    def __enter__(self) -> CudaDropout:
+    def __init__(self, op: str, kernel) -> None:
+        self.op, self.kernel, self._library = op, kernel, None
+
+    def __enter__(self) -> None:
         self._library = torch.library.Library("aten", "IMPL")
         with torch_private.quiet_kernel_override():
-            self._library.impl("dropout", self.dropout, "CompositeImplicitAutograd")
-        return self
+            self._library.impl(self.op, self.kernel, "CompositeImplicitAutograd")
 
     def __exit__(self, *exc) -> None:
         self._library._destroy()
 
-    @staticmethod
-    def dropout(input, p, train):
-        if not train or p == 0 or input.numel() == 0:
-            return input  # _dropout_impl returns its input unchanged
-        if p == 1:
-            return input.mul(torch.zeros((), dtype=input.dtype))
-        return torch.ops.aten.native_dropout(input, p, train)[0]
+
+def cuda_dropout() -> _CompositeOverride:
+    """For the length of a trace, aten::dropout decomposes as on CUDA. ATen's dropout (Dropout.cpp)
+    takes the fused `native_dropout` kernel when is_fused_kernel_acceptable: a CUDA input, 0 < p < 1,
+    numel > 0. It keeps a 1-byte bool mask for backward. The CPU path multiplies by a noise tensor in
+    the input's dtype (bernoulli_, div_, mul), which keeps 4 bytes per element in fp32."""
+    return _CompositeOverride("dropout", _cuda_dropout)
+
+
+def _cuda_dropout(input, p, train):
+    if not train or p == 0 or input.numel() == 0:
+        return input  # _dropout_impl returns its input unchanged
+    if p == 1:
+        return input.mul(torch.zeros((), dtype=input.dtype))
+    return torch.ops.aten.native_dropout(input, p, train)[0]

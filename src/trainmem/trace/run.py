@@ -33,10 +33,10 @@ def _cuda_semantics(cuda: CudaFacts | None):
         yield None
         return
     from trainmem.trace.cuda_autocast import cuda_autocast_kernels
-    from trainmem.trace.cuda_composites import CudaAttention, CudaDropout
+    from trainmem.trace.cuda_composites import CudaAttention, cuda_dropout
 
     attention = CudaAttention(cuda)
-    with cuda_autocast_kernels(), attention, CudaDropout():
+    with cuda_autocast_kernels(), attention, cuda_dropout():
         yield attention
 
 
