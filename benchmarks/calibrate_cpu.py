@@ -4,7 +4,9 @@ The floor is the median peak RSS of fresh processes that import torch and train 
 (mlp:8-8-2, batch 1, Adam, two steps), less that model's own heap footprint as trainmem replays it.
 Kernel families that map more code or JIT buffers on first use (oneDNN convolution, LSTM,
 scaled-dot-product attention) are measured the same way with a tiny model that uses them, as an
-increment over the floor. Writes src/trainmem/targets/data/cpu_runtime.json.
+increment over the floor, and so are the libraries a model reference imports (transformers, peft,
+torchvision, timm: those installed). Writes this torch build's entry in
+src/trainmem/targets/data/cpu_runtime.json, keeping the entries of other builds.
 
     python benchmarks/calibrate_cpu.py [--runs 5]
 """
@@ -12,6 +14,7 @@ increment over the floor. Writes src/trainmem/targets/data/cpu_runtime.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
@@ -32,8 +35,11 @@ FAMILIES = {"convolution": "tests/models.py:tiny_conv", "lstm": "tests/models.py
             "attention": "tests/models.py:tiny_attention"}
 # libraries a model reference imports into the training process (the hf: frontend imports transformers;
 # --lora imports peft), measured as increments over the floor with a tiny model that needs them
-LIBRARIES = {"transformers": ("hf:tests/data/tiny_llama", {}),
-             "peft": ("hf:tests/data/tiny_llama", {"lora": "r=4,targets=q_proj"})}
+# (library: reference, setup, the libraries that run imports besides it)
+LIBRARIES = {"transformers": ("hf:tests/data/tiny_llama", {}, ()),
+             "peft": ("hf:tests/data/tiny_llama", {"lora": "r=4,targets=q_proj"}, ("transformers",)),
+             "torchvision": ("torchvision:squeezenet1_1", {}, ()),
+             "timm": ("timm:mobilenetv3_small_050", {}, ("torchvision",))}
 
 
 def rss_above_tensors(ref: str, runs: int, extra: dict | None = None) -> tuple[int, list[int]]:
@@ -56,7 +62,8 @@ def main() -> None:
                         help="measure the library increments again, keep the floor and kernel families")
     args = parser.parse_args()
     out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
-    old = json.loads(out.read_text()) if out.exists() else {}
+    calibrations = json.loads(out.read_text())["calibrations"] if out.exists() else []
+    old = next((c for c in calibrations if c["torch"] == torch.__version__), {})
     if args.libraries_only:
         floor, families = old["floor_bytes"], old["families"]
     else:
@@ -67,17 +74,20 @@ def main() -> None:
             above, peaks = rss_above_tensors(str(ROOT / ref.split(':')[0]) + ":" + ref.split(":")[1], args.runs)
             families[family] = max(0, above - floor)
             print(f"{family}: +{families[family]:,} B (peak RSS of runs: {peaks})")
-    libraries, below = {}, 0
-    for library, (ref, extra) in LIBRARIES.items():  # each over the floor and the libraries before it
+    libraries: dict[str, int] = {}
+    for library, (ref, extra, also) in LIBRARIES.items():  # each over the floor and what its run also imports
+        if importlib.util.find_spec(library) is None or any(a not in libraries for a in also):
+            print(f"library {library}: not installed here, not measured")
+            continue
         above, peaks = rss_above_tensors(ref.replace("hf:", f"hf:{ROOT}/"), args.runs, extra)
-        libraries[library] = max(0, above - floor - below)
-        below += libraries[library]
+        libraries[library] = max(0, above - floor - sum(libraries[a] for a in also))
         print(f"library {library}: +{libraries[library]:,} B (peak RSS of runs: {peaks})")
     data = {"floor_bytes": floor, "families": families, "libraries": libraries, "runs": args.runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {platform.python_version()}",
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py"}
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    calibrations = [c for c in calibrations if c["torch"] != data["torch"]] + [data]
+    out.write_text(json.dumps({"calibrations": calibrations}, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -52,10 +52,15 @@ def test_lora_on_a_timm_vit():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ref,extra", [("torchvision:resnet18", {}), ("timm:vit_tiny_patch16_224", {}),
+@pytest.mark.parametrize("ref,extra", [("torchvision:resnet18", {}),
+                                       ("torchvision:resnet18", {"lora": "r=4,alpha=8,targets=conv1,conv2"}),
+                                       ("timm:vit_tiny_patch16_224", {}),
                                        ("timm:vit_tiny_patch16_224", {"lora": "r=4,alpha=8,targets=qkv"})])
-def test_cpu_measure_agrees_on_tensor_peak(ref, extra):
-    """The same run for real on this CPU: the profiler's tensor peak within 1% (tests/test_measured.py's
-    tolerance). RSS is not held here: this torch is a CUDA build, whose process floor was not calibrated."""
+def test_cpu_measure_agrees(ref, extra):
+    """The same run for real on this CPU (fresh processes): the profiler's tensor peak within 1% and
+    peak RSS within 5%, the core issue's tolerances. This environment's torch is the CUDA build, whose
+    process floor has its own calibration (targets/data/cpu_runtime.json)."""
     comparison = measure(ref, TrainingSetup.from_mapping({"batch_size": 4, "optimizer": "adam", **extra}))
-    assert abs(comparison.to_dict()["error"]["tensor_bytes"]) <= 0.01
+    errors = comparison.to_dict()["error"]
+    assert abs(errors["tensor_bytes"]) <= 0.01
+    assert abs(errors["process_bytes"]) <= 0.05

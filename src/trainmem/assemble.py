@@ -26,7 +26,8 @@ def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -
     for event in tensors.live_at_peak.values():
         breakdown[str(event.category)] += event.nbytes
     breakdown[str(Category.RUNTIME)] += tensors.peak_bytes - sum(breakdown.values())  # 64-byte alignment slack
-    libraries = frozenset(source.libraries) | ({"peft"} if setup.lora_spec() else set())
+    # peft imports transformers itself, so LoRA brings both into the process
+    libraries = frozenset(source.libraries) | ({"peft", "transformers"} if setup.lora_spec() else set())
     runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries)
     resident = replay_resident(stream)
     process_parts = {**runtime.parts, "tensor_heap_resident": resident}

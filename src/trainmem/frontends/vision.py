@@ -123,5 +123,6 @@ def from_vision_ref(ref: str):
 
     return ModelSource(ref=ref, name=f"{library}:{name}", build=build,
                        default_inputs=(InputSpec(tuple(int(d) for d in shape)),),
+                       libraries=("torchvision",) if library == "torchvision" else ("torchvision", "timm"),
                        notes=(f"{library}:{name} built without weights; input {'×'.join(map(str, shape))} "
                               "per sample (the size its pretrained weights expect)",))

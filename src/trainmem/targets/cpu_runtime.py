@@ -32,7 +32,15 @@ class RuntimeFloor:
 
 
 def load() -> dict:
-    return json.loads(DATA.read_text())
+    """The calibration measured with the running torch build (the CPU build and the CUDA build of the
+    same machine differ by a hundred MiB: the CUDA one maps its libraries at import); else the first."""
+    import torch
+
+    calibrations = json.loads(DATA.read_text())["calibrations"]
+    for data in calibrations:
+        if data["torch"] == torch.__version__:
+            return data
+    return calibrations[0]
 
 
 def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -> RuntimeFloor:
