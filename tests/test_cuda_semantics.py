@@ -12,7 +12,7 @@ from trainmem import estimate
 from trainmem.trace import cuda_autocast
 from trainmem.trace.cuda_autocast import CUDA_POLICY, cuda_autocast_kernels, cuda_autocast_region
 from trainmem.trace.cuda_composites import CudaAttention, CudaFacts
-from trainmem.trace.torch_private import FakeTensorMode, ops_with_kernel
+from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, ops_with_kernel
 
 MB = 10**6
 
@@ -164,3 +164,42 @@ def test_zero_grad_zeros_keeps_gradients_alive():
     grads = 2 * (1024 * 1024 + 1024) * 4 + (1024 * 10 + 10) * 4
     assert kept.allocated_bytes >= freed.allocated_bytes
     assert kept.breakdown["gradients"] >= grads - 4096  # all gradients alive at the peak
+
+
+def test_cross_entropy_under_cuda_autocast():
+    """LossNLL.cpp: cross_entropy_loss calls log_softmax with the logits' own dtype, so under CUDA
+    autocast the log-probabilities stay fp16 and nll_loss (autocast's fp32 list) gets an fp32 copy."""
+    def run():
+        logits = torch.empty(8, 100, dtype=torch.float16, requires_grad=True)
+        with _OpDtypes() as seen:
+            loss = F.cross_entropy(logits, torch.zeros(8, dtype=torch.long))
+        return loss.dtype, seen
+    dtype, seen = _under_cuda_autocast(run)
+    assert dtype == torch.float32
+    assert ("_log_softmax", torch.float16) in seen and ("nll_loss_forward", torch.float32) in seen
+
+
+class _OpDtypes(TorchDispatchMode):
+    """Records (op, first input dtype) of each op below autocast."""
+
+    def __enter__(self):
+        self.seen = []
+        super().__enter__()
+        return self.seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        self.seen.append((func.overloadpacket.__name__, first.dtype if first is not None else None))
+        return func(*args, **(kwargs or {}))
+
+
+def test_every_cuda_rule_names_a_test_that_exists():
+    from pathlib import Path
+
+    from trainmem.targets.cuda import RULES
+    root = Path(__file__).resolve().parents[1]
+    for rule in RULES:
+        if not rule.test:
+            continue  # a stated gap
+        path, name = rule.test.split("::")
+        assert f"def {name}(" in (root / path).read_text(), rule

@@ -98,3 +98,50 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
     if trace.managed_storages:
         rules[f"paged optimizer state in managed memory ({len(trace.managed_storages)} tensors)"] = 1
     return CudaStream(events, rules, gaps, managed_peak)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaRule:
+    """One thing a CUDA run does differently from the CPU trace, where trainmem models it, the source it
+    follows, and the test that holds it (tests/test_cuda_semantics.py checks that each test exists)."""
+
+    name: str
+    where: str
+    source: str
+    test: str  # "tests/file.py::test_name", or "" for a stated gap
+
+
+RULES: tuple[CudaRule, ...] = (
+    CudaRule("autocast lists and policies (lower precision, fp32, set_opt_dtype, promote, banned)",
+             "trace/cuda_autocast.py", "aten/src/ATen/autocast_mode.cpp, autocast_mode.h",
+             "tests/test_cuda_semantics.py::test_cuda_lists_not_cpu_lists"),
+    CudaRule("autocast cast cache: one low-precision copy per parameter per region",
+             "trace/cuda_autocast.py", "autocast_mode.cpp cached_cast, clear_cache",
+             "tests/test_cuda_semantics.py::test_cast_cache_keeps_one_copy_per_parameter"),
+    CudaRule("cross-entropy: log_softmax in the logits' dtype, nll_loss on an fp32 copy",
+             "trace/cuda_autocast.py", "aten/src/ATen/native/LossNLL.cpp cross_entropy_loss (log_softmax with "
+             "self.scalar_type()); nll_loss in autocast's fp32 list",
+             "tests/test_cuda_semantics.py::test_cross_entropy_under_cuda_autocast"),
+    CudaRule("attention backend (flash / memory-efficient / math) and what each saves",
+             "trace/cuda_composites.py", "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; "
+             "torch/_meta_registrations.py; derivatives.yaml",
+             "tests/test_cuda_semantics.py::test_attention_backend_choice"),
+    CudaRule("dropout: fused native_dropout with a bool mask", "trace/cuda_composites.py",
+             "aten/src/ATen/native/Dropout.cpp is_fused_kernel_acceptable",
+             "tests/test_cuda_semantics.py::test_dropout_keeps_a_bool_mask_on_cuda"),
+    CudaRule("optimizer default: foreach (fused when asked); step counters on the host",
+             "trace/step.py, trace/run.py", "torch/optim/optimizer.py _default_to_fused_or_foreach; adam.py _init_group",
+             "tests/test_cuda_semantics.py::test_optimizer_default_is_foreach_on_cuda_and_steps_stay_on_host"),
+    CudaRule("cuBLAS workspace per (thread, stream): forward thread and autograd thread", "targets/cuda.py",
+             "aten/src/ATen/cuda/CublasHandlePool.cpp", "tests/test_cuda_semantics.py::test_two_cublas_workspaces_one_per_thread"),
+    CudaRule("paged optimizer state in managed memory, outside the caching allocator", "targets/cuda.py",
+             "bitsandbytes functional.get_paged (cudaMallocManaged)",
+             "tests/test_optimizers.py::test_paged_states_leave_the_caching_allocator"),
+    CudaRule("caching allocator: rounding, pools, segments, splitting, merging, settings", "alloc/cuda_caching.py",
+             "c10/cuda/CUDACachingAllocator.cpp", "tests/test_cuda_semantics.py::test_reserved_counts_whole_segments"),
+    CudaRule("cuDNN convolution workspaces (transient, chosen by cuDNN on the GPU)", "targets/cuda.py (reported gap)",
+             "aten/src/ATen/native/cudnn/Conv_v8.cpp", ""),
+    CudaRule("cuDNN batch-norm reserve space (size from cuDNN at run time)", "not sized (stated gap)",
+             "aten/src/ATen/native/cudnn/BatchNorm.cpp", ""),
+    CudaRule("cuDNN RNN reserve space", "targets/cuda.py (reported gap)", "aten/src/ATen/native/cudnn/RNN.cpp", ""),
+)
