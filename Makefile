@@ -1,5 +1,6 @@
 # Two commands for a fresh machine:  make demo  ·  make test
-# Both create .venv on first use (torch 2.13.0, the CPU build, pinned in pyproject.toml).
+# Both create .venv on first use (torch 2.13.0, the CPU build, pinned in pyproject.toml); make test also
+# creates .venv-vision (torch 2.14.1 + torchvision + timm) for the tests of torchvision:/timm: references.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
