@@ -102,7 +102,7 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
         process_bytes=sum(process_parts.values()), breakdown=breakdown, peak_phase=str(peak_event.phase),
         peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
         modules=module_table(traced, live, depth), warnings=warnings,
-        explanation=explain(traced, setup, breakdown), process_parts=process_parts,
+        explanation=explain(traced, setup, breakdown, "cuda"), process_parts=process_parts,
         baselines=baselines(traced, setup, allocator.peak_allocated_bytes, "max_memory_allocated"),
         coverage={"ops": dict(traced.op_counts), "kernel_rules": stream.rules,
                   "compute_capability": ".".join(map(str, gpu.compute_capability))},

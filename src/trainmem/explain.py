@@ -55,7 +55,7 @@ def saved_at_backward_start(traced) -> tuple[int, Counter]:
     return sum(by_op.values()), by_op
 
 
-def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str, Any]:
+def explain(traced, setup: TrainingSetup, breakdown: dict[str, int], device_kind: str = "cpu") -> dict[str, Any]:
     value_bytes = 2 if setup.precision == Precision.BF16 else 4
     params, trainable = traced.parameters, traced.trainable_parameters
     state_formula, state_bytes = optimizer_state_hand(setup, trainable, traced.trainable_shapes, value_bytes)
@@ -82,7 +82,7 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int]) -> dict[str
                 f"{op} {n:,} B" for op, n in saved_by_op.most_common(6))))
     return {"rows": rows, "saved_activation_bytes": saved_bytes,
             "saved_by_op": dict(saved_by_op.most_common()),
-            "differences": _differences(breakdown, saved_by_op, setup)}
+            "differences": _differences(breakdown, saved_by_op, setup, device_kind)}
 
 
 def _traced_input_values(traced, batch: int) -> int:
@@ -95,7 +95,8 @@ def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> dic
     return {"what": name, "formula": formula, "hand_bytes": hand, "traced_bytes": traced, "note": note}
 
 
-def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup) -> list[str]:
+def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup,
+                 device_kind: str = "cpu") -> list[str]:
     notes = []
     if breakdown.get("inputs"):
         notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (the batch, and targets, kept for backward)")
@@ -105,7 +106,10 @@ def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: Trainin
     if breakdown.get("optimizer_scalars"):
         notes.append(f"optimizer scalars: {breakdown['optimizer_scalars']:,} B (step counters, GradScaler scale)")
     if breakdown.get("runtime"):
-        notes.append(f"runtime: {breakdown['runtime']:,} B (kernel-internal buffers and 64-byte allocation rounding)")
+        what = ("cuBLAS workspaces, and what the caching allocator charges beyond each request: 512-byte "
+                "rounding, blocks too small to split" if device_kind == "cuda"
+                else "kernel-internal buffers and 64-byte allocation rounding")
+        notes.append(f"runtime: {breakdown['runtime']:,} B ({what})")
     if "relu" in saved_by_op or "threshold_backward" in saved_by_op:
         notes.append("ReLU keeps its output; the next Linear keeps the same tensor as its input (one storage)")
     if "_log_softmax" in saved_by_op:
