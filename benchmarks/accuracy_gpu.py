@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from trainmem import estimate  # noqa: E402
 from trainmem.errors import TrainmemError  # noqa: E402
+from trainmem.setup import TrainingSetup  # noqa: E402
 
 MEASURED = ROOT / "benchmarks/data/gpu_measurements.jsonl"
 PUBLISHED = ROOT / "benchmarks/data/gpu_published.jsonl"
@@ -50,24 +51,14 @@ def _measured_rows() -> list[dict]:
     return rows
 
 
-def _setup_values(setup: dict) -> dict:
-    keep = ("batch_size", "optimizer", "optimizer_impl", "precision", "grad_accum", "checkpointing", "zero_grad", "inputs",
-            "seq_len", "task", "lora", "qlora", "hf_trainer", "max_grad_norm")
-    values = {k: v for k, v in setup.items() if k in keep and v is not None}
-    if "inputs" in values:
-        values["inputs"] = [tuple(i.values()) if isinstance(i, dict) else i for i in values["inputs"]]
-        if not values["inputs"]:
-            del values["inputs"]
-    return values
-
-
 def evaluate(row: dict) -> dict:
     model = row["model"]
     if model.startswith("benchmarks/") or model.startswith("tests/"):
         model = str(ROOT / model)
     started = time.perf_counter()
     try:
-        est = estimate(model, device=row["device"], cuda_context=row.get("cuda_context"), **_setup_values(row["setup"]))
+        est = estimate(model, setup=TrainingSetup.from_mapping(row["setup"], where=row["id"]), device=row["device"],
+                       cuda_context=row.get("cuda_context"))
     except (TrainmemError, ImportError) as error:
         return {"id": row["id"], "skipped": str(error).splitlines()[0]}
     estimated = {"allocated_bytes": est.allocated_bytes, "reserved_bytes": est.reserved_bytes,

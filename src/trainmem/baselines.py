@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmem.setup import Optimizer, Precision, TrainingSetup
+from trainmem.setup import ADAM_FAMILY, Precision, TrainingSetup
 
-ADAM_FAMILY = (Optimizer.ADAM, Optimizer.ADAMW)
 
 
 def baselines(traced, setup: TrainingSetup, reference_bytes: int, reference_name: str) -> list[dict[str, Any]]:

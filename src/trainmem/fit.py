@@ -14,10 +14,9 @@ from typing import Any
 
 from trainmem.errors import SetupError
 from trainmem.estimate import Estimate, estimate
-from trainmem.setup import InputSpec, Optimizer, Precision, TrainingSetup
+from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
 from trainmem.units import format_bytes
 
-ADAM_FAMILY = (Optimizer.ADAM, Optimizer.ADAMW)
 SHARDING_WORLD = 8  # the remedy is shown for one node of 8 GPUs
 
 

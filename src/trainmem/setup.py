@@ -26,6 +26,9 @@ class Optimizer(enum.StrEnum):
     PAGED_ADAMW_8BIT = "paged-adamw-8bit"  # the same, large states in CUDA managed memory
 
 
+ADAM_FAMILY = (Optimizer.ADAM, Optimizer.ADAMW)  # the optimizers the "16 bytes per parameter" and 8-bit rules speak of
+
+
 class OptimizerImpl(enum.StrEnum):
     DEFAULT = "default"  # what torch picks: for-loop on CPU tensors, foreach on CUDA tensors
     FOREACH = "foreach"
