@@ -163,18 +163,14 @@ def autocast_dtype() -> torch.dtype | None:
     return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
 
 
-def registered_ops(key: str) -> set[str]:
-    """aten ops (with overload, 'default' dropped) that have a kernel for dispatch key `key`."""
-    return torch_private.ops_with_kernel(key)
-
-
 @contextlib.contextmanager
 def cuda_autocast_kernels():
     """For the length of a trace: AutocastCPU follows CUDA's lists (see the module docstring)."""
     library = torch.library.Library("aten", "IMPL")
     try:
         with torch_private.quiet_kernel_override():
-            for name in sorted(registered_ops("AutocastCPU") | (set(CUDA_POLICY) & registered_ops("AutocastCUDA"))):
+            for name in sorted(torch_private.ops_with_kernel("AutocastCPU")
+                               | (set(CUDA_POLICY) & torch_private.ops_with_kernel("AutocastCUDA"))):
                 library.impl(name, _kernel(name, CUDA_POLICY.get(name)), "AutocastCPU")
         yield
     finally:
