@@ -4,8 +4,9 @@ The floor is the median peak RSS of fresh processes that import torch and train 
 (mlp:8-8-2, batch 1, Adam, two steps), less that model's own heap footprint as trainmem replays it.
 Kernel families that map more code or JIT buffers on first use (oneDNN convolution, LSTM,
 scaled-dot-product attention) are measured the same way with a tiny model that uses them, as an
-increment over the floor, and so are the libraries a model reference imports (transformers, peft,
-torchvision, timm: those installed). Writes this torch build's entry in
+increment over the floor, and so is each set of libraries a model reference brings into the process
+(hf: transformers; --lora: peft and transformers; torchvision:, timm:, and these with --lora: those
+installed), measured as one set because libraries share what they import. Writes this torch build's entry in
 src/trainmem/targets/data/cpu_runtime.json, keeping the entries of other builds.
 
     python benchmarks/calibrate_cpu.py [--runs 5]
@@ -33,13 +34,21 @@ from trainmem.trace.run import trace_training  # noqa: E402
 
 FAMILIES = {"convolution": "tests/models.py:tiny_conv", "lstm": "tests/models.py:tiny_lstm",
             "attention": "tests/models.py:tiny_attention"}
-# libraries a model reference imports into the training process (the hf: frontend imports transformers;
-# --lora imports peft), measured as increments over the floor with a tiny model that needs them
-# (library: reference, setup, the libraries that run imports besides it)
-LIBRARIES = {"transformers": ("hf:tests/data/tiny_llama", {}, ()),
-             "peft": ("hf:tests/data/tiny_llama", {"lora": "r=4,targets=q_proj"}, ("transformers",)),
-             "torchvision": ("torchvision:squeezenet1_1", {}, ()),
-             "timm": ("timm:mobilenetv3_small_050", {}, ("torchvision",))}
+# the sets of libraries a model reference brings into the training process, each measured with a tiny
+# model that needs them as one increment over the floor: libraries share what they import, so the
+# increments of single libraries do not add up (cpu_runtime.runtime_floor)
+IMPORT_SETS = {("transformers",): ("hf:tests/data/tiny_llama", {}),
+               ("peft", "transformers"): ("hf:tests/data/tiny_llama", {"lora": "r=4,targets=q_proj"}),
+               ("torchvision",): ("torchvision:squeezenet1_1", {}),
+               ("peft", "torchvision", "transformers"): ("torchvision:squeezenet1_1", {"lora": "r=4,targets=squeeze"}),
+               ("timm", "torchvision"): ("timm:mobilenetv3_small_050", {}),
+               ("peft", "timm", "torchvision", "transformers"): ("timm:mobilenetv3_small_050",
+                                                                  {"lora": "r=4,targets=conv_head"})}
+# single libraries, for a set not measured: (library, the set it is measured in, the set below it)
+SINGLE_LIBRARIES = {"transformers": (("transformers",), ()),
+                    "peft": (("peft", "transformers"), ("transformers",)),
+                    "torchvision": (("torchvision",), ()),
+                    "timm": (("timm", "torchvision"), ("torchvision",))}
 
 
 def rss_above_tensors(ref: str, runs: int, extra: dict | None = None) -> tuple[int, list[int]]:
@@ -59,7 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--libraries-only", action="store_true",
-                        help="measure the library increments again, keep the floor and kernel families")
+                        help="measure the libraries' increments again, keep the floor and kernel families")
     args = parser.parse_args()
     out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
     calibrations = json.loads(out.read_text())["calibrations"] if out.exists() else []
@@ -74,15 +83,19 @@ def main() -> None:
             above, peaks = rss_above_tensors(str(ROOT / ref.split(':')[0]) + ":" + ref.split(":")[1], args.runs)
             families[family] = max(0, above - floor)
             print(f"{family}: +{families[family]:,} B (peak RSS of runs: {peaks})")
-    libraries: dict[str, int] = {}
-    for library, (ref, extra, also) in LIBRARIES.items():  # each over the floor and what its run also imports
-        if importlib.util.find_spec(library) is None or any(a not in libraries for a in also):
-            print(f"library {library}: not installed here, not measured")
+    import_sets: dict[tuple[str, ...], int] = {}
+    for libraries, (ref, extra) in IMPORT_SETS.items():
+        if any(importlib.util.find_spec(library) is None for library in libraries):
+            print(f"libraries {'+'.join(libraries)}: not installed here, not measured")
             continue
         above, peaks = rss_above_tensors(ref.replace("hf:", f"hf:{ROOT}/"), args.runs, extra)
-        libraries[library] = max(0, above - floor - sum(libraries[a] for a in also))
-        print(f"library {library}: +{libraries[library]:,} B (peak RSS of runs: {peaks})")
-    data = {"floor_bytes": floor, "families": families, "libraries": libraries, "runs": args.runs,
+        import_sets[libraries] = max(0, above - floor)
+        print(f"libraries {'+'.join(libraries)}: +{import_sets[libraries]:,} B (peak RSS of runs: {peaks})")
+    libraries = {library: max(0, import_sets[within] - import_sets.get(below, 0))
+                 for library, (within, below) in SINGLE_LIBRARIES.items()
+                 if within in import_sets and (not below or below in import_sets)}
+    data = {"floor_bytes": floor, "families": families, "libraries": libraries,
+            "import_sets": {"+".join(key): value for key, value in import_sets.items()}, "runs": args.runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {platform.python_version()}",
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py"}

@@ -43,9 +43,22 @@ def load() -> dict:
     return calibrations[0]
 
 
+def import_set_key(libraries) -> str:
+    """The calibration key of a set of imported libraries: their names, sorted, joined by '+'."""
+    return "+".join(sorted(libraries))
+
+
 def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -> RuntimeFloor:
     """The floor, the kernel families the trace used, and the libraries the model reference brings
-    into the process (transformers for hf:, peft for --lora), each as measured by calibrate_cpu.py."""
+    into the process (transformers for hf:, peft and transformers for --lora, torchvision and timm for
+    their references), each as measured by calibrate_cpu.py.
+
+    Libraries share what they import (peft imports transformers, transformers imports torchvision when
+    it is installed, timm and transformers share huggingface_hub), so the increments of two libraries
+    do not add up: `import torch, torchvision` maps 164 MiB more than `import torch`, `import torch,
+    peft` 214 MiB, both together also 214 MiB (torch 2.14.1, this project's vision environment). The
+    calibration therefore measures each set of libraries a reference can bring as one increment; the
+    per-library sum is a fallback for a set it did not measure, and the report says so."""
     import torch
 
     data = load()
@@ -53,15 +66,25 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -
     for family, ops in FAMILIES.items():
         if any(op_counts.get(op) for op in ops) and family in data.get("families", {}):
             parts[f"runtime_{family}"] = int(data["families"][family])
-    for library in sorted(libraries):
-        if library in data.get("libraries", {}):
-            parts[f"library_{library}"] = int(data["libraries"][library])
     assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
                    "interpreter, torch libraries, thread pools",
                    "peak RSS replays tensor allocations through a glibc malloc model; heap fragmentation by the "
                    "runtime's small objects is not modelled (measured +20-45% of the tensor heap on CNNs, "
                    "about 0 on MLP/LSTM: benchmarks/results/glibc_fidelity.md)"]
+    if libraries:
+        key = import_set_key(libraries)
+        measured_sets = data.get("import_sets", {})
+        if key in measured_sets:
+            parts[f"libraries_{key}"] = int(measured_sets[key])
+        else:
+            known = [lib for lib in sorted(libraries) if lib in data.get("libraries", {})]
+            for library in known:
+                parts[f"library_{library}"] = int(data["libraries"][library])
+            assumptions.append(f"the libraries {', '.join(sorted(libraries))} were not calibrated together: their "
+                               "separate increments are added, which counts what they share twice"
+                               + ("" if len(known) == len(libraries) else
+                                  f"; no increment measured for {', '.join(sorted(set(libraries) - set(known)))}"))
     here = (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
     if here != (data["torch"], data["capability"], data["threads"]):
         assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "

@@ -247,6 +247,19 @@ def clip_gradients(prepared: Prepared, max_norm: float) -> None:
     torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True if prepared.cuda_semantics else None)
 
 
+def _nothing_to_train(setup: TrainingSetup) -> SetupError:
+    """The loss reaches no trainable parameter, so there is no backward to estimate. With --lora this
+    happens when the model reads its target modules' weights directly instead of calling them, as
+    nn.MultiheadAttention does with out_proj (F.multi_head_attention_forward) and torchvision's Swin
+    with qkv: peft's adapter wraps the module's forward, which is never called."""
+    if setup.lora_spec() is not None:
+        return SetupError(f"expected --lora targets whose forward the model calls, got {setup.lora or 'peft defaults'}: "
+                          "the loss reaches none of the adapters (the model reads those modules' weights directly, "
+                          "as nn.MultiheadAttention does with out_proj); choose other target modules", where="--lora")
+    return SetupError("expected at least one trainable parameter that the loss depends on, found none "
+                      f"(--freeze {','.join(setup.freeze) or '(none)'})", where="training setup")
+
+
 def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
     model, optimizer, scaler = prepared.model, prepared.optimizer, prepared.scaler
     for step in range(setup.steps):
@@ -265,6 +278,8 @@ def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
                 if setup.grad_accum > 1:
                     loss = loss / setup.grad_accum
             del output
+            if not loss.requires_grad:
+                raise _nothing_to_train(setup)
             observer.phase(Phase.BACKWARD, step)
             (scaler.scale(loss) if scaler is not None else loss).backward()
             del loss, batch, inputs, target
