@@ -102,6 +102,51 @@ def test_qlora_stores_base_weights_in_4_bits(tiny):
     assert fp32.breakdown["parameters"] - est.breakdown["parameters"] > linear * 3
 
 
+def test_checkpointing_turns_the_key_value_cache_off(tmp_path):
+    """Under gradient checkpointing transformers trains with use_cache=False: a cache would be appended to
+    again when a layer is recomputed in backward (keys twice as long as the mask, which Gemma-2 refuses)."""
+    config = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "vocab_size": 500, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "sliding_window": 16, "max_position_embeddings": 256, "use_cache": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plain = estimate(f"hf:{tmp_path}", batch_size=2, seq_len=64, device="a100-40gb")
+    checkpointed = estimate(f"hf:{tmp_path}", batch_size=2, seq_len=64, device="a100-40gb", checkpointing=True)
+    assert checkpointed.breakdown["activations"] < plain.breakdown["activations"]
+
+
+def test_qlora_leaves_what_transformers_keeps_in_full_precision(tmp_path):
+    """T5 lists `wo` in _keep_in_fp32_modules, which transformers' 4-bit quantizer does not convert (nor
+    the tied output layer): the stand-in quantizes the same layers."""
+    config = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "vocab_size": 300, "d_model": 32,
+              "d_kv": 8, "d_ff": 64, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 4,
+              "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    est = estimate(f"hf:{tmp_path}", batch_size=2, seq_len=16, qlora=True, device="a100-40gb")
+    # linear layers: encoder q,k,v,o + wi; decoder self q,k,v,o, cross q,k,v,o + wi (two wo's stay fp32)
+    assert any("QLoRA: 14 linear layers" in w for w in est.warnings)
+
+
+def test_fit_searches_an_hf_models_sequence_length(tiny):
+    """`trainmem fit --max-seq` on an hf: model varies --seq-len, up to the model's position limit."""
+    from trainmem.fit import fit
+
+    setup = TrainingSetup.from_mapping({"batch_size": 32, "optimizer": "adam"})
+    result = fit(f"hf:{tiny}", setup, "custom:capacity=400MiB,cc=8.0", sequence=True)
+    assert result.dimension == "sequence length" and 1 < result.best < result.first_miss == result.best + 1
+    assert result.best_estimate.setup.seq_len == result.best and result.best_estimate.fits
+    roomy = fit(f"hf:{tiny}", setup, "a100-80gb", sequence=True)
+    assert roomy.best == TINY_LLAMA["max_position_embeddings"] and roomy.first_miss is None
+
+
+def test_lora_without_targets_names_the_layers_to_choose_from(tiny):
+    config = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 32,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64, "image_size": 32,
+              "patch_size": 16}
+    (tiny / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SetupError, match="its linear layers are named projection, q_proj, k_proj, v_proj"):
+        estimate(f"hf:{tiny}", batch_size=2, lora="r=4")
+
+
 def test_hf_trainer_defaults():
     setup = TrainingSetup.from_mapping({"hf_trainer": True})
     assert (setup.optimizer, setup.optimizer_impl, setup.max_grad_norm) == ("adamw", "fused", 1.0)

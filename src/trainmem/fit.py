@@ -77,9 +77,15 @@ class FitResult:
                 "remedies": [dataclasses.asdict(r) for r in self.remedies]}
 
 
-def _with_value(setup: TrainingSetup, value: int, sequence: bool) -> TrainingSetup:
+def _is_hf(model: Any) -> bool:
+    return isinstance(model, str) and model.startswith("hf:")
+
+
+def _with_value(setup: TrainingSetup, value: int, sequence: bool, hf: bool = False) -> TrainingSetup:
     if not sequence:
         return dataclasses.replace(setup, batch_size=value)
+    if hf:
+        return dataclasses.replace(setup, seq_len=value)
     first = setup.inputs[0]
     return dataclasses.replace(setup, inputs=(InputSpec((value, *first.shape[1:]), first.dtype, first.max_value),
                                               *setup.inputs[1:]))
@@ -87,8 +93,14 @@ def _with_value(setup: TrainingSetup, value: int, sequence: bool) -> TrainingSet
 
 def fit(model: Any, setup: TrainingSetup, device: str, *, sequence: bool = False, limit: int = 1 << 24,
         **options: Any) -> FitResult:
-    """Search the batch size (or, with `sequence`, the first input's first dimension) on `device`."""
-    if sequence and (not setup.inputs or not setup.inputs[0].shape):
+    """Search the batch size (or, with `sequence`, the sequence length: --seq-len of an hf: model, else the
+    first input's first dimension) on `device`. An hf: model's search stops at its position limit."""
+    hf = _is_hf(model)
+    if sequence and hf:
+        from trainmem.frontends.hf import max_sequence_length
+
+        limit = min(limit, max_sequence_length(model[len("hf:"):]) or limit)
+    elif sequence and (not setup.inputs or not setup.inputs[0].shape):
         raise SetupError("expected --input-shape whose first dimension is the sequence length with --max-seq, "
                          "got none", where="--max-seq")
     tried: list[tuple[int, int, bool]] = []
@@ -96,7 +108,7 @@ def fit(model: Any, setup: TrainingSetup, device: str, *, sequence: bool = False
 
     def attempt(value: int) -> Estimate:
         if value not in cache:
-            cache[value] = estimate(model, setup=_with_value(setup, value, sequence), device=device, **options)
+            cache[value] = estimate(model, setup=_with_value(setup, value, sequence, hf), device=device, **options)
             tried.append((value, cache[value].process_bytes, cache[value].fits))
         return cache[value]
 

@@ -103,6 +103,10 @@ def from_hf_ref(ref: str, setup):
     seq_len = setup.seq_len or min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
     _transformers()  # fail here, with the install hint, rather than inside the trace
     options, notes = {}, []
+    if setup.checkpointing:
+        # transformers turns the key/value cache off under gradient checkpointing in training (a cache
+        # would be appended to again when a checkpointed layer is recomputed); so do we
+        config["use_cache"] = False
     if any(key in config for key in ("num_local_experts", "num_experts")) and setup.precision != "bf16":
         # transformers' default mixture-of-experts kernel (torch grouped_mm) takes only bf16/fp16 weights;
         # with fp32 master weights the experts run as a loop of per-expert matmuls ("eager")
@@ -120,6 +124,13 @@ def from_hf_ref(ref: str, setup):
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        notes=(f"hf: {name}: {model_type} built from its config for {task}, sequence length "
                               f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does", *notes))
+
+
+def max_sequence_length(text: str) -> int | None:
+    """The longest sequence a bundled name or local config takes (its position limit), or None."""
+    found = find_bundled(text)
+    config = dict(found[1]["config"]) if found is not None else _local_config(text)[2]
+    return _max_positions(config)
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:

@@ -10,8 +10,9 @@ functional.quantize_4bit with compress_statistics=True):
 and does what its matmul_4bit does in training: cast the input to the compute dtype, dequantize the
 whole weight into a transient tensor of the compute dtype, multiply, cast the output back; backward
 dequantizes again for the input's gradient and saves no activation (MatMul4Bit).
-The output layer stays in full precision (transformers' get_keys_to_not_convert keeps the output
-embeddings), and prepare_model_for_kbit_training keeps every other parameter in fp32.
+The layers left in full precision are transformers' own choice (the output embeddings, tied weights,
+_keep_in_fp32_modules such as T5's `wo`), and prepare_model_for_kbit_training keeps every other
+parameter in fp32.
 """
 
 from __future__ import annotations
@@ -69,13 +70,36 @@ def _output_layer(model: torch.nn.Module) -> torch.nn.Module | None:
     return getter() if callable(getter) else None
 
 
+def _transformers_keeps(model: torch.nn.Module):
+    """transformers' own test for which linear layers its bitsandbytes 4-bit quantizer converts, or None
+    for a model that is not a transformers model. The quantizer leaves out tied weights, the last
+    module, the output embeddings and the model's _keep_in_fp32_modules (T5 keeps `wo` in fp32), and
+    matches names by prefix, pattern or suffix (quantizers/base.py get_modules_to_not_convert,
+    quantizers_utils.should_convert_module)."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.quantizers.base import HfQuantizer
+        from transformers.quantizers.quantizers_utils import should_convert_module
+    except ImportError:
+        return None
+    if not isinstance(model, PreTrainedModel):
+        return None
+    skip = HfQuantizer.get_modules_to_not_convert(model, None, getattr(model, "_keep_in_fp32_modules", None))
+    return lambda name: should_convert_module(name, skip)
+
+
 def quantize_4bit(model: torch.nn.Module) -> int:
-    """Replace every nn.Linear but the output layer by an NF4Linear; returns how many."""
+    """Replace the linear layers bitsandbytes would quantize by NF4Linear; returns how many. For a
+    transformers model that is transformers' own choice; otherwise every nn.Linear but the output layer."""
+    converts = _transformers_keeps(model)
     keep = _output_layer(model)
     count = 0
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and child is not keep:
+            full_name = f"{parent_name}.{name}" if parent_name else name
+            if type(child) is not torch.nn.Linear:
+                continue
+            if converts(full_name) if converts is not None else child is not keep:
                 setattr(parent, name, NF4Linear(child))
                 count += 1
     return count
@@ -94,8 +118,19 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
     try:
         return get_peft_model(model, config)
     except (ValueError, TypeError) as error:
-        raise SetupError(f"expected LoRA targets that name modules of this model: {str(error).splitlines()[0]}",
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if "target" in message:  # no defaults for this architecture, or no module matched
+            raise SetupError(f"expected LoRA targets that name modules of this model ({message.rstrip('.')}); "
+                             f"its linear layers are named {_linear_names(model)}", where="--lora") from None
+        raise SetupError(f"expected a LoRA configuration peft accepts for this model, peft says: {message}",
                          where="--lora") from None
+
+
+def _linear_names(model: torch.nn.Module, most: int = 12) -> str:
+    """The distinct last names of the model's linear and convolution layers, for `targets=`."""
+    names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                               if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)) and name))
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "") or "(none)"
 
 
 def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module, list[str]]:
@@ -103,8 +138,12 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
     notes: list[str] = []
     if setup.qlora:
         count = quantize_4bit(model)
+        full = sum(p.numel() for p in model.parameters() if p.dtype != torch.uint8)
+        total = sum(p.numel() * (2 if p.dtype == torch.uint8 else 1) for p in model.parameters())
         notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, double-quantized "
-                     "statistics), dequantized to bf16 per use; the output layer stays full precision")
+                     f"statistics), dequantized to bf16 per use; {full:,} parameters ({full / max(total, 1):.1%}) stay "
+                     "in full precision (embeddings, norms, the layers transformers keeps, and weights that are not "
+                     "nn.Linear, such as fused mixture-of-experts weights)")
     spec = setup.lora_spec()
     if spec is not None:
         model = apply_lora(model, spec)
