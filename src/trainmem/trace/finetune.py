@@ -128,7 +128,11 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
 
 def _linear_names(model: torch.nn.Module, most: int = 12) -> str:
     """The distinct last names of the model's linear and convolution layers, for `targets=`."""
-    names = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+    def short(name: str) -> str:  # "blocks.3.mlp.0" -> "mlp.0": a bare index names nothing
+        parts = name.split(".")
+        return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+    names = list(dict.fromkeys(short(name) for name, module in model.named_modules()
                                if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)) and name))
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "") or "(none)"
 
