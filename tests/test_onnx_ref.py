@@ -55,3 +55,59 @@ def test_unknown_operators_are_listed(tmp_path):
     path = _save(tmp_path, nodes, [])
     with pytest.raises(ModelRefError, match="cannot convert Einsum, NonMaxSuppression"):
         estimate(path)
+
+
+def _export(tmp_path, name, dynamic=True):
+    """A zoo model exported as people export them: eval mode, torch.onnx.export's TorchScript exporter."""
+    import warnings
+
+    import models  # the test zoo, tests/models.py
+
+    model, make_batch = getattr(models, name)()
+    path = tmp_path / f"{name}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), make_batch(2), str(path), dynamo=False, opset_version=17, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}} if dynamic else None)
+    return path
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "tiny_gpt", "transformer_encoder", "mobilenet_like", "unet"])
+def test_exported_models_compute_what_onnx_computes(tmp_path, name):
+    """Exported graphs compute shapes at run time (Shape, Gather, Unsqueeze, Concat → Reshape), use Clip,
+    ConvTranspose, LSTM/GRU with ONNX's gate order...: the converted module, given the file's weights,
+    computes what ONNX's reference evaluator computes, and the graph can be estimated."""
+    from onnx.reference import ReferenceEvaluator
+
+    from trainmem.frontends.onnx_ref import _graph_module
+
+    path = _export(tmp_path, name)
+    proto = onnx.load(str(path))
+    shape = [d.dim_value if d.dim_value > 0 else 3 for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 50, size=shape) if proto.graph.input[0].type.tensor_type.elem_type == TensorProto.INT64
+         else rng.standard_normal(shape).astype(np.float32))
+    expected = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    with torch.no_grad():
+        got = _graph_module(proto, with_values=True)(torch.as_tensor(x)).numpy()
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    assert estimate(str(path), batch_size=3, optimizer="adam").tensor_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_recurrent_exports_train_like_their_torch_twin(tmp_path, name):
+    """ONNX keeps LSTM/GRU gates in another order; the weights are reordered once when the module is built,
+    so training the graph allocates what nn.LSTM/nn.GRU allocate (each layer is one ONNX node)."""
+    from conftest import zoo
+
+    twin = estimate(zoo(name), batch_size=4, optimizer="adam")
+    graph = estimate(str(_export(tmp_path, name)), batch_size=4, optimizer="adam")
+    assert graph.parameters == twin.parameters
+    assert graph.tensor_bytes == pytest.approx(twin.tensor_bytes, rel=1e-4)
+
+
+def test_fixed_batch_export_says_how_to_estimate_it(tmp_path):
+    path = _export(tmp_path, "tiny_gpt", dynamic=False)
+    assert estimate(str(path), batch_size=2).tensor_bytes > 0
+    with pytest.raises(ModelRefError, match="exported with a fixed batch of 2: estimate with --batch-size 2"):
+        estimate(str(path), batch_size=4)

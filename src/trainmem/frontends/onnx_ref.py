@@ -3,8 +3,15 @@ parameters, so that training them can be traced like any model.
 
 Why not onnx2torch: it depends on torchvision, which cannot be installed beside the pinned CPU build of
 torch (torchvision's wheels need a different torch). The converter here covers the operators that
-training graphs of MLPs, CNNs and transformers use; a graph with any other operator is refused with
-the list of what is missing, never run in part.
+exported MLPs, CNNs, transformers and recurrent nets use; a graph with any other operator is refused
+with the list of what is missing, never run in part.
+
+Exported graphs compute shapes at run time (Shape → Gather → Unsqueeze → Concat → Reshape). The model
+runs on fake tensors, which have shapes but no values, so shape arithmetic is folded with numpy:
+Constant nodes, integer initializers, Shape and every op whose inputs are all such constants give numpy
+arrays; an op that meets a real tensor turns its constant inputs into tensors. An op that needs a value
+(Reshape's shape, Slice's bounds, Split's sizes) takes it from a constant, and refuses one computed from
+tensor data.
 
 The file is read with onnx.load(load_external_data=False): tensors stored outside the file are not
 read, only their shapes (from the initializer's dims). Nothing in an ONNX file is executable code.
@@ -12,6 +19,7 @@ read, only their shapes (from the initializer's dims). Nothing in an ONNX file i
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +45,19 @@ def _attributes(node) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _static(value, what: str) -> list[int]:
+    """The integer values of a constant input (a numpy array folded from constants)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return [int(v) for v in value.reshape(-1).tolist()]
+    raise ModelRefError(f"expected {what} computable from constants and shapes, got one computed from tensor data",
+                        where="onnx")
+
+
 def _ops():
-    """ONNX operator → function(inputs, attributes) returning a tensor or a tuple of tensors."""
+    """ONNX operator → function(inputs, attributes) returning a tensor or a tuple of tensors. Inputs are
+    torch tensors; inputs that a function reads as values (shapes, axes, bounds) may be numpy arrays."""
     import torch
     import torch.nn.functional as F
 
@@ -60,6 +79,15 @@ def _ops():
         return fn(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", 1), padding=pads[:dims],
                   dilation=a.get("dilations", 1), groups=a.get("group", 1))
 
+    def conv_transpose(x, a):
+        dims = x[1].dim() - 2
+        pads = a.get("pads", [0] * 2 * dims)
+        if pads[:dims] != pads[dims:] or "output_shape" in a:
+            raise ModelRefError(f"expected symmetric ConvTranspose pads without output_shape, got {pads}", where="onnx")
+        fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[dims]
+        return fn(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", 1), padding=pads[:dims],
+                  output_padding=a.get("output_padding", 0), groups=a.get("group", 1), dilation=a.get("dilations", 1))
+
     def pool(kind):
         def run(x, a):
             dims = len(a["kernel_shape"])
@@ -71,24 +99,123 @@ def _ops():
         return run
 
     def reshape(x, a):
-        shape = [int(v) for v in x[1].tolist()] if x[1].device.type != "meta" else None
-        if shape is None:
-            raise ModelRefError("expected Reshape's shape as a constant initializer", where="onnx")
+        shape = _static(x[1], "Reshape's shape")
         shape = [x[0].shape[i] if v == 0 and not a.get("allowzero") else v for i, v in enumerate(shape)]
         return x[0].reshape(shape)
 
+    def axes(x, a, index: int = 1) -> list[int] | None:
+        """Axes from the attribute (older opsets) or the input (opset 13 and later)."""
+        if "axes" in a:
+            return list(a["axes"])
+        return _static(x[index], "axes") if len(x) > index and x[index] is not None else None
+
+    def unsqueeze(x, a):
+        out = x[0]
+        rank = out.dim() + len(axes(x, a))
+        for axis in sorted(v % rank for v in axes(x, a)):
+            out = out.unsqueeze(axis)
+        return out
+
+    def squeeze(x, a):
+        chosen = axes(x, a)
+        return x[0].squeeze() if chosen is None else x[0].squeeze(tuple(v % x[0].dim() for v in chosen))
+
+    def slice_(x, a):
+        starts, ends = _static(x[1], "Slice's starts"), _static(x[2], "Slice's ends")
+        chosen = _static(x[3], "Slice's axes") if len(x) > 3 and x[3] is not None else list(range(len(starts)))
+        steps = _static(x[4], "Slice's steps") if len(x) > 4 and x[4] is not None else [1] * len(starts)
+        index = [slice(None)] * x[0].dim()
+        for start, end, axis, step in zip(starts, ends, chosen, steps):
+            if step < 1:
+                raise ModelRefError(f"expected positive Slice steps, got {step}", where="onnx")
+            index[axis % x[0].dim()] = slice(start, end, step)
+        return x[0][tuple(index)]
+
+    def split(x, a):
+        axis = a.get("axis", 0) % x[0].dim()
+        if len(x) > 1 and x[1] is not None:
+            sizes = _static(x[1], "Split's sizes")
+        elif "split" in a:
+            sizes = list(a["split"])
+        else:
+            parts = a["num_outputs"]
+            sizes = [-(-x[0].shape[axis] // parts)] * parts
+        return tuple(torch.split(x[0], sizes, dim=axis))
+
+    def gather(x, a):
+        axis, indices = a.get("axis", 0), x[1]
+        if not isinstance(indices, torch.Tensor):  # constant indices, possibly negative (counted from the end)
+            indices = torch.as_tensor(indices % x[0].shape[axis])
+        if axis == 0 and x[0].dim() == 2 and x[0].is_floating_point():  # an embedding lookup
+            return F.embedding(indices, x[0])
+        return torch.index_select(x[0], axis, indices.reshape(-1)).reshape(
+            *x[0].shape[:axis], *indices.shape, *x[0].shape[axis + 1:])
+
+    def clip(x, a):
+        low = x[1] if len(x) > 1 and x[1] is not None else a.get("min")
+        high = x[2] if len(x) > 2 and x[2] is not None else a.get("max")
+        return torch.clamp(x[0], low, high)
+
+    def trilu(x, a):
+        k = _static(x[1], "Trilu's k")[0] if len(x) > 1 and x[1] is not None else 0
+        return torch.triu(x[0], k) if a.get("upper", 1) else torch.tril(x[0], k)
+
+    def reduce(fn):
+        def run(x, a):
+            chosen = axes(x, a)
+            keep = bool(a.get("keepdims", 1))
+            return fn(x[0], dim=tuple(chosen) if chosen else tuple(range(x[0].dim())), keepdim=keep)
+        return run
+
+    def recurrent(kind: str):
+        """ONNX LSTM/GRU (one layer, layout 0: [seq, batch, input]) through torch's own kernel. The weight
+        initializers were put in torch's gate order when the module was built (_RECURRENT_ORDER), so the
+        per-direction weights are views of the parameters, as in nn.LSTM/nn.GRU."""
+        def run(x, a):
+            if a.get("layout", 0) != 0 or (kind == "GRU" and not a.get("linear_before_reset", 0)):
+                raise ModelRefError(f"expected {kind} with layout 0" + (" and linear_before_reset=1 (torch's GRU)"
+                                                                        if kind == "GRU" else ""), where="onnx")
+            if len(x) > 4 and x[4] is not None:
+                lengths = _static(x[4], f"{kind}'s sequence_lens")
+                if len(set(lengths)) > 1:
+                    raise ModelRefError(f"expected {kind} sequences of one length, got {sorted(set(lengths))}",
+                                        where="onnx")
+            inputs, w, r = x[0], x[1], x[2]
+            bias = x[3] if len(x) > 3 else None
+            directions, hidden = w.shape[0], a["hidden_size"]
+            gates = w.shape[1]
+            weights = []
+            for d in range(directions):
+                weights += [w[d], r[d]] + ([bias[d, :gates], bias[d, gates:]] if bias is not None else [])
+            zeros = inputs.new_zeros(directions, inputs.shape[1], hidden)
+            h0 = x[5] if len(x) > 5 and x[5] is not None else zeros
+            bidirectional = directions == 2
+            if kind == "LSTM":
+                c0 = x[6] if len(x) > 6 and x[6] is not None else zeros
+                out, h_n, c_n = torch._VF.lstm(inputs, (h0, c0), weights, bias is not None, 1, 0.0, True,
+                                               bidirectional, False)
+            else:
+                out, h_n = torch._VF.gru(inputs, h0, weights, bias is not None, 1, 0.0, True, bidirectional, False)
+            y = out.view(out.shape[0], out.shape[1], directions, hidden).transpose(1, 2)
+            return (y, h_n, c_n) if kind == "LSTM" else (y, h_n)
+        return run
+
     return {
+        "LSTM": recurrent("LSTM"), "GRU": recurrent("GRU"),
         "Gemm": gemm, "MatMul": lambda x, a: x[0] @ x[1], "Add": lambda x, a: x[0] + x[1],
         "Sub": lambda x, a: x[0] - x[1], "Mul": lambda x, a: x[0] * x[1], "Div": lambda x, a: x[0] / x[1],
+        "Neg": lambda x, a: -x[0], "Exp": lambda x, a: torch.exp(x[0]), "Log": lambda x, a: torch.log(x[0]),
         "Relu": lambda x, a: F.relu(x[0]), "Sigmoid": lambda x, a: torch.sigmoid(x[0]),
         "Tanh": lambda x, a: torch.tanh(x[0]), "Erf": lambda x, a: torch.erf(x[0]),
         "Sqrt": lambda x, a: torch.sqrt(x[0]), "Pow": lambda x, a: torch.pow(x[0], x[1]),
         "Gelu": lambda x, a: F.gelu(x[0], approximate=a.get("approximate", b"none").decode()
                                     if isinstance(a.get("approximate"), bytes) else a.get("approximate", "none")),
         "LeakyRelu": lambda x, a: F.leaky_relu(x[0], a.get("alpha", 0.01)),
+        "Clip": clip, "HardSigmoid": lambda x, a: torch.clamp(a.get("alpha", 0.2) * x[0] + a.get("beta", 0.5), 0, 1),
+        "HardSwish": lambda x, a: F.hardswish(x[0]),
         "Softmax": lambda x, a: torch.softmax(x[0], a.get("axis", -1)),
         "LogSoftmax": lambda x, a: torch.log_softmax(x[0], a.get("axis", -1)),
-        "Conv": conv, "MaxPool": pool("max"), "AveragePool": pool("avg"),
+        "Conv": conv, "ConvTranspose": conv_transpose, "MaxPool": pool("max"), "AveragePool": pool("avg"),
         "GlobalAveragePool": lambda x, a: x[0].mean(dim=tuple(range(2, x[0].dim())), keepdim=True),
         "BatchNormalization": lambda x, a: F.batch_norm(x[0], x[3], x[4], x[1], x[2], training=True,
                                                         momentum=1 - a.get("momentum", 0.9), eps=a.get("epsilon", 1e-5)),
@@ -97,30 +224,140 @@ def _ops():
         "Flatten": lambda x, a: x[0].flatten(a.get("axis", 1)) if a.get("axis", 1) != 0 else x[0].reshape(1, -1),
         "Reshape": reshape, "Transpose": lambda x, a: x[0].permute(a["perm"]) if "perm" in a else x[0].t(),
         "Concat": lambda x, a: torch.cat(x, a["axis"]), "Identity": lambda x, a: x[0],
-        "Dropout": lambda x, a: F.dropout(x[0], 0.5 if len(x) < 2 else 0.5, training=True),
-        "ReduceMean": lambda x, a: x[0].mean(dim=a["axes"], keepdim=bool(a.get("keepdims", 1))),
+        "Dropout": lambda x, a: F.dropout(x[0], 0.5, training=True),  # the ratio does not change what is kept
+        "ReduceMean": reduce(torch.mean), "ReduceSum": reduce(torch.sum),
+        "ReduceMax": reduce(lambda t, dim, keepdim: torch.amax(t, dim=dim, keepdim=keepdim)),
+        "Unsqueeze": unsqueeze, "Squeeze": squeeze, "Slice": slice_, "Split": split, "Gather": gather,
+        "Expand": lambda x, a: x[0].expand(torch.broadcast_shapes(tuple(x[0].shape),
+                                                                  tuple(_static(x[1], "Expand's shape")))),
+        "Cast": lambda x, a: x[0].to(getattr(torch, _DTYPES[a["to"]])),
+        "Equal": lambda x, a: torch.eq(x[0], x[1]), "Where": lambda x, a: torch.where(x[0], x[1], x[2]),
+        "Mod": lambda x, a: torch.fmod(x[0], x[1]) if a.get("fmod") else torch.remainder(x[0], x[1]),
+        "Trilu": trilu, "Shape": lambda x, a: _shape(x[0], a), "Constant": lambda x, a: _constant_node(a),
     }
 
 
-def _graph_module(model_proto):
+def _shape(tensor, attributes):
+    import numpy as np
+
+    return np.array(tuple(tensor.shape)[attributes.get("start", 0):attributes.get("end")], dtype=np.int64)
+
+
+def _constant_node(attributes):
+    import numpy as np
+    from onnx import numpy_helper
+
+    if "value" in attributes:
+        return numpy_helper.to_array(attributes["value"]).copy()
+    for key, dtype in (("value_int", np.int64), ("value_ints", np.int64), ("value_float", np.float32),
+                       ("value_floats", np.float32)):
+        if key in attributes:
+            return np.array(attributes[key], dtype=dtype)
+    raise ModelRefError(f"expected a Constant with a value, got attributes {sorted(attributes)}", where="onnx")
+
+
+def _folded(op_type: str, args: list, attributes: dict):
+    """The op computed with numpy when all its inputs are numpy constants (shape arithmetic), else None."""
+    import numpy as np
+
+    table = _numpy_ops()
+    if not all(isinstance(v, np.ndarray) for v in args if v is not None) or op_type not in table:
+        return None
+    result = table[op_type](args, attributes)  # numpy gives scalars for 0-d results: keep arrays
+    return tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else np.asarray(result)
+
+
+@functools.cache
+def _numpy_ops():
+    import numpy as np
+
+    def gather(x, a):
+        return np.take(x[0], x[1], axis=a.get("axis", 0))
+
+    def unsqueeze(x, a):
+        chosen = list(a["axes"]) if "axes" in a else [int(v) for v in x[1].reshape(-1)]
+        rank = x[0].ndim + len(chosen)
+        return np.expand_dims(x[0], tuple(sorted(v % rank for v in chosen)))
+
+    def squeeze(x, a):
+        chosen = list(a["axes"]) if "axes" in a else ([int(v) for v in x[1].reshape(-1)] if len(x) > 1 else None)
+        return np.squeeze(x[0]) if chosen is None else np.squeeze(x[0], tuple(v % x[0].ndim for v in chosen))
+
+    def slice_(x, a):
+        starts, ends = x[1].reshape(-1).tolist(), x[2].reshape(-1).tolist()
+        chosen = x[3].reshape(-1).tolist() if len(x) > 3 and x[3] is not None else list(range(len(starts)))
+        steps = x[4].reshape(-1).tolist() if len(x) > 4 and x[4] is not None else [1] * len(starts)
+        index = [slice(None)] * x[0].ndim
+        for start, end, axis, step in zip(starts, ends, chosen, steps):
+            index[axis % x[0].ndim] = slice(start, end, step)
+        return x[0][tuple(index)]
+
+    def cast(x, a):
+        return x[0].astype({"float32": np.float32, "float16": np.float16, "float64": np.float64, "int64": np.int64,
+                            "int32": np.int32, "bool": np.bool_, "uint8": np.uint8, "int8": np.int8}.get(
+            _DTYPES.get(a["to"], ""), np.float32))
+
+    return {
+        "Identity": lambda x, a: x[0], "Shape": lambda x, a: _shape(x[0], a),
+        "Constant": lambda x, a: _constant_node(a), "Gather": gather, "Unsqueeze": unsqueeze, "Squeeze": squeeze,
+        "Concat": lambda x, a: np.concatenate(x, axis=a["axis"]), "Slice": slice_, "Cast": cast,
+        "Add": lambda x, a: x[0] + x[1], "Sub": lambda x, a: x[0] - x[1], "Mul": lambda x, a: x[0] * x[1],
+        "Div": lambda x, a: (x[0] // x[1]) if np.issubdtype(x[0].dtype, np.integer) else x[0] / x[1],
+        "Mod": lambda x, a: np.fmod(x[0], x[1]) if a.get("fmod") else np.mod(x[0], x[1]),
+        "Neg": lambda x, a: -x[0], "Sqrt": lambda x, a: np.sqrt(x[0]), "Equal": lambda x, a: np.equal(x[0], x[1]),
+        "Where": lambda x, a: np.where(x[0], x[1], x[2]), "Reshape": lambda x, a: x[0].reshape(x[1].tolist()),
+        "Expand": lambda x, a: x[0] * np.ones(x[1].tolist(), dtype=x[0].dtype),
+        "ConstantOfShape": lambda x, a: np.full(x[0].tolist(), _constant_node(a).reshape(-1)[0] if a else 0.0,
+                                                dtype=_constant_node(a).dtype if a else np.float32),
+        "Range": lambda x, a: np.arange(x[0].item(), x[1].item(), x[2].item()),
+        "Trilu": lambda x, a: (np.triu if a.get("upper", 1) else np.tril)(x[0], int(x[1]) if len(x) > 1 else 0),
+        "Transpose": lambda x, a: np.transpose(x[0], a.get("perm")),
+    }
+
+
+def _graph_module(model_proto, with_values: bool = False):
+    """The graph as a torch module. Float initializers become parameters (BatchNormalization's running
+    statistics buffers), other initializers buffers; `with_values` copies their values (for checking the
+    conversion against the ONNX reference evaluator), else they stay uninitialized."""
+    import numpy as np
     import torch
+    from onnx import numpy_helper
 
     graph, ops = model_proto.graph, _ops()
-    missing = sorted({n.op_type for n in graph.node} - set(ops))
+    missing = sorted({n.op_type for n in graph.node} - set(ops) - set(_numpy_ops()))
     if missing:
         raise ModelRefError(f"expected ONNX operators this converter knows; cannot convert {', '.join(missing)}",
                             where="onnx")
 
     # running statistics are state, not weights: BatchNormalization's inputs 3 and 4 become buffers
     statistics = {name for n in graph.node if n.op_type == "BatchNormalization" for name in n.input[3:5]}
+    # integer initializers (shapes, axes, indices) are read as constants for folding shape arithmetic
+    constants = {t.name: numpy_helper.to_array(t).copy() for t in graph.initializer
+                 if _DTYPES.get(t.data_type, "float32") not in ("float32", "float16", "float64", "bfloat16")}
+
+    # a graph exported without dynamic axes has the export's batch size written into its shapes
+    batches = {i.type.tensor_type.shape.dim[0].dim_value for i in graph.input if i.name not in constants
+               and i.type.tensor_type.shape.dim and i.type.tensor_type.shape.dim[0].dim_value > 0}
+    fixed_batch_hint = (f" (the graph was exported with a fixed batch of {min(batches)}: estimate with --batch-size "
+                        f"{min(batches)}, or export with dynamic_axes for the batch dimension)" if batches else "")
+
+    # LSTM/GRU weights (W, R, B) are stored in torch's gate order: name → (op type, which input)
+    recurrent_weights = {name: (n.op_type, i) for n in graph.node if n.op_type in _RECURRENT_ORDER
+                         for i, name in enumerate(n.input[1:4], start=1) if name}
 
     class OnnxGraph(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.names: dict[str, str] = {}  # ONNX tensor name → attribute name
             for index, tensor in enumerate(graph.initializer):
-                dtype = getattr(torch, _DTYPES.get(tensor.data_type, "float32"))
-                value = _constant(tensor) if tensor.data_type == 7 else torch.empty(tuple(tensor.dims), dtype=dtype)
+                if tensor.name in constants:
+                    value = torch.as_tensor(constants[tensor.name])
+                elif with_values:
+                    value = torch.as_tensor(_torch_gate_order(numpy_helper.to_array(tensor).copy(),
+                                                              recurrent_weights.get(tensor.name)))
+                else:
+                    value = torch.empty(tuple(tensor.dims), dtype=getattr(torch, _DTYPES.get(tensor.data_type,
+                                                                                              "float32")))
                 attribute = f"init{index}_{''.join(c if c.isalnum() else '_' for c in tensor.name)[:40]}"
                 if value.is_floating_point() and tensor.name not in statistics:
                     self.register_parameter(attribute, torch.nn.Parameter(value))
@@ -129,26 +366,62 @@ def _graph_module(model_proto):
                 self.names[tensor.name] = attribute
 
         def forward(self, *inputs):
-            values: dict[str, Any] = {name: getattr(self, attribute) for name, attribute in self.names.items()}
+            values: dict[str, Any] = {name: getattr(self, attribute) for name, attribute in self.names.items()
+                                      if name not in constants}
+            values.update(constants)
             feeds = [i.name for i in graph.input if i.name not in self.names]
             values.update(zip(feeds, inputs))
             for node in graph.node:
-                args = [values[name] for name in node.input if name]
-                result = ops[node.op_type](args, _attributes(node))
+                args = [values[name] if name else None for name in node.input]
+                attributes = _attributes(node)
+                result = _folded(node.op_type, args, attributes)
+                if result is None:
+                    if node.op_type not in ops:
+                        raise ModelRefError(f"expected {node.op_type}'s inputs computable from constants and "
+                                            "shapes, got tensor data", where="onnx")
+                    try:
+                        result = ops[node.op_type](_as_tensors(node.op_type, args), attributes)
+                    except RuntimeError as error:
+                        raise ModelRefError(f"{node.op_type} node {node.name or '(unnamed)'} failed: "
+                                            f"{str(error).splitlines()[0]}{fixed_batch_hint}", where="onnx") from None
                 for name, value in zip(node.output, result if isinstance(result, tuple) else (result,)):
                     values[name] = value
-            outputs = [values[o.name] for o in graph.output]
+            outputs = [torch.as_tensor(v) if isinstance(v, np.ndarray) else v
+                       for v in (values[o.name] for o in graph.output)]
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     return OnnxGraph()
 
 
-def _constant(tensor):
-    """An int64 initializer (a Reshape's shape): its few values are read, on the CPU, as constants."""
-    import torch
-    from onnx import numpy_helper
+# ONNX gate order → torch's: LSTM i,o,f,c → i,f,g(c),o; GRU z,r,h → r,z,n
+_RECURRENT_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
 
-    return torch.as_tensor(numpy_helper.to_array(tensor).copy(), device="cpu")
+
+def _torch_gate_order(array, use):
+    """An LSTM/GRU weight initializer's gate blocks put in torch's order (rows of W and R; each half of B)."""
+    import numpy as np
+
+    if use is None:
+        return array
+    op_type, _ = use
+    order = _RECURRENT_ORDER[op_type]
+    halves = np.split(array, 2, axis=1) if use[1] == 3 else [array]  # B holds Wb and Rb side by side
+    reordered = [np.concatenate([np.split(half, len(order), axis=1)[g] for g in order], axis=1) for half in halves]
+    return np.concatenate(reordered, axis=1)
+
+
+# inputs an op reads as values (shapes, axes, bounds, sizes): they stay numpy constants
+_VALUE_INPUTS = {"LSTM": {4}, "GRU": {4}, "Gather": {1}, "Reshape": {1}, "Unsqueeze": {1}, "Squeeze": {1}, "Slice": {1, 2, 3, 4}, "Split": {1},
+                 "Expand": {1}, "Trilu": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "ReduceMax": {1}}
+
+
+def _as_tensors(op_type: str, args: list) -> list:
+    """The node's inputs for a torch op: numpy constants become tensors, except those read as values."""
+    import numpy as np
+    import torch
+
+    keep = _VALUE_INPUTS.get(op_type, set())
+    return [torch.as_tensor(v) if isinstance(v, np.ndarray) and i not in keep else v for i, v in enumerate(args)]
 
 
 def _input_specs(graph, initializers: set[str]) -> tuple[InputSpec, ...]:
