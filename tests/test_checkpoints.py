@@ -64,6 +64,35 @@ def test_torchscript_archive(tmp_path):
     assert estimate(str(path)).parameters == N_PARAMS
 
 
+def _with_batch_norm():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                               torch.nn.Linear(8, 2))
+
+
+BN_PARAMS = 8 * 27 + 8 + 2 * 8 + 8 * 2 + 2  # conv, BatchNorm's weight and bias, linear
+
+
+def test_batch_norm_statistics_are_buffers(tmp_path):
+    """A state dict does not say which tensors are parameters: BatchNorm's running statistics and batch
+    counter are buffers by their names; TorchScript says so itself."""
+    path = tmp_path / "bn.pt"
+    torch.save(_with_batch_norm().state_dict(), path)
+    est = estimate(str(path), optimizer="adam")
+    assert est.parameters == est.trainable_parameters == BN_PARAMS
+    assert est.breakdown["buffers"] >= 2 * 8 * 4 + 8
+    scripted = tmp_path / "bn_scripted.pt"
+    torch.jit.script(_with_batch_norm()).save(str(scripted))
+    assert estimate(str(scripted)).parameters == BN_PARAMS
+
+
+def test_a_pickled_model_object_is_refused_with_what_to_do(tmp_path):
+    path = tmp_path / "whole.pt"
+    torch.save(_with_batch_norm(), path)
+    with pytest.raises(ModelRefError, match=r"asks for torch.nn.modules.container.Sequential.*Save "
+                                            r"model.state_dict\(\) instead"):
+        estimate(str(path))
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))

@@ -17,6 +17,7 @@ state) and the result says that activations need the architecture.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -47,7 +48,11 @@ def from_checkpoint(ref: str):
         entries = safetensors_header(path)
         return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries),
                            make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
-    entries = torchscript_entries(path) if _is_torchscript(path) else torch_save_entries(path)
+    if _is_torchscript(path):
+        entries, buffers = torchscript_entries(path)
+        return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries, buffers),
+                           make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
+    entries = torch_save_entries(path)
     return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries),
                        make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
 
@@ -81,10 +86,14 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     try:
         loaded = torch.load(path, map_location="meta", weights_only=True)
     except pickle.UnpicklingError as error:
-        lines = [line.strip() for line in str(error).splitlines() if "global" in line.lower()]
-        detail = lines[0] if lines else str(error).splitlines()[0]
+        # torch names the class or function the pickle asks for ("GLOBAL pkg.mod.Name was not an allowed
+        # global"); its advice to allowlist it is not ours to give for a file we only estimate
+        found = re.search(r"GLOBAL (\S+)", str(error))
+        detail = (f"it asks for {found.group(1)}, which loading would import and call" if found
+                  else str(error).splitlines()[0])
         raise ModelRefError(f"expected a checkpoint that torch.load(weights_only=True) accepts; refused, nothing "
-                            f"executed: {detail}", where=str(path)) from None
+                            f"executed: {detail}. Save model.state_dict() instead, or give the architecture "
+                            "(torchvision:NAME, hf:NAME, file.py:factory)", where=str(path)) from None
     except (OSError, RuntimeError, EOFError) as error:
         raise ModelRefError(f"expected a torch.save checkpoint, could not read it: {str(error).splitlines()[0]}",
                             where=str(path)) from None
@@ -111,10 +120,18 @@ def _find_state_dict(loaded: Any) -> dict:
     return {}
 
 
-def state_dict_module(entries: dict[str, tuple[tuple[int, ...], str]]):
+# leaf names that torch and transformers modules register as buffers, not parameters (a state dict does
+# not say which is which): BatchNorm's running statistics and batch counter, rotary frequencies,
+# position ids, GPT-2's attention masks
+BUFFER_LEAVES = frozenset({"running_mean", "running_var", "num_batches_tracked", "inv_freq", "position_ids",
+                           "masked_bias", "token_type_ids"})
+
+
+def state_dict_module(entries: dict[str, tuple[tuple[int, ...], str]], buffers: frozenset[str] | None = None):
     """A module holding the state dict's tensors under their own names (so --freeze patterns and the
-    per-module table read as in the checkpoint): floating tensors are trainable parameters, the rest
-    buffers. Its forward touches one element of each parameter, so backward gives each a gradient of
+    per-module table read as in the checkpoint). Which tensors are buffers: `buffers` when the file says
+    (TorchScript), else the non-floating tensors and those named as torch's modules name their buffers
+    (BUFFER_LEAVES); the other floating tensors are trainable parameters. Its forward touches one element of each parameter, so backward gives each a gradient of
     its full size, as any forward would, and no activation worth counting."""
     import torch
 
@@ -131,7 +148,8 @@ def state_dict_module(entries: dict[str, tuple[tuple[int, ...], str]]):
                 module.add_module(part, torch.nn.Module())
             module = getattr(module, part)
         tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-        if tensor.is_floating_point():
+        is_buffer = name in buffers if buffers is not None else leaf in BUFFER_LEAVES
+        if tensor.is_floating_point() and not is_buffer:
             module.register_parameter(leaf, torch.nn.Parameter(tensor))
         else:
             module.register_buffer(leaf, tensor)
@@ -154,9 +172,10 @@ def _is_torchscript(path: Path) -> bool:
         return False
 
 
-def torchscript_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The parameters and buffers of a TorchScript archive, loaded onto meta. Its scripted forward is
-    not traced (a ScriptModule's parameters cannot be swapped for fake ones): model states only."""
+def torchscript_entries(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], frozenset[str]]:
+    """The parameters and buffers of a TorchScript archive, loaded onto meta, and which are buffers. Its
+    scripted forward is not traced (a ScriptModule's parameters cannot be swapped for fake ones): model
+    states only."""
     import torch
 
     try:
@@ -164,4 +183,5 @@ def torchscript_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     except RuntimeError as error:
         raise ModelRefError(f"expected a TorchScript archive, could not load it: {str(error).splitlines()[0]}",
                             where=str(path)) from None
-    return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in scripted.state_dict().items()}
+    entries = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in scripted.state_dict().items()}
+    return entries, frozenset(name for name, _ in scripted.named_buffers())
