@@ -13,7 +13,7 @@ $(BIN)/trainmem: pyproject.toml
 # torchvision and timm need torch 2.14.1 (a CUDA build that runs on the CPU), not the pinned CPU build:
 # their tests run in a second environment; trainmem itself is installed there without its pin.
 VISION := .venv-vision
-VISION_PACKAGES := torch==2.14.1 torchvision==0.29.1 timm==1.0.31 accelerate==1.16.0 peft==0.21.2 transformers==5.24.0 pytest pyyaml
+VISION_PACKAGES := torch==2.14.1 torchvision==0.29.1 timm==1.0.31 accelerate==1.16.0 peft==0.21.2 transformers==5.24.0 onnx==1.23.2 pytest pyyaml
 
 $(VISION)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VISION)
@@ -35,3 +35,4 @@ bench: $(BIN)/trainmem
 
 coverage: $(BIN)/trainmem $(VISION)/.ready
 	$(VISION)/bin/python benchmarks/coverage.py
+	$(VISION)/bin/python benchmarks/onnx_coverage.py

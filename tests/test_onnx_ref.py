@@ -111,3 +111,52 @@ def test_fixed_batch_export_says_how_to_estimate_it(tmp_path):
     assert estimate(str(path), batch_size=2).tensor_bytes > 0
     with pytest.raises(ModelRefError, match="exported with a fixed batch of 2: estimate with --batch-size 2"):
         estimate(str(path), batch_size=4)
+
+
+def test_padding_masks_norms_and_einsum_compute_what_onnx_computes(tmp_path):
+    """The operators torchvision's Swin and MaxViT exports add: Pad, a mask built with ScatterND from
+    constants and negated with Not, ReduceL2, Einsum."""
+    from onnx.reference import ReferenceEvaluator
+
+    from trainmem.frontends.onnx_ref import _graph_module
+
+    def constant(name, array):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name))
+
+    nodes = [constant("pads", np.array([0, 1, 0, 0, 1, 2], dtype=np.int64)),
+             helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("ReduceL2", ["p"], ["n"], axes=[2], keepdims=1),
+             helper.make_node("Div", ["p", "n"], ["q"]),
+             helper.make_node("Einsum", ["q", "w"], ["e"], equation="bij,jk->bik"),
+             constant("zeros", np.zeros((6, 5), dtype=np.float32)),
+             constant("where", np.array([[0, 1], [2, 3]], dtype=np.int64)),
+             constant("ones", np.ones(2, dtype=np.float32)),
+             helper.make_node("ScatterND", ["zeros", "where", "ones"], ["m"]),
+             helper.make_node("Cast", ["m"], ["mb"], to=TensorProto.BOOL),
+             helper.make_node("Not", ["mb"], ["keep"]),
+             constant("nothing", np.zeros((), dtype=np.float32)),
+             helper.make_node("Where", ["keep", "e", "nothing"], ["y"])]
+    weight = np.random.default_rng(1).standard_normal((8, 5)).astype(np.float32)
+    graph = helper.make_graph(nodes, "ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 5])],
+                              [numpy_helper.from_array(weight, "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(2).standard_normal((3, 4, 6)).astype(np.float32)
+    expected = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    with torch.no_grad():
+        got = _graph_module(proto, with_values=True)(torch.as_tensor(x)).numpy()
+    # the padded rows are all zero: their norm is 0 and both give NaN there
+    assert np.allclose(got, expected, atol=1e-6, equal_nan=True) and (got == 0).sum() >= 2 * 3
+    path = tmp_path / "ops.onnx"
+    onnx.save(proto, str(path))
+    assert estimate(str(path), batch_size=2).parameters == 8 * 5
+
+
+def test_shared_batch_norm_statistics_stay_buffers(tmp_path):
+    """The exporter stores equal initializers once and passes them on through Identity nodes (DenseNet's
+    zero running means): statistics reached through Identity are still buffers, not parameters."""
+    nodes = [helper.make_node("Identity", ["m"], ["m_shared"]), helper.make_node("Identity", ["v"], ["v_shared"]),
+             *[helper.make_node("BatchNormalization", ["c1", "g", "be", "m_shared", "v_shared"], ["bn"])
+               if n.op_type == "BatchNormalization" else n for n in CNN_NODES]]
+    est = estimate(_save(tmp_path, nodes, CNN_INITS), batch_size=4, optimizer="adam")
+    assert est.parameters == 8 * 27 + 8 + 16 + 5120 + 10

@@ -200,8 +200,38 @@ def _ops():
             return (y, h_n, c_n) if kind == "LSTM" else (y, h_n)
         return run
 
+    def pad(x, a):
+        """ONNX pads are [begin of each axis..., end of each axis...]; F.pad wants (begin, end) pairs from
+        the last axis backwards."""
+        pads = _static(x[1], "Pad's pads") if len(x) > 1 and x[1] is not None else list(a.get("pads", []))
+        rank = x[0].dim()
+        chosen = _static(x[3], "Pad's axes") if len(x) > 3 and x[3] is not None else list(range(rank))
+        begins, ends = pads[:len(chosen)], pads[len(chosen):]
+        flat = [0] * (2 * rank)
+        for axis, begin, end in zip(chosen, begins, ends):
+            flat[2 * (rank - 1 - axis % rank)], flat[2 * (rank - 1 - axis % rank) + 1] = begin, end
+        while len(flat) > 2 and flat[-2:] == [0, 0]:
+            flat = flat[:-2]
+        mode = a.get("mode", b"constant")
+        mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}[
+            mode.decode() if isinstance(mode, bytes) else mode]
+        value = float(x[2].reshape(-1)[0]) if len(x) > 2 and x[2] is not None and mode == "constant" else 0.0
+        return F.pad(x[0], flat, mode=mode, value=value) if mode == "constant" else F.pad(x[0], flat, mode=mode)
+
+    def scatter_nd(x, a):
+        if a.get("reduction", b"none") not in (b"none", "none"):
+            raise ModelRefError("expected ScatterND without reduction", where="onnx")
+        data, indices, updates = x
+        return torch.index_put(data, tuple(indices.unbind(-1)), updates)
+
+    def einsum(x, a):
+        equation = a["equation"]
+        return torch.einsum(equation.decode() if isinstance(equation, bytes) else equation, *x)
+
     return {
-        "LSTM": recurrent("LSTM"), "GRU": recurrent("GRU"),
+        "LSTM": recurrent("LSTM"), "GRU": recurrent("GRU"), "Pad": pad, "ScatterND": scatter_nd, "Einsum": einsum,
+        "Not": lambda x, a: torch.logical_not(x[0]),
+        "ReduceL2": reduce(lambda t, dim, keepdim: torch.linalg.vector_norm(t, 2, dim=dim, keepdim=keepdim)),
         "Gemm": gemm, "MatMul": lambda x, a: x[0] @ x[1], "Add": lambda x, a: x[0] + x[1],
         "Sub": lambda x, a: x[0] - x[1], "Mul": lambda x, a: x[0] * x[1], "Div": lambda x, a: x[0] / x[1],
         "Neg": lambda x, a: -x[0], "Exp": lambda x, a: torch.exp(x[0]), "Log": lambda x, a: torch.log(x[0]),
@@ -297,7 +327,13 @@ def _numpy_ops():
                             "int32": np.int32, "bool": np.bool_, "uint8": np.uint8, "int8": np.int8}.get(
             _DTYPES.get(a["to"], ""), np.float32))
 
+    def scatter_nd(x, a):
+        out = x[0].copy()
+        out[tuple(np.moveaxis(x[1], -1, 0))] = x[2]
+        return out
+
     return {
+        "ScatterND": scatter_nd, "Not": lambda x, a: np.logical_not(x[0]),
         "Identity": lambda x, a: x[0], "Shape": lambda x, a: _shape(x[0], a),
         "Constant": lambda x, a: _constant_node(a), "Gather": gather, "Unsqueeze": unsqueeze, "Squeeze": squeeze,
         "Concat": lambda x, a: np.concatenate(x, axis=a["axis"]), "Slice": slice_, "Cast": cast,
@@ -330,7 +366,15 @@ def _graph_module(model_proto, with_values: bool = False):
                             where="onnx")
 
     # running statistics are state, not weights: BatchNormalization's inputs 3 and 4 become buffers
-    statistics = {name for n in graph.node if n.op_type == "BatchNormalization" for name in n.input[3:5]}
+    # (the exporter stores equal initializers once and hands them on through Identity nodes: follow those)
+    identity_of = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+
+    def source(name: str) -> str:
+        while name in identity_of:
+            name = identity_of[name]
+        return name
+
+    statistics = {source(name) for n in graph.node if n.op_type == "BatchNormalization" for name in n.input[3:5]}
     # integer initializers (shapes, axes, indices) are read as constants for folding shape arithmetic
     constants = {t.name: numpy_helper.to_array(t).copy() for t in graph.initializer
                  if _DTYPES.get(t.data_type, "float32") not in ("float32", "float16", "float64", "bfloat16")}
@@ -411,7 +455,7 @@ def _torch_gate_order(array, use):
 
 
 # inputs an op reads as values (shapes, axes, bounds, sizes): they stay numpy constants
-_VALUE_INPUTS = {"LSTM": {4}, "GRU": {4}, "Gather": {1}, "Reshape": {1}, "Unsqueeze": {1}, "Squeeze": {1}, "Slice": {1, 2, 3, 4}, "Split": {1},
+_VALUE_INPUTS = {"LSTM": {4}, "GRU": {4}, "Gather": {1}, "Pad": {1, 2, 3}, "ReduceL2": {1}, "Reshape": {1}, "Unsqueeze": {1}, "Squeeze": {1}, "Slice": {1, 2, 3, 4}, "Split": {1},
                  "Expand": {1}, "Trilu": {1}, "ReduceMean": {1}, "ReduceSum": {1}, "ReduceMax": {1}}
 
 
