@@ -78,6 +78,35 @@ def test_checkpointing_saves_activations():
     assert any("checkpointing wraps 4 blocks" in w for w in ckpt.warnings)
 
 
+def test_checkpointing_a_cnn_checkpoints_its_stage_blocks():
+    """A torchvision-style CNN (features = Sequential of stages, classifier = Sequential(Dropout(inplace),
+    Linear)): the stages' blocks are checkpointed, and the in-place dropout stays outside any checkpoint
+    (checkpointing the whole head would make recomputation meet its modified input and fail)."""
+    import torch
+    from torch import nn
+
+    from trainmem.trace.checkpointing import find_blocks
+
+    def block(cin, cout):
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Sequential(block(3, 8), block(8, 8)), nn.Sequential(block(8, 16)))
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Sequential(nn.Dropout(0.2, inplace=True), nn.Linear(16, 10))
+
+        def forward(self, x):
+            return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
+
+    # the stages are split into their conv-norm-activation blocks; the head into its Linear
+    assert [name for name, _ in find_blocks(Net())] == ["features.0.0", "features.0.1", "features.1.0", "classifier.1"]
+    plain = trainmem.estimate(Net(), batch_size=8, optimizer="sgd", input_shape="3,32,32")
+    ckpt = trainmem.estimate(Net(), batch_size=8, optimizer="sgd", input_shape="3,32,32", checkpointing=True)
+    assert ckpt.explanation["saved_activation_bytes"] < plain.explanation["saved_activation_bytes"]
+
+
 def test_grad_accum_keeps_one_gradient_set():
     one = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer="sgd", steps=1)
     accum = trainmem.estimate(f"mlp:{D}-{D}", batch_size=4, optimizer="sgd", grad_accum=3, steps=1)
