@@ -30,6 +30,7 @@ from trainmem.frontends import resolve  # noqa: E402
 from trainmem.measure.cpu import run_child  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 from trainmem.targets import cpu as cpu_target  # noqa: E402
+from trainmem.targets import cpu_runtime  # noqa: E402
 from trainmem.trace.run import trace_training  # noqa: E402
 
 FAMILIES = {"convolution": "tests/models.py:tiny_conv", "lstm": "tests/models.py:tiny_lstm",
@@ -95,7 +96,7 @@ def main() -> None:
                  for library, (within, below) in SINGLE_LIBRARIES.items()
                  if within in import_sets and (not below or below in import_sets)}
     data = {"floor_bytes": floor, "families": families, "libraries": libraries,
-            "import_sets": {"+".join(key): value for key, value in import_sets.items()}, "runs": args.runs,
+            "import_sets": {cpu_runtime.import_set_key(key): value for key, value in import_sets.items()}, "runs": args.runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {platform.python_version()}",
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py"}

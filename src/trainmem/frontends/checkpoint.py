@@ -44,18 +44,15 @@ def from_checkpoint(ref: str):
     path = Path(ref)
     if not path.is_file():
         raise ModelRefError(f"expected a checkpoint file, found none at {ref!r}", where="MODEL")
+    buffers = None  # which tensors are buffers, where the file says (TorchScript)
     if path.suffix.lower() == ".safetensors":
         entries = safetensors_header(path)
-        return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries),
-                           make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
-    if _is_torchscript(path):
+    elif _is_torchscript(path):
         entries, buffers = torchscript_entries(path)
-        return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries, buffers),
-                           make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
-    entries = torch_save_entries(path)
-    return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries),
+    else:
+        entries = torch_save_entries(path)
+    return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries, buffers),
                        make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
-
 
 def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype name) from a .safetensors header; no tensor bytes are read."""
@@ -131,8 +128,9 @@ def state_dict_module(entries: dict[str, tuple[tuple[int, ...], str]], buffers: 
     """A module holding the state dict's tensors under their own names (so --freeze patterns and the
     per-module table read as in the checkpoint). Which tensors are buffers: `buffers` when the file says
     (TorchScript), else the non-floating tensors and those named as torch's modules name their buffers
-    (BUFFER_LEAVES); the other floating tensors are trainable parameters. Its forward touches one element of each parameter, so backward gives each a gradient of
-    its full size, as any forward would, and no activation worth counting."""
+    (BUFFER_LEAVES); the other floating tensors are trainable parameters. Its forward touches one element
+    of each parameter, so backward gives each a gradient of its full size, as any forward would, and no
+    activation worth counting."""
     import torch
 
     class StateDictModel(torch.nn.Module):

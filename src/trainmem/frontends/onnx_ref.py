@@ -55,6 +55,13 @@ def _static(value, what: str) -> list[int]:
                         where="onnx")
 
 
+def _axes(x, a, index: int = 1) -> list[int] | None:
+    """Axes from the attribute (older opsets) or the input (opset 13 and later), or None for all."""
+    if "axes" in a:
+        return list(a["axes"])
+    return _static(x[index], "axes") if len(x) > index and x[index] is not None else None
+
+
 def _ops():
     """ONNX operator → function(inputs, attributes) returning a tensor or a tuple of tensors. Inputs are
     torch tensors; inputs that a function reads as values (shapes, axes, bounds) may be numpy arrays."""
@@ -103,21 +110,16 @@ def _ops():
         shape = [x[0].shape[i] if v == 0 and not a.get("allowzero") else v for i, v in enumerate(shape)]
         return x[0].reshape(shape)
 
-    def axes(x, a, index: int = 1) -> list[int] | None:
-        """Axes from the attribute (older opsets) or the input (opset 13 and later)."""
-        if "axes" in a:
-            return list(a["axes"])
-        return _static(x[index], "axes") if len(x) > index and x[index] is not None else None
-
     def unsqueeze(x, a):
         out = x[0]
-        rank = out.dim() + len(axes(x, a))
-        for axis in sorted(v % rank for v in axes(x, a)):
+        chosen = _axes(x, a)
+        rank = out.dim() + len(chosen)
+        for axis in sorted(v % rank for v in chosen):
             out = out.unsqueeze(axis)
         return out
 
     def squeeze(x, a):
-        chosen = axes(x, a)
+        chosen = _axes(x, a)
         return x[0].squeeze() if chosen is None else x[0].squeeze(tuple(v % x[0].dim() for v in chosen))
 
     def slice_(x, a):
@@ -162,7 +164,7 @@ def _ops():
 
     def reduce(fn):
         def run(x, a):
-            chosen = axes(x, a)
+            chosen = _axes(x, a)
             keep = bool(a.get("keepdims", 1))
             return fn(x[0], dim=tuple(chosen) if chosen else tuple(range(x[0].dim())), keepdim=keep)
         return run
@@ -305,12 +307,12 @@ def _numpy_ops():
         return np.take(x[0], x[1], axis=a.get("axis", 0))
 
     def unsqueeze(x, a):
-        chosen = list(a["axes"]) if "axes" in a else [int(v) for v in x[1].reshape(-1)]
+        chosen = _axes(x, a)
         rank = x[0].ndim + len(chosen)
         return np.expand_dims(x[0], tuple(sorted(v % rank for v in chosen)))
 
     def squeeze(x, a):
-        chosen = list(a["axes"]) if "axes" in a else ([int(v) for v in x[1].reshape(-1)] if len(x) > 1 else None)
+        chosen = _axes(x, a)
         return np.squeeze(x[0]) if chosen is None else np.squeeze(x[0], tuple(v % x[0].ndim for v in chosen))
 
     def slice_(x, a):
