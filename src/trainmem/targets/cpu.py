@@ -85,6 +85,127 @@ def _conv_backward(call: KernelCall, capability: str) -> KernelEffect:
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution backward reorders")
 
 
+# ---- losses whose reduced output keeps an input-sized storage (aten/src/ATen/native/Loss.cpp) --------
+_MEAN = 1  # at::Reduction::Mean, the default of every loss below (aten/src/ATen/core/Reduction.h)
+
+
+def _reduced(call: KernelCall, position: int) -> tuple[int, int] | None:
+    """(broadcast element count, output itemsize) when the loss reduces (mean/sum), else None. A reduced
+    loss is a 0-dim tensor; its element-wise stage is as large as the broadcast inputs."""
+    reduction = call.args[position] if len(call.args) > position else _MEAN
+    inp, target = call.args[0], call.args[1]
+    if reduction == 0 or not isinstance(inp, TensorMeta) or not call.outputs or call.outputs[0] is None:
+        return None
+    shape = list(inp.shape)
+    if isinstance(target, TensorMeta):  # right-aligned broadcast, as TensorIterator computes it
+        other = list(target.shape)
+        width = max(len(shape), len(other))
+        shape, other = [1] * (width - len(shape)) + shape, [1] * (width - len(other)) + other
+        shape = [max(a, b) for a, b in zip(shape, other)]
+    return _numel(shape), call.outputs[0].itemsize
+
+
+def _structured_loss(call: KernelCall, capability: str) -> KernelEffect:
+    """mse_loss and smooth_l1_loss are structured kernels: TORCH_META_FUNC builds a binary TensorIterator
+    into the output (broadcast-sized) and then `resize_({})`s it, which shrinks the shape but keeps the
+    storage; TORCH_IMPL_FUNC then computes into a second broadcast-sized `loss` and mean_out/sum_out's
+    it into the output before freeing it. So the 0-dim loss holds an input-sized storage for as long as
+    it lives, and the call peaks at two of them (checked against the profiler in
+    tests/test_cpu_kernel_rules.py)."""
+    reduced = _reduced(call, 2)
+    if reduced is None:
+        return KernelEffect()
+    nbytes = reduced[0] * reduced[1]
+    return KernelEffect(after=(nbytes, -nbytes), output_nbytes=((0, nbytes),), rule="reduced loss: input-sized storage")
+
+
+kernel_rule("mse_loss")(_structured_loss)
+kernel_rule("smooth_l1_loss")(_structured_loss)
+
+
+@kernel_rule("binary_cross_entropy")
+def _bce(call: KernelCall, capability: str) -> KernelEffect:
+    """binary_cross_entropy_cpu computes into `at::empty_like(input)` and reduces with
+    `loss.resize_as_(loss_reduced).copy_(loss_reduced)`: the 0-dim result keeps the input-sized storage."""
+    reduced = _reduced(call, 3)
+    if reduced is None:
+        return KernelEffect()
+    return KernelEffect(output_nbytes=((0, reduced[0] * reduced[1]),), rule="reduced loss: input-sized storage")
+
+
+@kernel_rule("soft_margin_loss")
+def _soft_margin(call: KernelCall, capability: str) -> KernelEffect:
+    """soft_margin_loss_out writes `neg_out(output, input)...` into the output (input-sized), then
+    `output.resize_({})` and copies the reduction in: the storage stays input-sized."""
+    reduced = _reduced(call, 2)
+    if reduced is None:
+        return KernelEffect()
+    return KernelEffect(output_nbytes=((0, reduced[0] * reduced[1]),), rule="reduced loss: input-sized storage")
+
+
+@kernel_rule("huber_loss")
+def _huber(call: KernelCall, capability: str) -> KernelEffect:
+    """huber_loss computes into `at::empty_like(input)` and returns `apply_loss_reduction(loss)`, a new
+    0-dim tensor: the output is small but an input-sized buffer lives across the call."""
+    reduced = _reduced(call, 2)
+    if reduced is None:
+        return KernelEffect()
+    nbytes = reduced[0] * reduced[1]
+    return KernelEffect(before=(nbytes,), after=(-nbytes,), rule="huber_loss element-wise buffer")
+
+
+@kernel_rule("soft_margin_loss_backward")
+def _soft_margin_backward(call: KernelCall, capability: str) -> KernelEffect:
+    """soft_margin_loss_backward_out: `z = at::exp(-target * input)` makes three input-sized tensors
+    (neg, mul, exp) before the gradient is written, and z lives until the kernel returns."""
+    inp = call.args[1]
+    if not isinstance(inp, TensorMeta):
+        return KernelEffect()
+    nbytes = _numel(inp.shape) * inp.itemsize
+    return KernelEffect(before=(nbytes, nbytes, nbytes, -nbytes, -nbytes), after=(-nbytes,),
+                        rule="soft_margin_loss backward buffers")
+
+
+@kernel_rule("_embedding_bag_backward")
+def _embedding_bag_backward(call: KernelCall, capability: str) -> KernelEffect:
+    """EmbeddingBag's dense backward (aten/src/ATen/native/EmbeddingBag.cpp: _embedding_bag_backward_symint
+    → _embedding_bag_dense_backward_cpu → _embedding_bag_dense_backward_cpu_sum_mean) builds its index
+    buffers below the dispatcher. Before the gradient `at::zeros({num_weights, dim})`: indices/offsets
+    promoted to a common int64 (promoteIndicesAndOffsets), offset2bag rebuilt when the forward left it
+    empty (mode sum: `new_zeros({n + 1})` kept, make_offset2bag's n + 1 temporary), `grad.contiguous()`.
+    After it: `indices.sort()` (sorted values, int64 positions, and one int64 scratch the sort frees),
+    `offset2bag.index_select(0, ind_sort)`, per_sample_weights reordered the same way; all freed at return.
+    Mode max and sparse gradients take other paths: not modelled (no effect)."""
+    grad, indices, offsets, offset2bag = call.args[:4]
+    mode, sparse = call.args[8], call.args[9]
+    weights = call.args[10] if len(call.args) > 10 else None
+    if sparse or mode not in (0, 1) or not all(isinstance(t, TensorMeta) for t in (grad, indices, offsets, offset2bag)):
+        return KernelEffect()
+    n = _numel(indices.shape)
+    # promoteIndicesAndOffsets: one int32 and one int64 → both int64 (a copy of the int32 one)
+    promoted = [_numel(t.shape) * 8 for t in (indices, offsets) if t.itemsize == 4 and 8 in (indices.itemsize, offsets.itemsize)]
+    index_bytes = 8 if promoted else indices.itemsize
+    kept = list(promoted)
+    before = list(promoted)
+    if n and _numel(offset2bag.shape) == 0:  # rebuilt from offsets, storage kept n + 1 long
+        before += [(n + 1) * index_bytes, (n + 1) * index_bytes, -(n + 1) * index_bytes]
+        kept.append((n + 1) * index_bytes)
+    if not grad.contiguous:
+        before.append(_numel(grad.shape) * grad.itemsize)
+        kept.append(before[-1])
+    sort = [n * index_bytes, n * 8, n * 8, -n * 8, n * index_bytes]  # values, positions, scratch; offset2bag reordered
+    reordered = [n * weights.itemsize] if isinstance(weights, TensorMeta) else []
+    after = sort + reordered + [-b for b in reordered] + [-n * index_bytes, -n * 8, -n * index_bytes] + [-b for b in reversed(kept)]
+    return KernelEffect(tuple(before), tuple(after), rule="EmbeddingBag backward index buffers")
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
 def device_stream(trace: Trace, capability: str) -> tuple[list[DeviceEvent], dict[str, int]]:
     """The trace's events with each kernel call's effect spliced in: `before` buffers just ahead of the
     call's first output, `after` buffers just behind its last. Returns the stream and rule counts."""
