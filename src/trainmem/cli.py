@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit = commands.add_parser("fit", help="the largest batch size (or --max-seq: sequence length) that fits --device")
     _add_setup_flags(fit)
     fit.add_argument("--max-seq", action="store_true", help="search the first input's first dimension, batch fixed")
+    fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
+                     "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
     commands.add_parser("devices", help="list target devices").add_argument("--format", choices=["table", "json"], default="table")
     return parser
 
@@ -121,7 +123,8 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
 def _fit(args: argparse.Namespace) -> int:
     from trainmem.fit import fit
 
-    result = fit(args.model, setup_from_args(args), args.device, sequence=args.max_seq, **_gpu_options(args))
+    result = fit(args.model, setup_from_args(args), args.device, sequence=args.max_seq, margin=args.margin,
+                 **_gpu_options(args))
     print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
     return EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT
 

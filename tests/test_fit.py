@@ -1,0 +1,173 @@
+"""`trainmem fit`: the largest batch whose high estimate stays under capacity × (1 − margin), the default
+margin read from the measured error tables, and the answer stating its headroom."""
+
+import importlib
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from trainmem.cli import main
+from trainmem.errors import SetupError
+from trainmem.fit import DEFAULT_MARGIN_CPU, DEFAULT_MARGIN_GPU, fit, resolve_margin
+from trainmem.setup import TrainingSetup
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+fitmod = importlib.import_module("trainmem.fit")  # the module (trainmem.fit the attribute is the function)
+SMALL_GPU = "custom:capacity=400MiB,cc=8.0"
+MLP = "mlp:256-256-10"
+SETUP = TrainingSetup.from_mapping({"input_shape": "256"})
+PERCENT = re.compile(r"\(([+-]\d+(?:\.\d+)?)%\)|^([+-]\d+(?:\.\d+)?)%$")
+
+
+def _tables(text: str):
+    """Each markdown table of a results file as (header cells, rows of cells)."""
+    table: list[list[str]] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif table:
+            yield table[0], [row for row in table[2:] if len(row) == len(table[0])]
+            table = []
+
+
+def _errors(cell: str) -> list[float]:
+    return [float(a or b) / 100 for a, b in PERCENT.findall(cell.strip())]
+
+
+def worst_low_gpu(text: str) -> float:
+    """The most negative relative error in the nvidia-smi (process) and reserved columns of accuracy_gpu.md."""
+    errors = [0.0]
+    for header, rows in _tables(text):
+        columns = [i for i, name in enumerate(header) if name.startswith(("process", "reserved"))
+                   and "high" not in name]
+        errors += [e for row in rows for i in columns for e in _errors(row[i])]
+    return min(errors)
+
+
+def worst_low_cpu(text: str) -> float:
+    """The most negative error in the peak-RSS error column of accuracy_cpu.md: an `error` column belongs
+    to the nearest column before it that names a measured figure."""
+    errors = [0.0]
+    for header, rows in _tables(text):
+        counter = ""
+        for i, name in enumerate(header):
+            if name.startswith("meas."):
+                counter = name
+            elif name == "error" and "RSS" in counter:
+                errors += [e for row in rows for e in _errors(row[i])]
+    return min(errors)
+
+
+def _rounded_up(worst_low: float) -> float:
+    return math.ceil(round(-worst_low * 100, 6)) / 100
+
+
+@pytest.mark.parametrize("name, margin, worst", [
+    ("accuracy_gpu.md", DEFAULT_MARGIN_GPU, worst_low_gpu), ("accuracy_cpu.md", DEFAULT_MARGIN_CPU, worst_low_cpu)])
+def test_default_margin_covers_the_worst_low_error_recorded(name, margin, worst):
+    """Never low: the default margin is at least the worst low error in the results file fit's counter has,
+    and it follows a regenerated file (a stale constant fails here with the value to write)."""
+    text = (RESULTS / name).read_text()
+    low = worst(text)
+    assert low < 0, f"{name}: no low row parsed; has the table's format changed?"
+    assert margin.fraction >= -low, f"{name} records {low:+.2%}: raise the default margin in fit.py"
+    assert margin.fraction == _rounded_up(low), (
+        f"{name} now records a worst low error of {low:+.2%}: set the default margin in fit.py to "
+        f"{_rounded_up(low)} and its source line to that figure")
+    assert f"{low * 100:+.2f}%".replace("+", "") in margin.source.replace("+", "")
+
+
+def test_the_parsers_read_each_counter():
+    gpu = ("| row | allocated | reserved | process (nvidia-smi) |\n|---|---|---|---|\n"
+           "| a | 10 → 9 (-10.00%) | — | 10 → 9.5 (-5.00%) ✗ |\n| b | — | 10 → 9.8 (-2.00%) | — |\n")
+    assert worst_low_gpu(gpu) == pytest.approx(-0.05)
+    cpu = ("| model | meas. tensors MiB | error | est. RSS MiB | meas. RSS MiB | RSS runs MiB | error |\n"
+           "|---|---|---|---|---|---|---|\n| m | 3 | -9.000% | 1 | 1 | 1–1 | -4.10% |\n")
+    assert worst_low_cpu(cpu) == pytest.approx(-0.041)
+    assert _rounded_up(-0.041) == 0.05 and _rounded_up(-0.1420) == 0.15 and _rounded_up(-0.14) == 0.14
+
+
+def test_margin_is_checked():
+    assert resolve_margin(None, "cuda") is DEFAULT_MARGIN_GPU and resolve_margin(None, "cpu") is DEFAULT_MARGIN_CPU
+    assert resolve_margin("0.1", "cuda").fraction == 0.1 and resolve_margin(0, "cpu").source == "--margin"
+    for bad in (1, 1.5, -0.1, "abc", "nan"):
+        with pytest.raises(SetupError, match="0 ≤ m < 1"):
+            resolve_margin(bad, "cuda")
+
+
+def test_fit_keeps_the_margin():
+    """The answer's high estimate is within capacity × (1 − margin) and the next batch's is not; a smaller
+    margin admits a larger batch."""
+    tight = fit(MLP, SETUP, SMALL_GPU, margin=0.2)
+    loose = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
+    budget = int(400 * 2**20 * 0.8)
+    assert tight.budget == budget
+    assert tight.best_estimate.process_bytes_high <= budget < tight.miss_estimate.process_bytes_high
+    assert tight.first_miss == tight.best + 1 and loose.best > tight.best
+    assert tight.headroom == 400 * 2**20 - tight.best_estimate.process_bytes_high >= 400 * 2**20 * 0.2
+    text = str(tight)
+    assert "margin 20% (--margin)" in text and "headroom" in text and "over the margin" in text
+
+
+def test_fit_compares_the_high_estimate(monkeypatch):
+    """A candidate whose expected figure fits but whose high figure does not is refused."""
+    real = fitmod.estimate
+    spread = 40 * 2**20
+
+    def with_spread(*args, **kwargs):
+        est = real(*args, **kwargs)
+        est.process_high = est.process_bytes + spread
+        return est
+
+    plain = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
+    monkeypatch.setattr(fitmod, "estimate", with_spread)
+    high = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
+    assert high.best < plain.best
+    assert high.best_estimate.process_bytes_high == high.best_estimate.process_bytes + spread <= 400 * 2**20
+    assert dict((v, b) for v, b, _ in high.tried)[high.best] == high.best_estimate.process_bytes_high
+
+
+def test_remedies_use_the_high_estimate(monkeypatch):
+    real = fitmod.estimate
+    spread = 50 * 2**20
+
+    def with_spread(*args, **kwargs):
+        est = real(*args, **kwargs)
+        est.process_high = est.process_bytes + spread
+        return est
+
+    monkeypatch.setattr(fitmod, "estimate", with_spread)
+    setup = TrainingSetup.from_mapping({"input_shape": "4096", "optimizer": "adam"})
+    result = fit("mlp:4096-4096-4096", setup, SMALL_GPU, margin=0.1, cuda_context=100 * 2**20)
+    assert result.best is None and result.remedies
+    for remedy in result.remedies:
+        assert remedy.process_bytes_high == remedy.process_bytes + spread
+    assert "Even batch size 1 does not fit: its high estimate" in str(result)
+
+
+def test_cli_margin_and_json(capsys):
+    code = main(["fit", MLP, "--input-shape", "256", "--device", SMALL_GPU, "--margin", "0.1", "--format", "json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["margin"] == 0.1 and result["margin_source"] == "--margin"
+    assert result["budget_bytes"] == int(400 * 2**20 * 0.9)
+    assert result["compared"].startswith("process_bytes_high")
+    high = result["best_estimate"]["peak"]["process_bytes_high"]
+    assert result["headroom_bytes"] == 400 * 2**20 - high and result["headroom_fraction"] >= 0.1
+    assert all(set(row) >= {"value", "process_bytes_high", "fits"} for row in result["tried"])
+
+
+def test_cli_default_margin_names_its_source(capsys):
+    code = main(["fit", MLP, "--input-shape", "256", "--device", SMALL_GPU, "--format", "json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["margin"] == DEFAULT_MARGIN_GPU.fraction
+    assert "accuracy_gpu.md" in result["margin_source"]
+
+
+@pytest.mark.parametrize("bad", ["1", "-0.2", "ten"])
+def test_cli_bad_margin_is_one_line(capsys, bad):
+    code = main(["fit", MLP, "--input-shape", "256", "--device", SMALL_GPU, f"--margin={bad}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--margin" in err
