@@ -79,3 +79,109 @@ def bert_large_classification_eager(seq: int = 512):
                         num_labels=2, attn_implementation="eager")
     return {"model": BertForSequenceClassification(config), "make_batch": _tokens(config.vocab_size, seq),
             "loss_fn": _class_loss}
+
+
+# huggingface/peft method_comparison/MetaMathQA: meta-llama/Llama-3.2-3B in bf16 with one PEFT method,
+# batch 4, sequences padded to the longest in the batch (at most 768 tokens), labels = input_ids (the
+# model's own causal-LM loss). The adapter settings below are copied from each result file's peft_config.
+PEFT_SEQ = 768  # max_seq_length of the benchmark: the longest batch it can train on
+
+
+def _llama32_3b_with(peft_config, seq: int = PEFT_SEQ):
+    """Llama-3.2-3B from trainmem's bundled copy of its config.json, wrapped with `peft_config`."""
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainmem.frontends.hf import bundled
+
+    entry = bundled()["meta-llama/Llama-3.2-3B"]
+    config = AutoConfig.for_model(entry["model_type"], **entry["config"])
+    model = get_peft_model(AutoModelForCausalLM.from_config(config), peft_config)
+
+    def make_batch(batch_size):
+        ids = torch.randint(0, config.vocab_size, (batch_size, seq))
+        return {"input_ids": ids, "labels": ids}
+    return {"model": model, "make_batch": make_batch, "loss_fn": lambda output, inputs, *target: output["loss"]}
+
+
+def peft_llama32_3b_dora():
+    """lora/llama-3.2-3B-rank32-dora: LoRA r=32, alpha=64 on q_proj, v_proj with DoRA's magnitude vector."""
+    from peft import LoraConfig
+
+    return _llama32_3b_with(LoraConfig(r=32, lora_alpha=64, target_modules=["q_proj", "v_proj"], use_dora=True,
+                                       task_type="CAUSAL_LM"))
+
+
+def peft_llama32_3b_ia3():
+    """ia3/llama-3.2-3B-default: IA3 on k_proj, v_proj, down_proj (down_proj as the feed-forward module)."""
+    from peft import IA3Config
+
+    return _llama32_3b_with(IA3Config(target_modules=["k_proj", "v_proj", "down_proj"],
+                                      feedforward_modules=["down_proj"]))
+
+
+def peft_llama32_3b_ln_tuning():
+    """ln_tuning/llama-3.2-3B-default: the RMSNorm weights (input, post-attention, final) are trained."""
+    from peft import LNTuningConfig
+
+    return _llama32_3b_with(LNTuningConfig(target_modules=["input_layernorm", "post_attention_layernorm", "norm"]))
+
+
+def peft_llama32_3b_loha():
+    """loha/llama-3.2-3B-rank32: LoHa r=32, alpha=64 on q_proj, v_proj."""
+    from peft import LoHaConfig
+
+    return _llama32_3b_with(LoHaConfig(r=32, alpha=64, target_modules=["q_proj", "v_proj"]))
+
+
+def peft_llama32_3b_vera():
+    """vera/llama-3.2-3B-default: VeRA r=256 on q_proj, v_proj (shared random projections, d_initial 0.1)."""
+    from peft import VeraConfig
+
+    return _llama32_3b_with(VeraConfig(r=256, target_modules=["q_proj", "v_proj"], projection_prng_key=0,
+                                       save_projection=True, d_initial=0.1))
+
+
+def peft_llama32_3b_prompt_tuning():
+    """prompt_tuning/llama-3.2-3B-default: 200 trained virtual tokens prepended to every sequence."""
+    from peft import PromptTuningConfig
+
+    return _llama32_3b_with(PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=200))
+
+
+def peft_llama32_3b_oft():
+    """oft/llama-3.2-3B-rank32: OFT r=32 (block size from r) on q_proj, v_proj, Cayley-Neumann (5 terms)."""
+    from peft import OFTConfig
+
+    return _llama32_3b_with(OFTConfig(r=32, oft_block_size=0, target_modules=["q_proj", "v_proj"],
+                                      use_cayley_neumann=True, num_cayley_neumann_terms=5))
+
+
+def peft_llama32_3b_fourierft():
+    """fourierft/llama-3.2-3B-default: 1000 trained spectral coefficients per q_proj/v_proj, scaling 300."""
+    from peft import FourierFTConfig
+
+    return _llama32_3b_with(FourierFTConfig(n_frequency=1000, scaling=300, random_loc_seed=777,
+                                            target_modules=["q_proj", "v_proj"], init_weights=False))
+
+
+def peft_llama32_3b_miss():
+    """miss/llama-3.2-3B-default: MiSS r=64 (mini_r 1) on q_proj, v_proj."""
+    from peft import MissConfig
+
+    return _llama32_3b_with(MissConfig(r=64, mini_r=1, target_modules=["q_proj", "v_proj"]))
+
+
+def peft_llama32_3b_randlora():
+    """randlora/llama-3.2-3B-default: RandLoRA r=32, alpha 640 on q_proj, v_proj (shared random bases)."""
+    from peft import RandLoraConfig
+
+    return _llama32_3b_with(RandLoraConfig(r=32, randlora_alpha=640, target_modules=["q_proj", "v_proj"],
+                                           projection_prng_key=0, save_projection=True))
+
+
+def peft_llama32_3b_trainable_tokens():
+    """trainable_tokens/llama-3.2-3B-sos+eos: only the embeddings of tokens 128000 and 128001 are trained."""
+    from peft import TrainableTokensConfig
+
+    return _llama32_3b_with(TrainableTokensConfig(token_indices=[128000, 128001], target_modules=["embed_tokens"]))
