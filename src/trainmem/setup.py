@@ -48,6 +48,16 @@ class ZeroGrad(enum.StrEnum):
     ZEROS = "zeros"  # set_to_none=False, torch < 2.0's default: gradients stay allocated, filled with 0
 
 
+class Loop(enum.StrEnum):
+    """Which Python names keep the batch, the outputs and the loss alive (trace/loops.py shows the code
+    each stands for)."""
+
+    INLINE = "inline"  # PyTorch's tutorials: names live until the next iteration rebinds them
+    STEP_FN = "step-fn"  # def train_step(...): outputs and loss die at return; the batch lives on
+    TRAINER = "trainer"  # HF Trainer / Lightning: outputs dropped before backward, batch through the step
+    LEAN = "lean"  # outputs deleted before backward, batch and loss right after it
+
+
 class Loss(enum.StrEnum):
     CROSS_ENTROPY = "cross-entropy"
     MSE = "mse"
@@ -131,7 +141,7 @@ QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "c
 # transformers TrainingArguments (5.x, with torch >= 2.8): optim adamw_torch_fused, max_grad_norm 1.0,
 # evaluation off; Trainer.training_step: loss / gradient_accumulation_steps, zero_grad to None;
 # under mixed precision the Accelerator converts model outputs to fp32 (trace/step.py outputs_to_fp32)
-HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": "fused", "max_grad_norm": 1.0}
+HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": "fused", "max_grad_norm": 1.0, "loop": "trainer"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +168,7 @@ class TrainingSetup:
     qlora: bool = False  # 4-bit NF4 base weights + LoRA (QLORA_DEFAULTS unless given)
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
+    loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
 
     def __post_init__(self) -> None:
         _check_positive_int(self.batch_size, "--batch-size")
@@ -229,7 +240,7 @@ def _input_spec(item: Any, where: str) -> InputSpec:
 
 _ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
     "loss": Loss, "optimizer": Optimizer, "optimizer_impl": OptimizerImpl,
-    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad,
+    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad, "loop": Loop,
 }
 
 

@@ -1,12 +1,8 @@
-"""The training step, one piece of code for the fake trace and the real measurement.
-
-    for step in range(steps):
-        for micro in range(grad_accum):   inputs → forward → loss → backward
-        optimizer.step() (through GradScaler for fp16-mixed) → zero_grad (set_to_none unless --zero-grad zeros)
-
-Batch, output and loss references are dropped right after each backward, as a careful training
-loop does; gradients are set to None by zero_grad (torch ≥ 2.0 default). An observer is told of each
-phase so that the recorder can label events; the real run passes a no-op observer.
+"""The pieces of a training step, one piece of code for the fake trace and the real measurement:
+a micro-batch, forward, loss, backward (through GradScaler for fp16-mixed), optimizer step (after
+clipping), zero_grad (set_to_none unless --zero-grad zeros). How they are put together, and which
+Python names keep the batch, the outputs and the loss alive meanwhile, is the user's loop: trace/loops.py.
+An observer is told of each phase so that the recorder can label events; the real run passes a no-op observer.
 """
 
 from __future__ import annotations
@@ -260,38 +256,59 @@ def _nothing_to_train(setup: TrainingSetup) -> SetupError:
                       f"(--freeze {','.join(setup.freeze) or '(none)'})", where="training setup")
 
 
+def make_micro_batch(prepared: Prepared, setup: TrainingSetup) -> dict[str, Any]:
+    """One micro-batch as the data loader yields it: the inputs and, with --target-shape, the targets."""
+    batch = prepared.make_batch(setup.batch_size)
+    inputs = batch if isinstance(batch, (tuple, dict)) else (batch,)
+    target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
+    return {"inputs": inputs, "target": target}
+
+
+def autocast_region(prepared: Prepared, setup: TrainingSetup):
+    """One autocast region around forward and loss, as loops write `with autocast(): out = model(x);
+    loss = loss_fn(out, y)`: the cast cache (low-precision parameter copies) lives until it closes."""
+    return _autocast(setup, prepared)
+
+
+def forward(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any]) -> Any:
+    inputs = batch["inputs"]
+    output = prepared.model(**inputs) if isinstance(inputs, dict) else prepared.model(*inputs)
+    if setup.hf_trainer and setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
+        output = outputs_to_fp32(output)
+    return output
+
+
+def compute_loss(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any], output: Any) -> torch.Tensor:
+    """The loss, divided by the accumulation steps as an accumulating loop does."""
+    loss = prepared.loss_fn(output, batch["inputs"], *batch["target"])
+    return loss / setup.grad_accum if setup.grad_accum > 1 else loss
+
+
+def check_trainable(loss: torch.Tensor, setup: TrainingSetup) -> None:
+    if not loss.requires_grad:
+        raise _nothing_to_train(setup)
+
+
+def backward(prepared: Prepared, loss: torch.Tensor) -> None:
+    (prepared.scaler.scale(loss) if prepared.scaler is not None else loss).backward()
+
+
+def optimizer_step(prepared: Prepared, setup: TrainingSetup) -> None:
+    if setup.max_grad_norm is not None:
+        clip_gradients(prepared, setup.max_grad_norm)
+    if prepared.scaler is not None:
+        prepared.scaler.step(prepared.optimizer)
+        prepared.scaler.update()
+    else:
+        prepared.optimizer.step()
+
+
+def zero_grad(prepared: Prepared, setup: TrainingSetup) -> None:
+    prepared.optimizer.zero_grad(set_to_none=setup.zero_grad == ZeroGrad.NONE)
+
+
 def run_steps(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
-    model, optimizer, scaler = prepared.model, prepared.optimizer, prepared.scaler
-    for step in range(setup.steps):
-        for _ in range(setup.grad_accum):
-            observer.phase(Phase.INPUTS, step)
-            batch = prepared.make_batch(setup.batch_size)
-            inputs = batch if isinstance(batch, (tuple, dict)) else (batch,)
-            target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
-            observer.phase(Phase.FORWARD, step)
-            with _autocast(setup, prepared):
-                output = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-                if setup.hf_trainer and setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
-                    output = outputs_to_fp32(output)
-                observer.phase(Phase.LOSS, step)
-                loss = prepared.loss_fn(output, inputs, *target)
-                if setup.grad_accum > 1:
-                    loss = loss / setup.grad_accum
-            del output
-            if not loss.requires_grad:
-                raise _nothing_to_train(setup)
-            observer.phase(Phase.BACKWARD, step)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            del loss, batch, inputs, target
-            observer.after_backward(model)
-        observer.phase(Phase.OPTIMIZER, step)
-        if setup.max_grad_norm is not None:
-            clip_gradients(prepared, setup.max_grad_norm)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        observer.after_optimizer(optimizer, scaler)
-        observer.phase(Phase.ZERO_GRAD, step)
-        optimizer.zero_grad(set_to_none=setup.zero_grad == ZeroGrad.NONE)
+    """The steps as the user's loop (setup.loop) writes them: trace/loops.py."""
+    from trainmem.trace.loops import run_loop
+
+    run_loop(prepared, setup, observer)

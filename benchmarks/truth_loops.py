@@ -1,0 +1,241 @@
+"""Ground truth for trainmem's CPU estimates: real training loops written as people write them, with no
+trainmem code at all (not imported, not shared), so that a wrong assumption in trainmem's own step
+cannot hide here. One fresh process per measurement; prints one JSON line.
+
+    python benchmarks/truth_loops.py MODEL --batch-size N [--optimizer adam] [--loop inline]
+                                     [--steps 2] [--mode tensors|rss]
+
+MODEL: `mlp:1000-100-10` (Linear + ReLU, none after the last) or `path/models.py:factory` returning
+(model, make_batch) as tests/models.py does. Targets are made with the batch, as a data loader yields
+them: class ids for cross-entropy (one per row, or one per position for [B, L, V] and [B, C, H, W]
+outputs), the input itself for `--loss mse`.
+
+mode tensors: torch.profiler's CPU memory events (they include buffers kernels allocate internally),
+              summed in time order with each size rounded to 64 B as c10's CPU allocator does.
+mode rss:     no profiler; VmHWM (peak resident set) of this process after the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ---- the loops, as written in tutorials, functions, and trainers ----------------------------------
+
+def loop_inline(model, optimizer, loss_fn, loader, accum):
+    # PyTorch's tutorial loop; accumulation as its docs show it
+    for i, (inputs, targets) in enumerate(loader):
+        if i % accum == 0:
+            optimizer.zero_grad()
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+
+
+def loop_step_fn(model, optimizer, loss_fn, loader, accum):
+    def train_step(inputs, targets, update):
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
+        loss.backward()
+        if update:
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss.item()
+
+    for i, (inputs, targets) in enumerate(loader):
+        train_step(inputs, targets, (i + 1) % accum == 0)
+
+
+def loop_trainer(model, optimizer, loss_fn, loader, accum):
+    # the shape of transformers' Trainer._inner_training_loop / training_step (>= 4.46)
+    def compute_loss(inputs, targets):
+        outputs = model(inputs)
+        return loss_fn(outputs, targets)
+
+    def training_step(inputs, targets):
+        loss = compute_loss(inputs, targets)
+        if accum > 1:
+            loss = loss / accum
+        loss.backward()
+        return loss.detach()
+
+    iterator = iter(loader)
+    while True:
+        batch_samples = []
+        for _ in range(accum):
+            sample = next(iterator, None)
+            if sample is None:
+                return
+            batch_samples.append(sample)
+        tr_loss = 0.0
+        for inputs, targets in batch_samples:
+            tr_loss_step = training_step(inputs, targets)
+            tr_loss = tr_loss + tr_loss_step
+        optimizer.step()
+        model.zero_grad()
+
+
+def loop_lean(model, optimizer, loss_fn, loader, accum):
+    iterator = iter(loader)
+    while True:
+        for _ in range(accum):
+            sample = next(iterator, None)
+            if sample is None:
+                return
+            inputs, targets = sample
+            del sample
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
+            del outputs
+            loss.backward()
+            del loss, inputs, targets
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+LOOPS = {"inline": loop_inline, "step-fn": loop_step_fn, "trainer": loop_trainer, "lean": loop_lean}
+
+
+# ---- models, data and losses, written out plainly -------------------------------------------------
+
+def build(reference):
+    if reference.startswith("mlp:"):
+        widths = [int(w) for w in reference[4:].split("-")]
+        layers = []
+        for index, (a, b) in enumerate(zip(widths, widths[1:])):
+            layers.append(nn.Linear(a, b))
+            if index < len(widths) - 2:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers), (lambda batch: (torch.randn(batch, widths[0]),))
+    path, _, name = reference.rpartition(":")
+    spec = importlib.util.spec_from_file_location("zoo_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    built = getattr(module, name)()
+    return built[0], built[1]
+
+
+def cross_entropy(outputs, targets):
+    if outputs.dim() == 3:  # a language model's [B, L, V]
+        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+    return F.cross_entropy(outputs, targets)
+
+
+def target_maker(model, make_batch, loss):
+    """Targets of the shape the model's output asks for. The shape comes from one forward on the meta
+    device (parameters and inputs as meta tensors: nothing allocated, nothing computed)."""
+    if loss == "mse":
+        return None
+    meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    example = tuple(torch.empty_like(t, device="meta") for t in make_batch(1))
+    with torch.no_grad():
+        shape = torch.func.functional_call(model, meta, example).shape
+    if len(shape) == 2:
+        return lambda batch: torch.randint(0, shape[1], (batch,))
+    if len(shape) == 3:
+        return lambda batch: torch.randint(0, shape[2], (batch, shape[1]))
+    return lambda batch: torch.randint(0, shape[1], (batch, *shape[2:]))
+
+
+def make_optimizer(name, params):
+    return {"sgd": lambda: torch.optim.SGD(params, lr=0.01),
+            "momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+            "adam": lambda: torch.optim.Adam(params, lr=1e-3),
+            "adamw": lambda: torch.optim.AdamW(params, lr=1e-3)}[name]()
+
+
+class Loader:
+    """What a DataLoader's iterator does for these loops: each `next` makes a new (inputs, targets) pair
+    and keeps no reference to it."""
+
+    def __init__(self, make_batch, make_target, batch, steps):
+        self.make_batch, self.make_target, self.batch, self.left = make_batch, make_target, batch, steps
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.left == 0:
+            raise StopIteration
+        self.left -= 1
+        inputs = self.make_batch(self.batch)[0]
+        return inputs, (inputs if self.make_target is None else self.make_target(self.batch))
+
+
+# ---- measurement ---------------------------------------------------------------------------------
+
+def status_bytes(field):
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def profiled_peak(prof):
+    """Peak of the running sum of the profiler's CPU memory events (kineto results: not a public API;
+    the events include allocations made inside kernels)."""
+    events = sorted(((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")), key=lambda e: e[0])
+    current = peak = 0
+    for _, size in events:
+        rounded = (abs(size) + 63) // 64 * 64
+        current += rounded if size > 0 else -rounded
+        peak = max(peak, current)
+    return peak
+
+
+def build_and_train(args):
+    model, make_batch = build(args.model)
+    model.train()
+    make_target = target_maker(model, make_batch, args.loss)
+    loss_fn = cross_entropy if args.loss == "cross-entropy" else F.mse_loss
+    optimizer = make_optimizer(args.optimizer, [p for p in model.parameters() if p.requires_grad])
+    LOOPS[args.loop](model, optimizer, loss_fn, Loader(make_batch, make_target, args.batch_size,
+                                                       args.steps * args.grad_accum), args.grad_accum)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--loop", default="inline", choices=sorted(LOOPS))
+    parser.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"])
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--mode", default="tensors", choices=["tensors", "rss"])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    result = {"model": args.model, "batch_size": args.batch_size, "optimizer": args.optimizer, "loop": args.loop,
+              "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    started = time.perf_counter()
+    if args.mode == "tensors":  # the model is built inside the profile: its parameters count too
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            build_and_train(args)
+        result["tensor_peak_bytes"] = profiled_peak(prof)
+    else:
+        build_and_train(args)
+        result["peak_rss_bytes"] = status_bytes("VmHWM")
+    result["seconds"] = time.perf_counter() - started
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

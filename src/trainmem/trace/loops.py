@@ -1,0 +1,170 @@
+"""The training loops people write, each as the code it stands for. Which Python names keep the batch,
+the outputs and the loss alive decides the peak as much as any op does: a name keeps its tensor until
+the name is rebound or goes out of scope, and rebinding happens only *after* the new value exists, so
+the next batch is made while the previous one is alive, and the next forward runs while the previous
+outputs are alive.
+
+`held` below plays the loop's names: assigning `held[name] = new` drops the old tensor only after the
+new one was made, exactly as `name = f()` does. Phases are announced to the observer (the recorder
+labels events with them; a real run ignores them). `benchmarks/truth_loops.py` writes the same loops
+as plain PyTorch, independently of this module, to check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainmem.setup import Loop, TrainingSetup
+from trainmem.trace import step as training
+from trainmem.trace.events import Phase
+from trainmem.trace.step import Observer, Prepared
+
+
+def _forward_and_loss(prepared: Prepared, setup: TrainingSetup, observer: Observer, step: int,
+                      held: dict[str, Any], batch: dict[str, Any]) -> None:
+    """`with autocast(): outputs = model(inputs); loss = loss_fn(outputs, targets)`, binding
+    held["output"] and held["loss"]."""
+    observer.phase(Phase.FORWARD, step)
+    with training.autocast_region(prepared, setup):
+        held["output"] = training.forward(prepared, setup, batch)
+        observer.phase(Phase.LOSS, step)
+        held["loss"] = training.compute_loss(prepared, setup, batch, held["output"])
+    training.check_trainable(held["loss"], setup)
+
+
+def _backward(prepared: Prepared, observer: Observer, step: int, loss: Any) -> None:
+    observer.phase(Phase.BACKWARD, step)
+    training.backward(prepared, loss)
+    observer.after_backward(prepared.model)
+
+
+def _optimizer_step(prepared: Prepared, setup: TrainingSetup, observer: Observer, step: int) -> None:
+    observer.phase(Phase.OPTIMIZER, step)
+    training.optimizer_step(prepared, setup)
+    observer.after_optimizer(prepared.optimizer, prepared.scaler)
+
+
+def _zero_grad(prepared: Prepared, setup: TrainingSetup, observer: Observer, step: int) -> None:
+    observer.phase(Phase.ZERO_GRAD, step)
+    training.zero_grad(prepared, setup)
+
+
+def inline_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
+    """PyTorch's tutorials, the loop written at top level (accumulating when --grad-accum > 1):
+
+        for i, (inputs, targets) in enumerate(loader):
+            if i % accum == 0:
+                optimizer.zero_grad()
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets) / accum
+            loss.backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+
+    inputs, targets, outputs and loss stay bound through backward and the optimizer step, until the
+    next iteration rebinds each name."""
+    held: dict[str, Any] = {}
+    for step in range(setup.steps):
+        for micro in range(setup.grad_accum):
+            observer.phase(Phase.INPUTS, step)
+            held["batch"] = training.make_micro_batch(prepared, setup)
+            if micro == 0:
+                _zero_grad(prepared, setup, observer, step)
+            _forward_and_loss(prepared, setup, observer, step, held, held["batch"])
+            _backward(prepared, observer, step, held["loss"])
+        _optimizer_step(prepared, setup, observer, step)
+
+
+def step_fn_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
+    """The same inside a function:
+
+        def train_step(inputs, targets, update):
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets) / accum
+            loss.backward()
+            if update:
+                optimizer.step()
+                optimizer.zero_grad()
+            return loss.item()
+
+        for i, (inputs, targets) in enumerate(loader):
+            train_step(inputs, targets, (i + 1) % accum == 0)
+
+    outputs and loss die when train_step returns; the caller's batch lives until the next one replaces it."""
+    held: dict[str, Any] = {}
+    for step in range(setup.steps):
+        for micro in range(setup.grad_accum):
+            observer.phase(Phase.INPUTS, step)
+            held["batch"] = training.make_micro_batch(prepared, setup)
+            local: dict[str, Any] = {}  # train_step's own names
+            _forward_and_loss(prepared, setup, observer, step, local, held["batch"])
+            _backward(prepared, observer, step, local["loss"])
+            if micro == setup.grad_accum - 1:
+                _optimizer_step(prepared, setup, observer, step)
+                _zero_grad(prepared, setup, observer, step)
+            local.clear()  # return
+
+
+def trainer_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
+    """Hugging Face's Trainer (transformers >= 4.46, Trainer._inner_training_loop and training_step),
+    and Lightning's automatic optimization, which keep the same names alive:
+
+        for update_step in range(steps):
+            batch_samples = [next(epoch_iterator) for _ in range(accum)]   # get_batch_samples
+            for inputs in batch_samples:
+                loss = compute_loss(model, inputs)   # outputs = model(**inputs) die inside it
+                loss = loss / accum
+                accelerator.backward(loss)
+                tr_loss_step = loss.detach()
+            clip_grad_norm_(...); optimizer.step(); model.zero_grad()
+
+    The update's micro-batches are all made before its first forward, while the previous update's
+    list is still bound; the outputs are dropped before backward."""
+    held: dict[str, Any] = {}
+    for step in range(setup.steps):
+        observer.phase(Phase.INPUTS, step)
+        held["batch_samples"] = [training.make_micro_batch(prepared, setup) for _ in range(setup.grad_accum)]
+        for batch in held["batch_samples"]:
+            local: dict[str, Any] = {}  # compute_loss's and training_step's names
+            _forward_and_loss(prepared, setup, observer, step, local, batch)
+            del local["output"]  # compute_loss returns the loss only
+            _backward(prepared, observer, step, local["loss"])
+            held["loss"] = local.pop("loss").detach()
+        _optimizer_step(prepared, setup, observer, step)
+        _zero_grad(prepared, setup, observer, step)
+
+
+def lean_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
+    """A loop written to keep nothing it does not need:
+
+        for step in range(steps):
+            for _ in range(accum):
+                inputs, targets = next(loader)
+                outputs = model(inputs)
+                loss = loss_fn(outputs, targets) / accum
+                del outputs
+                loss.backward()
+                del loss, inputs, targets
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    for step in range(setup.steps):
+        for _ in range(setup.grad_accum):
+            observer.phase(Phase.INPUTS, step)
+            held = {"batch": training.make_micro_batch(prepared, setup)}
+            _forward_and_loss(prepared, setup, observer, step, held, held["batch"])
+            del held["output"]
+            _backward(prepared, observer, step, held["loss"])
+            held.clear()
+        _optimizer_step(prepared, setup, observer, step)
+        _zero_grad(prepared, setup, observer, step)
+
+
+LOOPS: dict[Loop, Callable[[Prepared, TrainingSetup, Observer], None]] = {
+    Loop.INLINE: inline_loop, Loop.STEP_FN: step_fn_loop, Loop.TRAINER: trainer_loop, Loop.LEAN: lean_loop,
+}
+
+
+def run_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> None:
+    LOOPS[setup.loop](prepared, setup, observer)
