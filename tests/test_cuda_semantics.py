@@ -115,7 +115,7 @@ def test_reserved_counts_whole_segments():
     # the first 8.125 MiB workspace opens a 20 MiB large segment (requests of 1–10 MiB get 20 MiB); the
     # second is split from its 11.875 MiB remainder; every other block fits one 2 MiB small segment
     assert est.reserved_bytes == 20 * 2**20 + 2 * 2**20
-    assert est.process_bytes == est.reserved_bytes + est.device.gpu.cuda_context_bytes
+    assert est.process_bytes == est.reserved_bytes + est.coverage["cuda_runtime"]["cuda_context_bytes"]
 
 
 def test_allocator_settings_reach_the_replay():

@@ -15,6 +15,7 @@ from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
 from trainmem.targets import DeviceEvent
 from trainmem.targets import cuda as cuda_target
+from trainmem.targets import cuda_runtime
 from trainmem.trace.events import Category
 
 
@@ -62,14 +63,39 @@ def live_at(events: list[DeviceEvent], index: int) -> dict[int, DeviceEvent]:
     return live
 
 
+@dataclasses.dataclass(frozen=True)
+class Context:
+    point: int
+    high: int
+    source: str
+
+
+def context_for(gpu, runtime: cuda_runtime.CudaRuntime, cuda_context: int | None) -> Context:
+    """The CUDA context: --cuda-context, else a custom device's context=, else the published figure for
+    the target's CUDA version and module loading (targets/cuda_runtime.py), with its range."""
+    if cuda_context is not None:
+        return Context(cuda_context, cuda_context, "given with --cuda-context")
+    if gpu.context_given:
+        return Context(gpu.cuda_context_bytes, gpu.cuda_context_bytes, gpu.context_source)
+    fact = cuda_runtime.context_fact(runtime)
+    return Context(fact.point, fact.high, fact.source)
+
+
+def _high_reserved(stream, config: AllocatorConfig, point_reserved: int) -> int:
+    """max_memory_reserved when the uncertain workspaces take their high sizes (a second replay)."""
+    if stream.events_high is None:
+        return point_reserved
+    return max(point_reserved, replay_stream(stream.events_high, config, None).allocator.peak_reserved_bytes)
+
+
 def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: int, config: AllocatorConfig,
-                  cuda_context: int | None) -> Estimate:
+                  cuda_context: int | None, runtime: cuda_runtime.CudaRuntime | None = None) -> Estimate:
     gpu = device.gpu
-    context = gpu.cuda_context_bytes if cuda_context is None else cuda_context
-    context_source = gpu.context_source if cuda_context is None else "given with --cuda-context"
-    stream = cuda_target.device_stream(traced.trace, gpu.cublas_workspace_bytes)
+    runtime = runtime or cuda_runtime.resolve_runtime(None, None, None)
+    context = context_for(gpu, runtime, cuda_context)
+    stream = cuda_target.device_stream(traced.trace, gpu.cublas_workspace_bytes, runtime.cudnn_benchmark)
     # cudaMalloc may hand out what the card has left once the CUDA context is in place
-    run = replay_stream(stream.events, config, max(device.capacity_bytes - context, 0))
+    run = replay_stream(stream.events, config, max(device.capacity_bytes - context.point, 0))
     oom = run.oom
     if oom is not None:  # still report the whole run's figures, as if the card were large enough
         run = replay_stream(stream.events, config, None)
@@ -81,14 +107,14 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
     # what the allocator charges beyond the 512-byte rounding: blocks kept whole rather than split
     breakdown[str(Category.RUNTIME)] += allocator.peak_allocated_bytes - sum(breakdown.values())
     reserved = allocator.peak_reserved_bytes
-    process_parts = {"reserved": reserved, "cuda_context": context}
+    reserved_high = _high_reserved(stream, config, reserved)
+    process_parts = {"reserved": reserved, "cuda_context": context.point}
     if stream.managed_peak:
         process_parts["managed_memory"] = stream.managed_peak
+    process_high = reserved_high + context.high + stream.managed_peak
     peak_event = stream.events[run.peak_index]
     fragmentation = allocator.fragmentation
-    warnings = list(traced.warnings) + [
-        f"process memory = max reserved + CUDA context {context:,} B ({context_source}); cuBLAS/cuDNN "
-        "handles and the kernels loaded at run time are taken to be inside that figure",
+    warnings = list(traced.warnings) + _runtime_warnings(runtime, context, reserved, reserved_high, stream) + [
         f"caching allocator: {config_text(config)}",
     ] + [f"CUDA rule: {rule}" for rule in stream.rules] + stream.gaps
     if oom is not None:
@@ -105,7 +131,10 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
         explanation=explain(traced, setup, breakdown, "cuda"), process_parts=process_parts,
         baselines=baselines(traced, setup, allocator.peak_allocated_bytes, "max_memory_allocated"),
         coverage={"ops": dict(traced.op_counts), "kernel_rules": stream.rules,
-                  "compute_capability": ".".join(map(str, gpu.compute_capability))},
+                  "compute_capability": ".".join(map(str, gpu.compute_capability)),
+                  "cuda_runtime": {**runtime.to_dict(), "cuda_context_bytes": context.point,
+                                   "cuda_context_bytes_high": context.high, "cuda_context_source": context.source,
+                                   "reserved_bytes_high": reserved_high}},
         allocated=allocator.peak_allocated_bytes, reserved=reserved,
         allocator={"fragmentation_at_allocated_peak": fragmentation.at_allocated_peak,
                    "fragmentation_at_reserved_peak": fragmentation.at_reserved_peak,
@@ -113,7 +142,17 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
                    "large_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "large"),
                    "small_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "small"),
                    "settings": config_text(config), "out_of_memory": oom},
-        fits_override=oom is None)
+        fits_override=oom is None, process_high=process_high)
+
+
+def _runtime_warnings(runtime, context: Context, reserved: int, reserved_high: int, stream) -> list[str]:
+    lines = [f"CUDA runtime: {runtime.label}",
+             f"process memory = max reserved + CUDA context {context.point:,} B ({context.source})"]
+    if context.high > context.point or reserved_high > reserved:
+        lines.append(f"process_bytes_high = reserved with the high cuDNN workspaces {reserved_high:,} B + "
+                     f"the largest reported CUDA context {context.high:,} B"
+                     + (" + managed memory" if stream.managed_peak else ""))
+    return lines + cuda_runtime.library_notes(stream.libraries)
 
 
 def config_text(config: AllocatorConfig) -> str:

@@ -13,8 +13,11 @@ Each entry records the memory the driver reports and where that number comes fro
   below). They are not per-GPU guesses.
 * H200 is not listed: its capacity (143771MiB in nvidia-smi, 143156 MiB in torch) was found only in
   pastes that could not be traced to a public page; use `custom:capacity=143771MiB,cc=9.0`.
-* `cuda_context_bytes` is one default for every GPU: 287 MB with lazy module loading, reported in
-  PyTorch PR #86509. No per-GPU figures with a public source were found.
+* `cuda_context_bytes` is one default for every GPU: the CUDA 12, lazy-loading figure of
+  targets/cuda_runtime.py (256 MiB). Estimates take the context from that module by the target's CUDA
+  version and module loading (--cuda-version, --module-loading), with the range reported; only a
+  custom device's `context=` (or --cuda-context) replaces it. No per-GPU figures with a public source
+  were found.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ FLASH_MAX_CC = (12, 1)
 # sdp_utils.cpp check_dtypes_low_precision: bf16 is accepted when dprop->major >= 8.
 BF16_MIN_MAJOR = 8
 
-# Figure from gpu-facts.md: PyTorch PR #86509 reports 287 MB for the CUDA context with lazy
-# loading (667 MB eager). It is read here as 287 * 10**6 bytes.
-DEFAULT_CONTEXT_BYTES = 287 * 1000**2
-DEFAULT_CONTEXT_SOURCE = ("PyTorch PR #86509 (reported): ~287 MB CUDA context with lazy module "
-                          "loading, 667 MB eager; default for every GPU, not measured per GPU")
+# The CUDA 12, lazy-loading context of targets/cuda_runtime.py CONTEXT_FACTS (a process holding only
+# its context: 256 MiB in nvidia-smi, torch 2.7.1+cu128, invoke-ai/InvokeAI issue #9413). Estimates
+# choose the figure by CUDA version and module loading; this is what `trainmem devices` shows.
+DEFAULT_CONTEXT_BYTES = 256 * MiB
+DEFAULT_CONTEXT_SOURCE = ("CUDA 12, lazy module loading: 256 MiB (invoke-ai/InvokeAI #9413); estimates pick the "
+                          "figure by --cuda-version and --module-loading (targets/cuda_runtime.py)")
 
 
 def cublas_workspace_for(cc: tuple[int, int]) -> int:
@@ -76,6 +80,7 @@ class GpuSpec:
     flash_attention: bool
     cuda_context_bytes: int
     context_source: str
+    context_given: bool = False  # a custom device's context=: used as is instead of the runtime's figure
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -190,6 +195,7 @@ def parse_custom(text: str) -> GpuSpec:
     if not match or capacity <= 0:
         raise _bad(text)
     cc = (int(match.group(1)), int(match.group(2)))
+    given = context is not None
     if context is None:
         context, context_source = DEFAULT_CONTEXT_BYTES, DEFAULT_CONTEXT_SOURCE
     else:
@@ -198,4 +204,4 @@ def parse_custom(text: str) -> GpuSpec:
                    capacity_bytes=capacity, capacity_source="given on the command line",
                    compute_capability=cc, cublas_workspace_bytes=cublas_workspace_for(cc),
                    bf16=bf16_for(cc), flash_attention=flash_attention_for(cc),
-                   cuda_context_bytes=context, context_source=context_source)
+                   cuda_context_bytes=context, context_source=context_source, context_given=given)

@@ -18,34 +18,40 @@ What this module adds or removes, one rule per mechanism, each with its source:
   cudaMallocManaged (functional.get_paged), outside the caching allocator: not in allocated/reserved.
   Their bytes are counted apart (`managed_peak`) and added to the process figure, as pages resident
   on the GPU while the optimizer runs.
-* cuDNN convolution workspaces are transient and depend on the algorithm cuDNN's heuristics pick on
-  the real GPU: counted and reported, not sized (a stated gap).
+* cuDNN convolution workspaces (targets/cudnn.py) — transient blocks through the caching allocator
+  around each convolution call; the algorithm cuDNN picks on the real GPU decides their size, so the
+  target builds two streams: the point estimate's and the high estimate's (process_bytes_high).
+* what the process holds outside the allocator — the CUDA context by CUDA version and module loading,
+  library kernel images — is in targets/cuda_runtime.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from trainmem.targets import DeviceEvent
+from trainmem.targets import DeviceEvent, cudnn
 from trainmem.trace.events import Category, Phase, Trace
 
 # ops that reach cuBLAS / cuBLASLt (aten/src/ATen/native/cuda/Blas.cpp, LinearAlgebra.cpp)
 CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
                         "_addmm_activation", "addr"})
-CUDNN_CONV_OPS = frozenset({"convolution", "convolution_backward"})
-CUDNN_RNN_OPS = frozenset({"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"})
+CUDNN_CONV_OPS = cudnn.CONV_OPS
+CUDNN_RNN_OPS = cudnn.RNN_OPS
+BATCH_NORM_OPS = cudnn.BN_OPS
 
 
 def kernel_ops() -> frozenset[str]:
-    return CUBLAS_OPS | CUDNN_CONV_OPS | CUDNN_RNN_OPS
+    return CUBLAS_OPS | CUDNN_CONV_OPS | CUDNN_RNN_OPS | BATCH_NORM_OPS
 
 
 @dataclasses.dataclass
 class CudaStream:
-    events: list[DeviceEvent]
+    events: list[DeviceEvent]  # the point estimate's stream
     rules: dict[str, int]  # rule → times applied
     gaps: list[str]  # what this target knows it does not size
     managed_peak: int = 0  # peak bytes of storages in CUDA managed memory (outside the allocator)
+    events_high: list[DeviceEvent] | None = None  # the high stream, where uncertain workspaces differ
+    libraries: dict[str, bool] = dataclasses.field(default_factory=dict)  # library → loaded by this run
 
 
 def _thread(phase: Phase) -> str:
@@ -53,24 +59,35 @@ def _thread(phase: Phase) -> str:
     return "autograd" if phase == Phase.BACKWARD else "main"
 
 
-def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
-    workspaces: dict[int, str] = {}  # trace seq → thread whose first cuBLAS call comes there
+def _cublas_first_calls(trace: Trace) -> dict[int, str]:
+    """trace seq → thread whose first cuBLAS call comes there (one workspace per thread's handle)."""
+    workspaces: dict[int, str] = {}
     seen: set[str] = set()
-    counts = {"conv": 0, "rnn": 0}
     for call in trace.kernel_calls:
-        anchor = trace.events[min(call.at_seq, len(trace.events) - 1)] if trace.events else None
-        if anchor is None:
+        if call.op not in CUBLAS_OPS or not trace.events:
             continue
-        if call.op in CUBLAS_OPS and _thread(anchor.phase) not in seen:
-            seen.add(_thread(anchor.phase))
-            workspaces[call.at_seq] = _thread(anchor.phase)
-        elif call.op in CUDNN_CONV_OPS:
-            counts["conv"] += 1
-        elif call.op in CUDNN_RNN_OPS:
-            counts["rnn"] += 1
+        thread = _thread(trace.events[min(call.at_seq, len(trace.events) - 1)].phase)
+        if thread not in seen:
+            seen.add(thread)
+            workspaces[call.at_seq] = thread
+    return workspaces
+
+
+def _transients(events: list[DeviceEvent], extra: list[cudnn.Workspace], event) -> None:
+    """A kernel's workspace: allocated after its outputs, freed when the kernel returns."""
+    for ws in extra:
+        key = -1 - len(events)
+        for action in ("alloc", "free"):
+            events.append(DeviceEvent(action, ws.nbytes, key, Category.RUNTIME, event.phase, event.module,
+                                      ws.label, event.step, event.seq))
+
+
+def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cudnn.Workspace]]):
+    workspaces = _cublas_first_calls(trace)
     events: list[DeviceEvent] = []
     managed, managed_peak = 0, 0
     for event in trace.events:
+        _transients(events, inserts.get(event.seq, []), event)
         thread = workspaces.pop(event.seq, None)
         if thread is not None:
             events.append(DeviceEvent("alloc", cublas_workspace_bytes, -1 - len(events), Category.RUNTIME,
@@ -84,20 +101,29 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int) -> CudaStream:
             continue
         events.append(DeviceEvent(event.action, event.nbytes, event.sid, trace.storages[event.sid].category,
                                   event.phase, event.module, event.op, event.step, event.seq))
+    last = trace.events[-1] if trace.events else None
+    if last is not None:
+        _transients(events, [w for at, ws in inserts.items() if at >= len(trace.events) for w in ws], last)
     for thread in workspaces.values():  # a cuBLAS call that allocated nothing itself, at the very end
         events.append(DeviceEvent("alloc", cublas_workspace_bytes, -1 - len(events), Category.RUNTIME,
                                   Phase.OPTIMIZER, "", f"cuBLAS workspace ({thread} thread)", 0, len(trace.events)))
-    rules = {f"cuBLAS workspace, {thread} thread ({cublas_workspace_bytes:,} B)": 1 for thread in sorted(seen)}
-    gaps = []
-    if counts["conv"]:
-        gaps.append(f"{counts['conv']} convolution calls: cuDNN's workspaces are transient and chosen by "
-                    "cuDNN on the real GPU; not sized here (reserved may be higher)")
-    if counts["rnn"]:
-        gaps.append(f"{counts['rnn']} recurrent-layer calls traced with the CPU kernel: cuDNN's RNN reserve "
-                    "space is not modelled")
+    return events, managed_peak
+
+
+def device_stream(trace: Trace, cublas_workspace_bytes: int, cudnn_benchmark: bool = False) -> CudaStream:
+    plan = cudnn.plan_workspaces(trace, cudnn_benchmark)
+    events, managed_peak = _build(trace, cublas_workspace_bytes, plan.point)
+    high = _build(trace, cublas_workspace_bytes, plan.high)[0] if plan.high != plan.point else None
+    threads = sorted(set(_cublas_first_calls(trace).values()))
+    rules = {f"cuBLAS workspace, {thread} thread ({cublas_workspace_bytes:,} B)": 1 for thread in threads}
+    rules.update(plan.rules)
     if trace.managed_storages:
         rules[f"paged optimizer state in managed memory ({len(trace.managed_storages)} tensors)"] = 1
-    return CudaStream(events, rules, gaps, managed_peak)
+    ops = {call.op for call in trace.kernel_calls}
+    libraries = {"cuBLAS/cuBLASLt": bool(ops & CUBLAS_OPS),
+                 "cuDNN": bool(ops & (CUDNN_CONV_OPS | CUDNN_RNN_OPS | BATCH_NORM_OPS)), "NCCL": True}
+    return CudaStream(events, rules, plan.gaps + cudnn.stated_gaps(trace, cudnn_benchmark), managed_peak,
+                      high, libraries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +165,32 @@ RULES: tuple[CudaRule, ...] = (
              "tests/test_optimizers.py::test_paged_states_leave_the_caching_allocator"),
     CudaRule("caching allocator: rounding, pools, segments, splitting, merging, settings", "alloc/cuda_caching.py",
              "c10/cuda/CUDACachingAllocator.cpp", "tests/test_cuda_semantics.py::test_reserved_counts_whole_segments"),
-    CudaRule("cuDNN convolution workspaces (transient, chosen by cuDNN on the GPU)", "targets/cuda.py (reported gap)",
-             "aten/src/ATen/native/cudnn/Conv_v8.cpp", ""),
-    CudaRule("cuDNN batch-norm reserve space (size from cuDNN at run time)", "not sized (stated gap)",
-             "aten/src/ATen/native/cudnn/BatchNorm.cpp", ""),
-    CudaRule("cuDNN RNN reserve space", "targets/cuda.py (reported gap)", "aten/src/ATen/native/cudnn/RNN.cpp", ""),
+    CudaRule("cuDNN convolution workspace, cudnn.benchmark off: allocated and freed around each forward, "
+             "backward-data and backward-filter call; 0 B (implicit GEMM) in the point estimate, the im2col "
+             "matrix (explicit GEMM) in the high one", "targets/cudnn.py",
+             "aten/src/ATen/native/cudnn/Conv_v8.cpp run_conv_plan, get_configs_from_heuristics, try_configs; "
+             "cuDNN API reference cudnnConvolutionFwdAlgo_t (IMPLICIT_GEMM, GEMM)",
+             "tests/test_cuda_runtime.py::test_heuristic_workspace_is_the_im2col_matrix_in_the_high_stream"),
+    CudaRule("cuDNN convolution workspace, cudnn.benchmark on: the largest candidate workspace (at least the "
+             "im2col matrix) on the first call of each shape on each thread, freed into the cache (no emptyCache "
+             "in the v8 path)", "targets/cudnn.py",
+             "aten/src/ATen/native/cudnn/Conv_v8.cpp generate_and_filter_plans, get_available_workspace, "
+             "thread_local benchmark_cache; Conv_v7.cpp getMaxWorkspaceSize and emptyCache (older path)",
+             "tests/test_cuda_runtime.py::test_benchmark_workspace_once_per_shape_and_thread"),
+    CudaRule("depthwise fp32 convolution: PyTorch's own kernel, no cuDNN workspace", "targets/cudnn.py",
+             "aten/src/ATen/native/Convolution.cpp _select_conv_backend, use_cudnn_depthwise",
+             "tests/test_cuda_runtime.py::test_depthwise_fp32_has_no_cudnn_workspace"),
+    CudaRule("CUDA context by CUDA version and module loading (lazy from 11.7, torch sets LAZY since 1.13)",
+             "targets/cuda_runtime.py",
+             "pytorch/pytorch PR #86509; NVIDIA CUDA Programming Guide, Lazy Loading; HF transformers "
+             "perf_train_gpu_one (v4.21); invoke-ai/InvokeAI #9413; unslothai/unsloth-zoo PR #1053",
+             "tests/test_cuda_runtime.py::test_context_by_version_and_loading"),
+    CudaRule("cuBLAS/cuBLASLt and cuDNN kernel images: stated zero beyond the context (no public per-library "
+             "figure); NCCL: zero on one GPU", "targets/cuda_runtime.py", "NVIDIA CUDA Programming Guide, Lazy "
+             "Loading (kernels load at first use under LAZY)",
+             "tests/test_cuda_runtime.py::test_library_notes_are_reported"),
+    CudaRule("cuDNN batch-norm workspace and reserve space (sizes from cuDNN at run time)",
+             "targets/cudnn.py (counted, stated gap)", "aten/src/ATen/native/cudnn/BatchNorm.cpp", ""),
+    CudaRule("cuDNN RNN reserve space", "targets/cudnn.py (counted, stated gap)",
+             "aten/src/ATen/native/cudnn/RNN.cpp", ""),
 )
