@@ -51,6 +51,9 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9")
     parser.add_argument("--cuda-context", metavar="SIZE", help="CUDA context bytes in nvidia-smi (default: the device's)")
     parser.add_argument("--alloc-conf", metavar="SETTINGS", help="PYTORCH_CUDA_ALLOC_CONF for the run, e.g. expandable_segments:True")
+    parser.add_argument("--cuda-version", metavar="X.Y", help="the target run's CUDA (default: this torch's; CPU builds: 12.8)")
+    parser.add_argument("--module-loading", choices=["lazy", "eager"], help="CUDA_MODULE_LOADING of the run (default lazy; eager before CUDA 11.7)")
+    parser.add_argument("--cudnn-benchmark", action="store_true", default=None, help="torch.backends.cudnn.benchmark = True in the run")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--depth", type=int, default=2, help="per-module table depth")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -117,6 +120,9 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
         options["cuda_context"] = parse_bytes(args.cuda_context, "--cuda-context")
     if args.alloc_conf is not None:
         options["alloc_conf"] = args.alloc_conf
+    for name in ("cuda_version", "module_loading", "cudnn_benchmark"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     return options
 
 

@@ -81,13 +81,16 @@ class Estimate:
 
 
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "cpu", depth: int = 2,
-             cuda_context: int | None = None, alloc_conf: str | None = None, **setup_values: Any) -> Estimate:
+             cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
+             module_loading: str | None = None, cudnn_benchmark: bool | None = None,
+             **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
     input_shape="1000", …), the same names as the CLI flags and TOML keys. For a GPU `device`,
     `cuda_context` overrides the catalog's CUDA-context bytes and `alloc_conf` is a
-    PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True")."""
+    PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
+    `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack."""
     from trainmem.frontends import resolve
     from trainmem.targets import cpu as cpu_target
     from trainmem.trace.run import trace_training
@@ -99,9 +102,11 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
         setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
     target_device = get_device(device)
     if target_device.kind == "cuda":
-        return _estimate_cuda(model, setup, target_device, depth, cuda_context, alloc_conf)
-    if cuda_context is not None or alloc_conf is not None:
-        raise SetupError("expected --cuda-context and --alloc-conf only with a GPU --device, got --device cpu",
+        runtime = dict(cuda_version=cuda_version, module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
+        return _estimate_cuda(model, setup, target_device, depth, cuda_context, alloc_conf, runtime)
+    if any(v is not None for v in (cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark)):
+        raise SetupError("expected --cuda-context, --alloc-conf, --cuda-version, --module-loading and "
+                         "--cudnn-benchmark only with a GPU --device, got --device cpu",
                          where="--device")
     source = resolve(model, setup)
     traced = trace_training(source, setup, cpu_target.kernel_ops())
@@ -109,11 +114,12 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
 
 
 def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int, cuda_context: int | None,
-                   alloc_conf: str | None) -> Estimate:
+                   alloc_conf: str | None, runtime: dict[str, Any] | None = None) -> Estimate:
     from trainmem.alloc.cuda_config import AllocatorConfig
     from trainmem.assemble_cuda import assemble_cuda
     from trainmem.frontends import resolve
     from trainmem.targets import cuda as cuda_target
+    from trainmem.targets.cuda_runtime import resolve_runtime
     from trainmem.trace.cuda_composites import CudaFacts
     from trainmem.trace.run import trace_training
 
@@ -129,9 +135,10 @@ def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int,
         raise SetupError(f"expected a GPU with bf16 (compute capability 8.0 or newer) for --precision "
                          f"{setup.precision}, got {device.name} (cc {device.gpu.compute_capability[0]}."
                          f"{device.gpu.compute_capability[1]})", where="--precision")
+    cuda = resolve_runtime(**(runtime or {}))  # bad --cuda-version / --module-loading fail before the trace
     source = resolve(model, setup)
     traced = trace_training(source, setup, cuda_target.kernel_ops(), CudaFacts(device.gpu.compute_capability))
-    return assemble_cuda(source, setup, device, traced, depth, config, cuda_context)
+    return assemble_cuda(source, setup, device, traced, depth, config, cuda_context, cuda)
 
 
 def _plain(setup: TrainingSetup) -> dict[str, Any]:
