@@ -157,7 +157,15 @@ def _summary(done: list[dict], loose: list[dict], skipped: list[dict]) -> list[s
     return [f"- rows: {len(every) + len(skipped)} from {len(sources)} sources ({', '.join(sources)}): {len(done)} "
             f"with published settings, {len(loose)} partly published, {len(skipped)} skipped",
             f"- low on at least one counter: {low} of {len(every)} evaluated rows ({far_low} more than "
-            f"{EXPLAIN_BEYOND:.0%} low)"]
+            f"{EXPLAIN_BEYOND:.0%} low)", _high_line(every)]
+
+
+def _high_line(results: list[dict]) -> str:
+    """How often the measured nvidia-smi figure lies above the estimate's upper end (process_bytes_high)."""
+    rows = [r for r in results if "process_bytes" in r["measured"] and r.get("process_high")]
+    above = [r["id"] for r in rows if r["measured"]["process_bytes"] > r["process_high"]]
+    return (f"- nvidia-smi rows above the estimate's upper end (process_bytes_high): {len(above)} of {len(rows)}"
+            + (f" ({', '.join(above)})" if above else ""))
 
 
 def report(results: list[dict]) -> str:
