@@ -57,10 +57,10 @@ def test_parse_custom_good():
     assert spec.compute_capability == (8, 9)
     assert spec.bf16 and spec.flash_attention
     assert spec.cublas_workspace_bytes == 8_519_680
-    assert spec.cuda_context_bytes == DEFAULT_CONTEXT_BYTES
+    assert spec.cuda_context_bytes == DEFAULT_CONTEXT_BYTES and not spec.context_given
     spec = parse_custom("CUSTOM:cc=9.0, capacity=80GB, context=500MiB")
     assert spec.capacity_bytes == 80 * 1000**3
-    assert spec.cuda_context_bytes == 500 * 1024**2
+    assert spec.cuda_context_bytes == 500 * 1024**2 and spec.context_given
     assert spec.cublas_workspace_bytes == 32 * 1024**2
     old = parse_custom("custom:capacity=12GiB,cc=7.5")
     assert not old.bf16 and not old.flash_attention
@@ -76,3 +76,18 @@ def test_parse_custom_bad(text):
         parse_custom(text)
     message = str(info.value)
     assert message.startswith("--device: expected") and "got" in message and "\n" not in message
+
+
+def test_default_context_is_the_cuda12_lazy_figure():
+    from trainmem.targets.cuda_runtime import context_fact, resolve_runtime
+
+    assert DEFAULT_CONTEXT_BYTES == context_fact(resolve_runtime("12.8", "lazy", None)).point == 256 * 1024**2
+
+
+def test_a_custom_context_is_used_as_is():
+    """context= on a custom device replaces the runtime's figure and its range (point = high)."""
+    from trainmem import estimate
+
+    est = estimate("mlp:8-8", device="custom:capacity=8GiB,cc=8.0,context=100MiB", batch_size=2, input_shape="8")
+    assert est.process_parts["cuda_context"] == 100 * 1024**2
+    assert est.process_bytes_high == est.process_bytes == est.reserved_bytes + 100 * 1024**2
