@@ -6,9 +6,10 @@ cannot hide here. One fresh process per measurement; prints one JSON line.
                                      [--steps 2] [--mode tensors|rss]
 
 MODEL: `mlp:1000-100-10` (Linear + ReLU, none after the last) or `path/models.py:factory` returning
-(model, make_batch) as tests/models.py does. Targets are made with the batch, as a data loader yields
-them: class ids for cross-entropy (one per row, or one per position for [B, L, V] and [B, C, H, W]
-outputs), the input itself for `--loss mse`.
+(model, make_batch[, loss_fn]) as tests/models.py does; make_batch(n) gives the input tuple, called as
+model(*inputs). Targets are made with the batch, as a data loader yields them: class ids for
+cross-entropy (one per row, or one per position for [B, L, V] and [B, C, H, W] outputs); a factory's
+own loss_fn(outputs, inputs) gets the inputs as its targets.
 
 mode tensors: torch.profiler's CPU memory events (they include buffers kernels allocate internally),
               summed in time order with each size rounded to 64 B as c10's CPU allocator does.
@@ -36,7 +37,7 @@ def loop_inline(model, optimizer, loss_fn, loader, accum):
     for i, (inputs, targets) in enumerate(loader):
         if i % accum == 0:
             optimizer.zero_grad()
-        outputs = model(inputs)
+        outputs = model(*inputs)
         loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
         loss.backward()
         if (i + 1) % accum == 0:
@@ -45,7 +46,7 @@ def loop_inline(model, optimizer, loss_fn, loader, accum):
 
 def loop_step_fn(model, optimizer, loss_fn, loader, accum):
     def train_step(inputs, targets, update):
-        outputs = model(inputs)
+        outputs = model(*inputs)
         loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
         loss.backward()
         if update:
@@ -60,7 +61,7 @@ def loop_step_fn(model, optimizer, loss_fn, loader, accum):
 def loop_trainer(model, optimizer, loss_fn, loader, accum):
     # the shape of transformers' Trainer._inner_training_loop / training_step (>= 4.46)
     def compute_loss(inputs, targets):
-        outputs = model(inputs)
+        outputs = model(*inputs)
         return loss_fn(outputs, targets)
 
     def training_step(inputs, targets):
@@ -95,7 +96,7 @@ def loop_lean(model, optimizer, loss_fn, loader, accum):
                 return
             inputs, targets = sample
             del sample
-            outputs = model(inputs)
+            outputs = model(*inputs)
             loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
             del outputs
             loss.backward()
@@ -117,13 +118,13 @@ def build(reference):
             layers.append(nn.Linear(a, b))
             if index < len(widths) - 2:
                 layers.append(nn.ReLU())
-        return nn.Sequential(*layers), (lambda batch: (torch.randn(batch, widths[0]),))
+        return nn.Sequential(*layers), (lambda batch: (torch.randn(batch, widths[0]),)), None
     path, _, name = reference.rpartition(":")
     spec = importlib.util.spec_from_file_location("zoo_models", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     built = getattr(module, name)()
-    return built[0], built[1]
+    return built[0], built[1], (built[2] if len(built) > 2 else None)
 
 
 def cross_entropy(outputs, targets):
@@ -132,11 +133,9 @@ def cross_entropy(outputs, targets):
     return F.cross_entropy(outputs, targets)
 
 
-def target_maker(model, make_batch, loss):
-    """Targets of the shape the model's output asks for. The shape comes from one forward on the meta
+def target_maker(model, make_batch):
+    """Class ids of the shape the model's output asks for. The shape comes from one forward on the meta
     device (parameters and inputs as meta tensors: nothing allocated, nothing computed)."""
-    if loss == "mse":
-        return None
     meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(), *model.named_buffers()]}
     example = tuple(torch.empty_like(t, device="meta") for t in make_batch(1))
     with torch.no_grad():
@@ -146,6 +145,16 @@ def target_maker(model, make_batch, loss):
     if len(shape) == 3:
         return lambda batch: torch.randint(0, shape[2], (batch, shape[1]))
     return lambda batch: torch.randint(0, shape[1], (batch, *shape[2:]))
+
+
+def checkpoint_each(blocks):
+    """What a user writes to checkpoint a stack of blocks: each block's forward recomputed in backward
+    (non-reentrant, PyTorch's recommended mode)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        plain = block.forward
+        block.forward = lambda *xs, plain=plain: checkpoint(plain, *xs, use_reentrant=False)
 
 
 def make_optimizer(name, params):
@@ -169,7 +178,7 @@ class Loader:
         if self.left == 0:
             raise StopIteration
         self.left -= 1
-        inputs = self.make_batch(self.batch)[0]
+        inputs = self.make_batch(self.batch)
         return inputs, (inputs if self.make_target is None else self.make_target(self.batch))
 
 
@@ -197,10 +206,12 @@ def profiled_peak(prof):
 
 
 def build_and_train(args):
-    model, make_batch = build(args.model)
+    model, make_batch, own_loss = build(args.model)
     model.train()
-    make_target = target_maker(model, make_batch, args.loss)
-    loss_fn = cross_entropy if args.loss == "cross-entropy" else F.mse_loss
+    if args.checkpoint_blocks:
+        checkpoint_each(getattr(model, args.checkpoint_blocks))
+    make_target = None if own_loss is not None else target_maker(model, make_batch)
+    loss_fn = own_loss or cross_entropy
     optimizer = make_optimizer(args.optimizer, [p for p in model.parameters() if p.requires_grad])
     LOOPS[args.loop](model, optimizer, loss_fn, Loader(make_batch, make_target, args.batch_size,
                                                        args.steps * args.grad_accum), args.grad_accum)
@@ -212,9 +223,10 @@ def main():
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--loop", default="inline", choices=sorted(LOOPS))
-    parser.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"])
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--checkpoint-blocks", metavar="ATTR",
+                        help="wrap each block of model.ATTR (a ModuleList) in torch.utils.checkpoint")
     parser.add_argument("--mode", default="tensors", choices=["tensors", "rss"])
     args = parser.parse_args()
     torch.manual_seed(0)
