@@ -3,6 +3,8 @@ returns (model, make_batch) so that `tests/models.py:NAME` is a model reference 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -218,3 +220,221 @@ def tiny_attention():
 def gpt_1b3():
     """GPT-style 1.3B: 24 layers, d_model 2048, 16 heads, seq 1024, vocab 50257 (benchmarks/speed.py)."""
     return TinyGPT(vocab=50257, d_model=2048, heads=16, layers=24, seq=1024), _tokens(50257, 1024)
+
+
+# ---- held-out families (issue 9): each exercises a kernel or a pattern the zoo above does not --------
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1×1 expand, 3×3 depthwise, 1×1 project, with GroupNorm instead of BatchNorm."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 4, groups: int = 8) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, hidden, 1, bias=False), nn.GroupNorm(groups, hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.GroupNorm(groups, hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, cout, 1, bias=False), nn.GroupNorm(groups, cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        out = self.block(x)
+        return x + out if self.residual else out
+
+
+def depthwise_gn():
+    """Depthwise and grouped convolutions with GroupNorm (MobileNetV2-style) for 3×64×64 images."""
+    widths = [(16, 24, 2), (24, 24, 1), (24, 32, 2), (32, 32, 1), (32, 64, 2), (64, 64, 1)]
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.GroupNorm(4, 16), nn.ReLU6(),
+                          *[_InvertedResidual(cin, cout, s) for cin, cout, s in widths],
+                          nn.Conv2d(64, 256, 1, groups=4, bias=False), nn.GroupNorm(8, 256), nn.ReLU6(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
+    return model, _images(3, 64)
+
+
+def conv_autoencoder():
+    """A convolutional autoencoder (strided Conv2d down, ConvTranspose2d up) trained with MSE on its input."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(), nn.Conv2d(64, 128, 3, 2, 1), nn.ReLU(),
+        nn.ConvTranspose2d(128, 64, 4, 2, 1), nn.ReLU(), nn.ConvTranspose2d(64, 32, 4, 2, 1), nn.ReLU(),
+        nn.ConvTranspose2d(32, 3, 4, 2, 1), nn.Sigmoid())
+    return model, _images(3, 64), lambda output, inputs: F.mse_loss(output, inputs[0])
+
+
+class _BiGRUClassifier(nn.Module):
+    def __init__(self, vocab=8000, dim=128, hidden=192, classes=5):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.rnn = nn.GRU(dim, hidden, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, classes)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.embed(ids))[0].mean(dim=1))
+
+
+def bigru():
+    """A two-layer bidirectional GRU text classifier, mean-pooled over 64 tokens."""
+    return _BiGRUClassifier(), _tokens(8000, 64)
+
+
+class _BagRecommender(nn.Module):
+    """DLRM-style: three sparse features through EmbeddingBag (two multi-hot [batch, bag] sums, one
+    ragged bag list with offsets, mean), concatenated with dense features into an MLP click score."""
+
+    def __init__(self, rows=50000, dim=64, dense=13):
+        super().__init__()
+        self.user = nn.EmbeddingBag(rows, dim, mode="sum")
+        self.item = nn.EmbeddingBag(rows, dim, mode="sum")
+        self.history = nn.EmbeddingBag(rows, dim, mode="mean")
+        self.mlp = nn.Sequential(nn.Linear(3 * dim + dense, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, user, item, history, offsets, dense):
+        features = [self.user(user), self.item(item), self.history(history, offsets), dense]
+        return self.mlp(torch.cat(features, dim=1))
+
+
+def embbag_recsys():
+    """An EmbeddingBag recommender (dense gradients) scored with binary cross-entropy."""
+    def make_batch(batch):
+        return (torch.randint(0, 50000, (batch, 20)), torch.randint(0, 50000, (batch, 10)),
+                torch.randint(0, 50000, (batch * 30,)), torch.arange(0, batch * 30, 30), torch.randn(batch, 13))
+    return (_BagRecommender(), make_batch,
+            lambda output, inputs: F.binary_cross_entropy(torch.sigmoid(output), torch.ones_like(output)))
+
+
+class _AttentionBlock(nn.Module):
+    """Pre-norm encoder block; attention written with einsum (scores and weighted sum) or through SDPA."""
+
+    def __init__(self, d_model: int, heads: int, einsum: bool) -> None:
+        super().__init__()
+        self.heads, self.einsum = heads, einsum
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        b, length, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, length, 3, self.heads, d // self.heads).unbind(2)
+        if self.einsum:
+            scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // self.heads)
+            attention = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v)
+        else:
+            attention = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        x = x + self.proj(attention.reshape(b, length, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def einsum_attention():
+    """A 4-layer encoder classifier whose layers alternate einsum attention and SDPA (non-causal)."""
+    class Encoder(nn.Module):
+        def __init__(self, vocab=4000, d_model=192, heads=6, layers=4, seq=128):
+            super().__init__()
+            self.embed, self.positions = nn.Embedding(vocab, d_model), nn.Parameter(torch.zeros(seq, d_model))
+            self.blocks = nn.ModuleList(_AttentionBlock(d_model, heads, einsum=i % 2 == 0) for i in range(layers))
+            self.head = nn.Linear(d_model, 10)
+
+        def forward(self, ids):
+            x = self.embed(ids) + self.positions[: ids.shape[1]]
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x.mean(dim=1))
+    return Encoder(), _tokens(4000, 128)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class _LlamaBlock(nn.Module):
+    def __init__(self, d_model: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = _RMSNorm(d_model), _RMSNorm(d_model)
+        self.qkv, self.out = nn.Linear(d_model, 3 * d_model, bias=False), nn.Linear(d_model, d_model, bias=False)
+        self.gate, self.up = nn.Linear(d_model, hidden, bias=False), nn.Linear(d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, length, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, length, 3, self.heads, d // self.heads).transpose(1, 3).unbind(2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        x = x + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, length, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class _TiedLM(nn.Module):
+    """Llama-style decoder: RMSNorm, rotary positions, SwiGLU, no biases; the LM head shares the embedding."""
+
+    def __init__(self, vocab=4000, d_model=256, heads=4, layers=4, seq=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(_LlamaBlock(d_model, heads, 688) for _ in range(layers))
+        self.norm = _RMSNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        self.lm_head.weight = self.embed.weight
+        angles = torch.outer(torch.arange(seq).float(), 10000.0 ** (-torch.arange(0, d_model // heads, 2).float() / (d_model // heads)))
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], dim=-1), persistent=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        cos, sin = self.cos[: ids.shape[1]], self.sin[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+
+def tied_lm():
+    """A weight-tied Llama-style LM, next-token cross-entropy over 128 tokens."""
+    def loss_fn(logits, inputs):
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), inputs[0][:, 1:].reshape(-1))
+    return _TiedLM(), _tokens(4000, 128), loss_fn
+
+
+class _TokenMaskMoE(nn.Module):
+    """An eager top-1 (Switch-style) mixture of experts: each expert takes `torch.where(idx == e)`, a 1-D
+    token mask, and its outputs are added back with index_add."""
+
+    def __init__(self, d_model: int, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.num_experts = experts
+        self.router = nn.Linear(d_model, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+                                     for _ in range(experts))
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        weight, idx = self.router(flat).softmax(dim=-1).max(dim=-1)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            tokens = torch.where(idx == e)[0]
+            out = out.index_add(0, tokens, expert(flat[tokens]) * weight[tokens, None])
+        return out.view_as(x)
+
+
+def moe_token_mask():
+    """Token embeddings through two residual top-1 MoE layers (8 experts) and a classifier head."""
+    class Model(nn.Module):
+        def __init__(self, vocab=4000, d_model=128, layers=2):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model)
+            self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
+            self.moes = nn.ModuleList(_TokenMaskMoE(d_model, 512, 8) for _ in range(layers))
+            self.head = nn.Linear(d_model, 10)
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for norm, moe in zip(self.norms, self.moes):
+                x = x + moe(norm(x))
+            return self.head(x.mean(dim=1))
+    return Model(), _tokens(4000, 64)

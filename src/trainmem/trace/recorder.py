@@ -63,6 +63,7 @@ class TraceRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate rule or a clear error
             out = self.rules.handle(func, args, kwargs, error, self.modules.current(), self.modules.current_module())
+        self.rules.observe(op_name, args, out)  # where routing masks come from (trace/rules.py)
         at_seq = len(self.trace.events)
         sids = [self._track(leaf, op_name) if isinstance(leaf, torch.Tensor) else None for leaf in tree_leaves(out)]
         if op_name in self.kernel_ops:
