@@ -74,7 +74,8 @@ def test_lora_trains_only_the_adapters(tiny):
                    lora="r=8,alpha=16,targets=q_proj,v_proj")
     # A: [8, 128] and B: [out, 8] for q (out 128) and v (out 64), in each of 2 layers
     assert est.trainable_parameters == 2 * (8 * 128 + 128 * 8 + 8 * 128 + 64 * 8)
-    assert est.parameters == LLAMA_PARAMS + est.trainable_parameters
+    # the model's own count, as its model card gives it; the adapters beside it
+    assert (est.parameters, est.adapter_parameters) == (LLAMA_PARAMS, est.trainable_parameters)
     full = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, optimizer="adamw", device="a100-40gb")
     assert est.breakdown["optimizer_state"] < full.breakdown["optimizer_state"] / 20
 
@@ -194,3 +195,59 @@ def test_mixture_of_experts_routing_rule(tmp_path):
     est = estimate(f"hf:{tmp_path}", batch_size=2, seq_len=32)
     assert any(w.startswith("aten.nonzero: routing balanced") for w in est.warnings)
     assert any("eager experts" in w for w in est.warnings)
+
+
+def test_qlora_counts_parameters_as_the_model_does(tiny):
+    """Under QLoRA `parameters` counts each quantized weight's values (the model's own count), not its packed
+    uint8 elements; the 4-bit storage is reported beside it."""
+    est = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, qlora=True, device="a100-40gb")
+    shapes = 2 * [(128, 128)] * 2 + 2 * [(128, 64)] * 2 + 2 * [(128, 256)] * 3  # q,o; k,v; gate,up,down × 2 layers
+    values = sum(a * b for a, b in shapes)
+    assert est.parameters == LLAMA_PARAMS and est.adapter_parameters == est.trainable_parameters
+    assert est.quantized_parameters == values
+
+    def stored(n):  # bitsandbytes: n/2 packed bytes, a uint8 absmax per 64 values, an fp32 absmax per 256
+        blocks = -(-n // 64)  # blocks, a 256-entry fp32 code and an fp32 offset
+        return (n + 1) // 2 + blocks + 4 * -(-blocks // 256) + 256 * 4 + 4
+
+    assert est.quantized_storage_bytes == sum(stored(a * b) for a, b in shapes)
+    model = est.to_dict()["model"]
+    assert (model["parameters"], model["quantized_parameters"]) == (LLAMA_PARAMS, values)
+    assert model["adapter_parameters"] == 2 * 64 * (2 * (128 + 128) + 2 * (128 + 64) + 3 * (128 + 256))
+    assert model["quantized_storage_bytes"] == est.quantized_storage_bytes
+    assert f"{LLAMA_PARAMS:,} parameters + {est.adapter_parameters:,} in LoRA adapters" in str(est)
+    assert f"{values:,} of the model's in 4-bit NF4" in str(est)
+    plain = estimate(f"hf:{tiny}", batch_size=2, seq_len=32)
+    assert plain.to_dict()["model"]["quantized_parameters"] == plain.quantized_storage_bytes == 0
+
+
+def test_setup_reports_the_values_used(tiny):
+    """setup.resolved: the sequence length and task the frontend chose, the batch the step made, the loss,
+    LoRA as peft resolved it, torch's optimizer implementation."""
+    est = estimate(f"hf:{tiny}", batch_size=2, qlora=True, device="a100-40gb")
+    used = est.to_dict()["setup"]["resolved"]
+    assert est.setup.seq_len is None and used["seq_len"] == 256 and "capped" in used["seq_len_from"]
+    assert used["task"] == "causal-lm"
+    assert [(t["name"], t["shape"], t["dtype"]) for t in used["inputs"]["tensors"]] == \
+        [("input_ids", [2, 256], "int64"), ("labels", [2, 256], "int64")]
+    assert used["loss"]["loss"] == "the model's own"
+    lora = used["lora"]
+    assert (lora["r"], lora["alpha"], lora["dropout"], lora["adapted_layers"]) == (64, 16, 0.1, 14)
+    assert lora["targets"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    typed = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, lora="r=4,targets=q_proj").resolved
+    assert (typed["seq_len"], typed["seq_len_from"], typed["lora"]["alpha"], typed["lora"]["adapted_layers"]) == \
+        (32, "--seq-len", 4, 2)
+    assert typed["optimizer_impl"] == "for-loop"  # torch's default for CPU tensors
+    assert estimate(f"hf:{tiny}", batch_size=2, seq_len=32, device="a100-40gb").resolved["optimizer_impl"] == "foreach"
+
+
+def test_setup_reports_loss_and_inputs_taken_from_a_spec(tmp_path):
+    spec = tmp_path / "net.json"
+    spec.write_text(json.dumps({"input": [8], "loss": "mse", "layers": [{"linear": {"out_features": 4}}]}))
+    est = estimate(str(spec), batch_size=3)
+    used = est.to_dict()["setup"]["resolved"]
+    assert est.setup.loss is None and est.setup.inputs == ()
+    assert used["loss"] == {"loss": "mse", "from": "the model's default loss"}
+    assert used["inputs"]["from"] == "the model's default input"
+    assert [(t["shape"], t["dtype"]) for t in used["inputs"]["tensors"]] == [([3, 8], "float32")]
+    assert "inputs [3, 8] float32 (the model's default input) · loss mse" in str(est)

@@ -37,6 +37,10 @@ class Estimate:
     allocator: dict[str, Any] = dataclasses.field(default_factory=dict)  # CUDA: fragmentation, segments
     fits_override: bool | None = None  # False when the simulated allocator ran out of memory
     baselines: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rules of thumb beside us
+    quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), included in `parameters`
+    adapter_parameters: int = 0  # parameters LoRA adds to the model, not included in `parameters`
+    quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values the trace used
 
     @property
     def allocated_bytes(self) -> int:
@@ -56,8 +60,11 @@ class Estimate:
         return {
             "trainmem_version": __version__,
             "model": {"name": self.model_name, "parameters": self.parameters,
-                      "trainable_parameters": self.trainable_parameters},
-            "setup": self.setup.to_dict(),
+                      "trainable_parameters": self.trainable_parameters,
+                      "adapter_parameters": self.adapter_parameters,
+                      "quantized_parameters": self.quantized_parameters,
+                      "quantized_storage_bytes": self.quantized_storage_bytes},
+            "setup": {**self.setup.to_dict(), "resolved": self.resolved},
             "device": self.device.to_dict(),
             "peak": {"tensor_bytes": self.tensor_bytes, "allocated_bytes": self.allocated_bytes,
                      "reserved_bytes": self.reserved_bytes, "process_bytes": self.process_bytes,
@@ -110,7 +117,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
                          where="--device")
     source = resolve(model, setup)
     traced = trace_training(source, setup, cpu_target.kernel_ops())
-    return assemble(source, setup, target_device, traced, depth)
+    return _trace_facts(assemble(source, setup, target_device, traced, depth), traced)
 
 
 def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int, cuda_context: int | None,
@@ -138,7 +145,17 @@ def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int,
     cuda = resolve_runtime(**(runtime or {}))  # bad --cuda-version / --module-loading fail before the trace
     source = resolve(model, setup)
     traced = trace_training(source, setup, cuda_target.kernel_ops(), CudaFacts(device.gpu.compute_capability))
-    return assemble_cuda(source, setup, device, traced, depth, config, cuda_context, cuda)
+    return _trace_facts(assemble_cuda(source, setup, device, traced, depth, config, cuda_context, cuda), traced)
+
+
+def _trace_facts(est: Estimate, traced: Any) -> Estimate:
+    """Facts of the trace that every target reports alike: the model's own parameter count (LoRA's adapters
+    beside it, as a model card counts), quantized counts, the setup values used."""
+    est.parameters = traced.parameters - traced.adapter_parameters
+    est.adapter_parameters = traced.adapter_parameters
+    est.quantized_parameters, est.quantized_storage_bytes = traced.quantized_parameters, traced.quantized_storage_bytes
+    est.resolved = traced.resolved
+    return est
 
 
 def _plain(setup: TrainingSetup) -> dict[str, Any]:

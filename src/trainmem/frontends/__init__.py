@@ -35,6 +35,7 @@ class ModelSource:
     default_loss: Loss | None = None
     notes: tuple[str, ...] = ()  # what the reference cannot tell (a state dict has no forward …)
     libraries: tuple[str, ...] = ()  # libraries the training process imports for this model (transformers …)
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # settings the frontend filled in (seq_len …)
 
 
 def resolve(model: Any, setup: TrainingSetup) -> ModelSource:

@@ -122,6 +122,8 @@ def from_hf_ref(ref: str, setup):
 
     return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
+                       resolved={"task": task, "seq_len": seq_len, "seq_len_from": "--seq-len" if setup.seq_len else
+                                 f"default {DEFAULT_SEQ_LEN}, capped by the model's position limit"},
                        notes=(f"hf: {name}: {model_type} built from its config for {task}, sequence length "
                               f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does", *notes))
 

@@ -14,12 +14,47 @@ def _table(rows: list[list[str]], align: str) -> list[str]:
     return lines
 
 
+def _quantized(est) -> str:
+    if not est.quantized_parameters:
+        return ""
+    return (f"; {est.quantized_parameters:,} of the model's in 4-bit NF4, stored in "
+            f"{format_bytes(est.quantized_storage_bytes)} with their statistics")
+
+
+def _used(est) -> list[str]:
+    """What the trace used where the setup left it open: the batch, the loss, a frontend's choices, LoRA."""
+    used = est.resolved
+    if not used:
+        return []
+    inputs = used["inputs"]
+    parts = [f"task {used['task']}"] if "task" in used else []
+    if "seq_len" in used:
+        parts.append(f"sequence length {used['seq_len']} ({used.get('seq_len_from', '')})".replace(" ()", ""))
+    parts.append("inputs " + ", ".join(f"{'' if t['name'].isdigit() else t['name'] + ' '}{t['shape']} {t['dtype']}"
+                                       for t in inputs["tensors"]) + f" ({inputs['from']})")
+    parts.append(f"loss {used['loss']['loss']} ({used['loss']['from']})")
+    lines = ["  " + " · ".join(parts)]
+    lora = used.get("lora")
+    if lora:
+        targets = ", ".join(lora["targets"]) if isinstance(lora["targets"], list) else lora["targets"]
+        lines.append(f"  LoRA r={lora['r']}, alpha={lora['alpha']}, dropout {lora['dropout']} on {targets} "
+                     f"({lora['adapted_layers']} layers)")
+    return lines
+
+
 def render_text(est) -> str:
     s = est.setup
-    out = [f"trainmem — {est.model_name}: {est.parameters:,} parameters ({est.trainable_parameters:,} trainable)",
-           f"  batch {s.batch_size} · {s.optimizer} ({s.optimizer_impl}) · {s.precision}"
+    impl = est.resolved.get("optimizer_impl")
+    if impl and str(s.optimizer_impl) == "default":
+        impl = "its own implementation" if impl.endswith("own") else f"default: {impl}"
+    else:
+        impl = s.optimizer_impl
+    adapters = f" + {est.adapter_parameters:,} in LoRA adapters" if est.adapter_parameters else ""
+    out = [f"trainmem — {est.model_name}: {est.parameters:,} parameters{adapters} ({est.trainable_parameters:,} "
+           f"trainable{_quantized(est)})",
+           f"  batch {s.batch_size} · {s.optimizer} ({impl}) · {s.precision}"
            + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
-           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", ""]
+           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", *_used(est), ""]
     out.append("Peak memory")
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
     if est.device.kind == "cuda":

@@ -48,6 +48,7 @@ class NF4Linear(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         numel = self.in_features * self.out_features
+        self.quantized_values = numel  # the weight's parameter count, as the unquantized model counts it
         device = linear.weight.device
         self.weight = torch.nn.Parameter(torch.empty((numel + 1) // 2, 1, dtype=torch.uint8, device=device),
                                          requires_grad=False)
@@ -63,6 +64,46 @@ class NF4Linear(torch.nn.Linear):
         bias = None if self.bias is None else self.bias.to(COMPUTE_DTYPE)
         out = _Dequantized.apply(x.to(COMPUTE_DTYPE), self.weight, self.out_features, self.in_features, bias)
         return out.to(original)
+
+    def storage_bytes(self) -> int:
+        """The packed weight and its quantization statistics (absmax, nested absmax, code, offset)."""
+        tensors = [self.weight, self.absmax, self.nested_absmax, self.code, self.offset]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def quantized_facts(model: torch.nn.Module) -> dict[int, int]:
+    """id of each NF4 packed weight -> the parameter count it stands for (a packed uint8 element holds two
+    values, so counting elements would report half the model's weights)."""
+    return {id(m.weight): m.quantized_values for m in model.modules() if isinstance(m, NF4Linear)}
+
+
+def quantized_storage_bytes(model: torch.nn.Module) -> int:
+    return sum(m.storage_bytes() for m in model.modules() if isinstance(m, NF4Linear))
+
+
+# peft names every LoRA parameter under a module whose name starts with its tuner prefix (peft/tuners/lora/
+# model.py LoraModel.prefix = "lora_": lora_A, lora_B, lora_embedding_A/B, lora_magnitude_vector)
+ADAPTER_PREFIX = "lora_"
+
+
+def adapter_parameters(model: torch.nn.Module) -> int:
+    """Parameters LoRA added to the model (tied ones once)."""
+    unique = {id(p): p for name, p in model.named_parameters()
+              if any(part.startswith(ADAPTER_PREFIX) for part in name.split("."))}
+    return sum(p.numel() for p in unique.values())
+
+
+def lora_used(model: torch.nn.Module) -> dict | None:
+    """The LoRA settings peft applied, after its own resolution (`all-linear` and an architecture's
+    defaults become module names), and how many layers got an adapter; None without LoRA."""
+    config = getattr(model, "peft_config", {}).get("default")
+    if config is None or not hasattr(config, "lora_alpha"):  # another peft method (IA3, OFT, prompt tuning...)
+        return None
+    adapted = sum(1 for m in model.modules() if hasattr(m, "lora_A") and "default" in getattr(m, "lora_A", {}))
+    targets = config.target_modules  # peft may list full module paths: their short names say the same
+    names = sorted({_short_name(t) for t in targets}) if isinstance(targets, (set, list, tuple)) else targets
+    return {"r": config.r, "alpha": config.lora_alpha, "dropout": config.lora_dropout, "targets": names,
+            "adapted_layers": adapted}
 
 
 def _output_layer(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -126,13 +167,15 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
                          where="--lora") from None
 
 
+def _short_name(name: str) -> str:
+    """ "layers.3.self_attn.q_proj" -> "q_proj"; "blocks.3.mlp.0" -> "mlp.0": a bare index names nothing."""
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
 def _linear_names(model: torch.nn.Module, most: int = 12) -> str:
     """The distinct last names of the model's linear and convolution layers, for `targets=`."""
-    def short(name: str) -> str:  # "blocks.3.mlp.0" -> "mlp.0": a bare index names nothing
-        parts = name.split(".")
-        return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
-
-    names = list(dict.fromkeys(short(name) for name, module in model.named_modules()
+    names = list(dict.fromkeys(_short_name(name) for name, module in model.named_modules()
                                if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)) and name))
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "") or "(none)"
 
@@ -142,8 +185,9 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
     notes: list[str] = []
     if setup.qlora:
         count = quantize_4bit(model)
-        full = sum(p.numel() for p in model.parameters() if p.dtype != torch.uint8)
-        total = sum(p.numel() * (2 if p.dtype == torch.uint8 else 1) for p in model.parameters())
+        packed = quantized_facts(model)
+        full = sum(p.numel() for p in model.parameters() if id(p) not in packed)
+        total = full + sum(packed.values())
         notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, double-quantized "
                      f"statistics), dequantized to bf16 per use; {full:,} parameters ({full / max(total, 1):.1%}) stay "
                      "in full precision (embeddings, norms, the layers transformers keeps, and weights that are not "

@@ -56,6 +56,10 @@ class TraceResult:
     leaf_modules: set[str]  # modules without children (the layers a torchinfo-style summary lists)
     buffer_bytes: int  # the model's buffers
     input_bytes: int  # one batch as the first step made it
+    quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), counted as the model counts them
+    adapter_parameters: int = 0  # parameters LoRA added (included in `parameters`)
+    quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
 
 
 def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
@@ -119,14 +123,20 @@ class _RecordingObserver(training.Observer):
 
 
 def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
+    """Parameter counts as the model's authors count them: a 4-bit packed weight counts the values it
+    holds, not its uint8 storage elements (finetune.quantized_facts)."""
+    from trainmem.trace.finetune import quantized_facts
+
+    packed = quantized_facts(model)
+    count = lambda p: packed.get(id(p), p.numel())  # noqa: E731
     unique = {id(p): p for p in model.parameters()}.values()
     per_module: dict[str, int] = {}
     owned: set[int] = set()  # a tied parameter belongs to the first module that holds it
     for name, module in model.named_modules():
         mine = [p for p in module.parameters(recurse=False) if id(p) not in owned]
         owned.update(id(p) for p in mine)
-        per_module[name] = sum(p.numel() for p in mine)
-    return (sum(p.numel() for p in unique), sum(p.numel() for p in unique if p.requires_grad), per_module,
+        per_module[name] = sum(count(p) for p in mine)
+    return (sum(count(p) for p in unique), sum(p.numel() for p in unique if p.requires_grad), per_module,
             [tuple(p.shape) for p in unique if p.requires_grad])
 
 
@@ -135,6 +145,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     """Trace two training steps. With `cuda`, the trace follows what a CUDA run does differently
     (autocast lists, attention backend, optimizer default); see trace/cuda_autocast.py, cuda_composites.py."""
     from trainmem.trace import finetune
+    from trainmem.trace.resolved import BatchProbe, resolved_setup
 
     with torch.device("meta"):
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
@@ -149,11 +160,17 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         with fake_mode, tracker, recorder, _cuda_semantics(cuda) as attention:
             materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
             prepared = training.prepare(model, make_batch, loss_fn, setup, source, cuda_semantics=cuda is not None)
+            prepared.make_batch = probe = BatchProbe(prepared.make_batch)
             recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
             recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
             recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
             training.run_steps(prepared, setup, observer)
             facts = _model_facts(model)
+            resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
+                                      prepared.optimizer, finetune.lora_used(model))
+            counts = {"quantized_parameters": sum(finetune.quantized_facts(model).values()),
+                      "adapter_parameters": finetune.adapter_parameters(model),
+                      "quantized_storage_bytes": finetune.quantized_storage_bytes(model)}
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's model failed: one line, where it failed
@@ -168,4 +185,5 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
                        tracker.output_elements, owners, facts[3],
                        {name for name, m in model.named_modules() if not any(True for _ in m.children())},
                        sum(b.numel() * b.element_size() for b in model.buffers()),
-                       sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0))
+                       sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
+                       resolved=resolved, **counts)
