@@ -201,7 +201,7 @@ def test_gpu_that_does_not_fit_exits_1(capsys):
 
 def test_fit_finds_the_largest_batch(capsys):
     code, out, _ = run(["fit", "mlp:256-256-10", "--input-shape", "256", "--device",
-                        "custom:capacity=400MiB,cc=8.0", "--format", "json"], capsys)
+                        "custom:capacity=400MiB,cc=8.0,context=287MB", "--format", "json"], capsys)
     result = json.loads(out)
     best, miss = result["best"], result["first_miss"]
     assert code == 0 and miss == best + 1
