@@ -141,6 +141,9 @@ def test_library_notes_are_reported():
     assert any(n.startswith("NCCL") and "single-GPU" in n for n in notes)
     mlp = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8")
     assert not any(w.startswith("cuDNN kernel images") for w in mlp.warnings)
+    assert not any("low by it" in w for w in mlp.warnings)  # lazy: only the kernels used load
+    eager = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8", module_loading="eager")
+    assert any(w.startswith("eager module loading") and "low by it" in w for w in eager.warnings)
 
 
 def test_cli_flags_reach_the_report(capsys):

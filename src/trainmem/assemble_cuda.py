@@ -152,7 +152,7 @@ def _runtime_warnings(runtime, context: Context, reserved: int, reserved_high: i
         lines.append(f"process_bytes_high = reserved with the high cuDNN workspaces {reserved_high:,} B + "
                      f"the largest reported CUDA context {context.high:,} B"
                      + (" + managed memory" if stream.managed_peak else ""))
-    return lines + cuda_runtime.library_notes(stream.libraries)
+    return lines + cuda_runtime.library_notes(stream.libraries, runtime.module_loading)
 
 
 def config_text(config: AllocatorConfig) -> str:
