@@ -101,11 +101,7 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
         run = replay_stream(stream.events, config, None)
     allocator = run.allocator
     live = live_at(stream.events, run.peak_index)
-    breakdown = {str(c): 0 for c in Category}
-    for event in live.values():
-        breakdown[str(event.category)] += round_size(event.nbytes, config)
-    # what the allocator charges beyond the 512-byte rounding: blocks kept whole rather than split
-    breakdown[str(Category.RUNTIME)] += allocator.peak_allocated_bytes - sum(breakdown.values())
+    breakdown = _breakdown(live, allocator, config)
     reserved = allocator.peak_reserved_bytes
     reserved_high = _high_reserved(stream, config, reserved)
     process_parts = {"reserved": reserved, "cuda_context": context.point}
@@ -113,7 +109,6 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
         process_parts["managed_memory"] = stream.managed_peak
     process_high = reserved_high + context.high + stream.managed_peak
     peak_event = stream.events[run.peak_index]
-    fragmentation = allocator.fragmentation
     warnings = list(traced.warnings) + _runtime_warnings(runtime, context, reserved, reserved_high, stream) + [
         f"caching allocator: {config_text(config)}",
     ] + [f"CUDA rule: {rule}" for rule in stream.rules] + stream.gaps
@@ -121,7 +116,6 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
         warnings.insert(0, f"the simulated run runs out of memory on {device.name}: {oom}")
     if traced.checkpointed:
         warnings.append(f"activation checkpointing wraps {len(traced.checkpointed)} blocks")
-    segments = segments_at(stream.events, config, run.peak_index)
     return Estimate(
         model_name=source.name, setup=setup, device=device, parameters=traced.parameters,
         trainable_parameters=traced.trainable_parameters, tensor_bytes=run.tensor_peak,
@@ -136,13 +130,27 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
                                    "cuda_context_bytes_high": context.high, "cuda_context_source": context.source,
                                    "reserved_bytes_high": reserved_high}},
         allocated=allocator.peak_allocated_bytes, reserved=reserved,
-        allocator={"fragmentation_at_allocated_peak": fragmentation.at_allocated_peak,
-                   "fragmentation_at_reserved_peak": fragmentation.at_reserved_peak,
-                   "segments_at_peak": len(segments),
-                   "large_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "large"),
-                   "small_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "small"),
-                   "settings": config_text(config), "out_of_memory": oom},
+        allocator=_allocator_summary(allocator, segments_at(stream.events, config, run.peak_index), config, oom),
         fits_override=oom is None, process_high=process_high)
+
+
+def _breakdown(live: dict[int, DeviceEvent], allocator: CudaCachingAllocator, config: AllocatorConfig) -> dict:
+    breakdown = {str(c): 0 for c in Category}
+    for event in live.values():
+        breakdown[str(event.category)] += round_size(event.nbytes, config)
+    # what the allocator charges beyond the 512-byte rounding: blocks kept whole rather than split
+    breakdown[str(Category.RUNTIME)] += allocator.peak_allocated_bytes - sum(breakdown.values())
+    return breakdown
+
+
+def _allocator_summary(allocator: CudaCachingAllocator, segments, config: AllocatorConfig, oom: str | None) -> dict:
+    fragmentation = allocator.fragmentation
+    return {"fragmentation_at_allocated_peak": fragmentation.at_allocated_peak,
+            "fragmentation_at_reserved_peak": fragmentation.at_reserved_peak,
+            "segments_at_peak": len(segments),
+            "large_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "large"),
+            "small_segment_bytes_at_peak": sum(s.total_size for s in segments if s.segment_type == "small"),
+            "settings": config_text(config), "out_of_memory": oom}
 
 
 def _runtime_warnings(runtime, context: Context, reserved: int, reserved_high: int, stream) -> list[str]:
