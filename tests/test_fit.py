@@ -110,7 +110,8 @@ def test_fit_keeps_the_margin():
     assert tight.first_miss == tight.best + 1 and loose.best > tight.best
     assert tight.headroom == 400 * 2**20 - tight.best_estimate.process_bytes_high >= 400 * 2**20 * 0.2
     text = str(tight)
-    assert "margin 20% (--margin)" in text and "headroom" in text and "over the margin" in text
+    assert "keeping a 20% margin" in text and "margin from --margin" in text
+    assert "headroom" in text and "over the margin" in text
 
 
 def test_fit_compares_the_high_estimate(monkeypatch):
@@ -128,7 +129,8 @@ def test_fit_compares_the_high_estimate(monkeypatch):
     high = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
     assert high.best < plain.best
     assert high.best_estimate.process_bytes_high == high.best_estimate.process_bytes + spread <= 400 * 2**20
-    assert dict((v, b) for v, b, _ in high.tried)[high.best] == high.best_estimate.process_bytes_high
+    assert {v: h - b for v, b, h, _ in high.tried} == {v: spread for v, *_ in high.tried}
+    assert dict((v, h) for v, _, h, _ in high.tried)[high.best] == high.best_estimate.process_bytes_high
 
 
 def test_remedies_use_the_high_estimate(monkeypatch):
@@ -157,7 +159,7 @@ def test_cli_margin_and_json(capsys):
     assert result["compared"].startswith("process_bytes_high")
     high = result["best_estimate"]["peak"]["process_bytes_high"]
     assert result["headroom_bytes"] == 400 * 2**20 - high and result["headroom_fraction"] >= 0.1
-    assert all(set(row) >= {"value", "process_bytes_high", "fits"} for row in result["tried"])
+    assert all(set(row) >= {"value", "process_bytes", "process_bytes_high", "fits"} for row in result["tried"])
 
 
 def test_cli_default_margin_names_its_source(capsys):

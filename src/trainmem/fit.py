@@ -86,7 +86,7 @@ class FitResult:
     best_estimate: Estimate | None
     first_miss: int | None  # the smallest value found not to fit (None: the search limit fits)
     miss_estimate: Estimate | None
-    tried: list[tuple[int, int, bool]]  # (value, high process bytes, fits within the budget)
+    tried: list[tuple[int, int, int, bool]]  # (value, process bytes, their high estimate, fits within the budget)
     remedies: list[Remedy]
     device_name: str
     capacity: int
@@ -105,9 +105,9 @@ class FitResult:
 
     def __str__(self) -> str:
         lines = [f"trainmem fit — {self.device_name} ({format_bytes(self.capacity)}), searching the {self.dimension}",
-                 f"  margin {self.margin.fraction:.0%} ({self.margin.source}): a candidate fits when "
-                 f"{self.compared} ≤ {format_bytes(self.budget)}"]
-        for value, nbytes, fits in self.tried:
+                 f"  a candidate fits when {self.compared} ≤ {format_bytes(self.budget)}, "
+                 f"keeping a {self.margin.fraction:.0%} margin", f"  margin from {self.margin.source}"]
+        for value, _, nbytes, fits in self.tried:
             lines.append(f"  {self.dimension} {value:>8,}: {format_bytes(nbytes):>11s}  {'fits' if fits else 'does not fit'}")
         return "\n".join(lines + [""] + (self._answer() if self.best is not None else self._remedies()))
 
@@ -127,9 +127,11 @@ class FitResult:
         return lines + [f"  {self.dimension} {self.first_miss:,} needs {format_bytes(miss)} (high): {over}"]
 
     def _remedies(self) -> list[str]:
-        base = self.tried[0][1]
-        lines = [f"Even {self.dimension} 1 does not fit: its high estimate {format_bytes(base)} exceeds "
-                 f"{format_bytes(self.budget)}. What to change first (high estimate and saving at {self.dimension} 1):"]
+        base = self.tried[0][2]
+        why = (f"its high estimate {format_bytes(base)} exceeds {format_bytes(self.budget)}" if base > self.budget
+               else "the simulated caching allocator runs out of memory")
+        lines = [f"Even {self.dimension} 1 does not fit: {why}. What to change first (high estimate and saving "
+                 f"at {self.dimension} 1):"]
         for remedy in sorted(self.remedies, key=lambda r: r.process_bytes_high):
             verdict = "fits" if remedy.process_bytes_high <= self.budget else "still does not fit"
             lines.append(f"  - {remedy.what}: {format_bytes(remedy.process_bytes_high)} "
@@ -144,7 +146,8 @@ class FitResult:
                 "compared": self.compared, "headroom_bytes": headroom,
                 "headroom_fraction": None if headroom is None else headroom / self.capacity,
                 "best_estimate": self.best_estimate.to_dict() if self.best_estimate else None,
-                "tried": [{"value": v, "process_bytes_high": b, "fits": f} for v, b, f in self.tried],
+                "tried": [{"value": v, "process_bytes": b, "process_bytes_high": h, "fits": f}
+                          for v, b, h, f in self.tried],
                 "remedies": [dataclasses.asdict(r) for r in self.remedies]}
 
 
@@ -192,7 +195,8 @@ def fit(model: Any, setup: TrainingSetup, device: str, *, sequence: bool = False
     def attempt(value: int) -> bool:
         if value not in cache:
             cache[value] = estimate(model, setup=_with_value(setup, value, sequence, hf), device=device, **options)
-            result.tried.append((value, cache[value].process_bytes_high, within(cache[value], result.budget)))
+            est = cache[value]
+            result.tried.append((value, est.process_bytes, est.process_bytes_high, within(est, result.budget)))
         return within(cache[value], result.budget)
 
     if not attempt(1):
