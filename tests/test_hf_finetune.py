@@ -132,7 +132,7 @@ def test_fit_searches_an_hf_models_sequence_length(tiny):
     from trainmem.fit import fit
 
     setup = TrainingSetup.from_mapping({"batch_size": 32, "optimizer": "adam"})
-    result = fit(f"hf:{tiny}", setup, "custom:capacity=400MiB,cc=8.0", sequence=True)
+    result = fit(f"hf:{tiny}", setup, "custom:capacity=400MiB,cc=8.0,context=287MB", sequence=True)
     assert result.dimension == "sequence length" and 1 < result.best < result.first_miss == result.best + 1
     assert result.best_estimate.setup.seq_len == result.best and result.best_estimate.fits
     roomy = fit(f"hf:{tiny}", setup, "a100-80gb", sequence=True)
