@@ -164,3 +164,13 @@ def test_cli_flags_reach_the_report(capsys):
     capsys.readouterr()
     assert main(["estimate", "mlp:8-8", "--input-shape", "8", "--device", "a100-40gb", "--cuda-version", "12.4"]) == 0
     assert "CUDA 12.4 (given with --cuda-version), lazy module loading" in capsys.readouterr().out
+
+
+def test_batch_norm_reserve_is_a_stated_gap_only_where_cudnn_runs_it():
+    """Normalization.cpp sends fp32/fp16 batch norm to cuDNN (workspace + reserve space sized at run time,
+    reported as a gap) and bf16 inputs to PyTorch's own kernel (no reserve)."""
+    kw = dict(device="a100-40gb", batch_size=8)
+    fp32 = estimate("tests/models.py:cnn_bn", **kw)
+    bf16 = estimate("tests/models.py:cnn_bn", precision="bf16-mixed", **kw)
+    assert any("batch-norm calls: cuDNN's batch-norm workspace and reserve space" in w for w in fp32.warnings)
+    assert not any("reserve space are sized by cuDNN" in w for w in bf16.warnings)

@@ -135,10 +135,17 @@ def _add(plan: CudnnPlan, at: int, direction: str, size: int, benchmarking: bool
     plan.rules["cuDNN convolution workspace: 0 B implicit GEMM (point), im2col matrix (high)"] += 1
 
 
+def _cudnn_batch_norm(call: KernelCall) -> bool:
+    """Normalization.cpp _batch_norm_impl_index takes cuDNN for fp32/fp16 inputs with weight and bias (not
+    bf16: PyTorch's own kernel, no reserve space)."""
+    x = call.args[0] if call.args else None
+    return isinstance(x, TensorMeta) and x.dtype != "bfloat16" and len(call.args) > 2 and call.args[1] is not None
+
+
 def stated_gaps(trace: Trace, benchmark: bool) -> list[str]:
     """What this module counts but does not size."""
     counts = Counter(call.op for call in trace.kernel_calls)
-    bn = sum(counts[op] for op in BN_OPS)
+    bn = sum(_cudnn_batch_norm(call) for call in trace.kernel_calls if call.op in BN_OPS)
     rnn = sum(counts[op] for op in RNN_OPS)
     gaps = []
     if bn:
