@@ -47,6 +47,7 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-trainer", action="store_true", default=None,
                         help="what transformers.Trainer does by default: fused AdamW, clip at 1.0, fp32 outputs under mixed precision")
     parser.add_argument("--max-grad-norm", type=float, help="clip_grad_norm_ before each step")
+    parser.add_argument("--loop", help="inline (default: names live until the next iteration) | step-fn | trainer | lean")
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9")
     parser.add_argument("--cuda-context", metavar="SIZE", help="CUDA context bytes in nvidia-smi (default: the device's)")
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "target_shape": "target_shape", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
                 "precision": "precision", "grad_accum": "grad_accum", "checkpointing": "checkpointing",
-                "freeze": "freeze", "zero_grad": "zero_grad", "activation": "activation", "dropout": "dropout", "steps": "steps", "task": "task", "seq_len": "seq_len", "lora": "lora", "qlora": "qlora", "hf_trainer": "hf_trainer", "max_grad_norm": "max_grad_norm"}
+                "freeze": "freeze", "zero_grad": "zero_grad", "activation": "activation", "dropout": "dropout", "steps": "steps", "task": "task", "seq_len": "seq_len", "lora": "lora", "qlora": "qlora", "hf_trainer": "hf_trainer", "max_grad_norm": "max_grad_norm",
+                "loop": "loop"}
 
 
 def setup_from_args(args: argparse.Namespace):
@@ -106,7 +108,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.depth < 1:
         raise TrainmemError(f"expected --depth of at least 1, got {args.depth}", where="--depth")
     result = estimate(args.model, setup=setup_from_args(args), device=args.device, depth=args.depth,
-                      **_gpu_options(args))
+                      compare_loop=True, **_gpu_options(args))
     _print_warnings(result.warnings, args.format)
     print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT

@@ -7,7 +7,7 @@ from typing import Any
 
 from trainmem.devices import Device, get_device
 from trainmem.errors import SetupError
-from trainmem.setup import TrainingSetup
+from trainmem.setup import Loop, TrainingSetup
 
 
 @dataclasses.dataclass
@@ -37,10 +37,20 @@ class Estimate:
     allocator: dict[str, Any] = dataclasses.field(default_factory=dict)  # CUDA: fragmentation, segments
     fits_override: bool | None = None  # False when the simulated allocator ran out of memory
     baselines: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rules of thumb beside us
+    # the upper end of what real runs of this setup show (run-to-run spread, uncertain runtime facts);
+    # None: no spread is modelled, the point estimate is the high end too
+    process_high: int | None = None
     quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), included in `parameters`
     adapter_parameters: int = 0  # parameters LoRA adds to the model, not included in `parameters`
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values the trace used
+
+    # with compare_loop: the same setup in the lean loop, and what it would save (None: not compared)
+    lean_loop: dict[str, Any] | None = None
+
+    @property
+    def process_bytes_high(self) -> int:
+        return max(self.process_bytes, self.process_high or 0)
 
     @property
     def allocated_bytes(self) -> int:
@@ -65,9 +75,11 @@ class Estimate:
                       "quantized_parameters": self.quantized_parameters,
                       "quantized_storage_bytes": self.quantized_storage_bytes},
             "setup": {**self.setup.to_dict(), "resolved": self.resolved},
+            **({"lean_loop": self.lean_loop} if self.lean_loop else {}),
             "device": self.device.to_dict(),
             "peak": {"tensor_bytes": self.tensor_bytes, "allocated_bytes": self.allocated_bytes,
                      "reserved_bytes": self.reserved_bytes, "process_bytes": self.process_bytes,
+                     "process_bytes_high": self.process_bytes_high,
                      "phase": self.peak_phase, "module": self.peak_module, "op": self.peak_op,
                      "step": self.peak_step},
             "breakdown": dict(self.breakdown),
@@ -90,14 +102,16 @@ class Estimate:
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "cpu", depth: int = 2,
              cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
              module_loading: str | None = None, cudnn_benchmark: bool | None = None,
-             **setup_values: Any) -> Estimate:
+             compare_loop: bool = False, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
     input_shape="1000", …), the same names as the CLI flags and TOML keys. For a GPU `device`,
     `cuda_context` overrides the catalog's CUDA-context bytes and `alloc_conf` is a
     PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
-    `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack."""
+    `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
+    With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
+    deleting the loop's references early would save (`lean_loop`)."""
     from trainmem.frontends import resolve
     from trainmem.targets import cpu as cpu_target
     from trainmem.trace.run import trace_training
@@ -107,6 +121,11 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
         setup = TrainingSetup.from_mapping(setup_values, where="estimate()")
     elif setup_values:
         setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
+    if compare_loop and setup.loop != Loop.LEAN:
+        options = dict(device=device, depth=depth, cuda_context=cuda_context, alloc_conf=alloc_conf,
+                       cuda_version=cuda_version, module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
+        return _with_lean_loop(estimate(model, setup=setup, **options),
+                               estimate(model, setup=dataclasses.replace(setup, loop=Loop.LEAN), **options))
     target_device = get_device(device)
     if target_device.kind == "cuda":
         runtime = dict(cuda_version=cuda_version, module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
@@ -118,6 +137,13 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
     source = resolve(model, setup)
     traced = trace_training(source, setup, cpu_target.kernel_ops())
     return _trace_facts(assemble(source, setup, target_device, traced, depth), traced)
+
+
+def _with_lean_loop(est: Estimate, lean: Estimate) -> Estimate:
+    """What the lean loop (`del outputs` before backward, `del loss, inputs` after it) would need."""
+    est.lean_loop = {"loop": str(Loop.LEAN), "allocated_bytes": lean.allocated_bytes,
+                     "process_bytes": lean.process_bytes, "saving_bytes": est.allocated_bytes - lean.allocated_bytes}
+    return est
 
 
 def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int, cuda_context: int | None,

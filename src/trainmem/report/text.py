@@ -42,6 +42,22 @@ def _used(est) -> list[str]:
     return lines
 
 
+LOOP_WORDS = {  # trace/loops.py has the code each loop stands for
+    "inline": "PyTorch's tutorial loop; inputs, outputs and loss stay bound until the next iteration rebinds them",
+    "step-fn": "a train_step() function; outputs and loss die when it returns, the batch when the next replaces it",
+    "trainer": "Hugging Face Trainer / Lightning; outputs dropped before backward, the batch kept through the step",
+    "lean": "outputs deleted before backward, the batch and loss right after it",
+}
+
+
+def _lean_loop(est) -> list[str]:
+    lean = est.lean_loop
+    if not lean or lean["saving_bytes"] <= 0:
+        return []
+    return [f"  The loop's references cost {format_bytes(lean['saving_bytes'])} here: `del outputs` before backward and "
+            f"`del loss, inputs` after it (--loop lean) would peak at {format_bytes(lean['allocated_bytes'])}."]
+
+
 def render_text(est) -> str:
     s = est.setup
     impl = est.resolved.get("optimizer_impl")
@@ -54,7 +70,8 @@ def render_text(est) -> str:
            f"trainable{_quantized(est)})",
            f"  batch {s.batch_size} · {s.optimizer} ({impl}) · {s.precision}"
            + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
-           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", *_used(est), ""]
+           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", *_used(est),
+           f"  loop {s.loop}: {LOOP_WORDS[str(s.loop)]}", ""]
     out.append("Peak memory")
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
     if est.device.kind == "cuda":
@@ -71,8 +88,11 @@ def render_text(est) -> str:
             ["reserved", format_bytes(est.reserved_bytes), "the CPU allocator caches nothing"],
             ["process (peak RSS)", format_bytes(est.process_bytes), verdict],
         ], "lrl")
+    if est.process_bytes_high > est.process_bytes:
+        out += _table([["process, high end", format_bytes(est.process_bytes_high),
+                        "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")
     out += ["", f"Where: step {est.peak_step + 1}, {est.peak_phase}, module '{est.peak_module or '(model)'}', "
-                f"op {est.peak_op}", "", "Breakdown at the peak"]
+                f"op {est.peak_op}", *_lean_loop(est), "", "Breakdown at the peak"]
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
     total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
     out += _table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
