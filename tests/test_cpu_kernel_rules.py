@@ -15,15 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
 from kernel_checks import memory_inside, running_peak
 from trainmem.targets import KernelEffect, cpu
 from trainmem.trace.events import KernelCall
 from trainmem.trace.recorder import _meta_of
+from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, tree_leaves
 
 _CAP = torch.backends.cpu.get_cpu_capability()
 
@@ -53,7 +51,7 @@ def _compare(op: str, fn) -> tuple[KernelEffect, list[int], list[int]]:
         real_out = func(*args, **kwargs)
     events = memory_inside(prof, f"aten::{op}")
     mode = FakeTensorMode()
-    fake_args = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args)
+    fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     with mode:
         fake_out = tree_leaves(func(*fake_args, **kwargs))
     call = KernelCall(op, 0, len(fake_out), _meta_of(args), _meta_of(fake_out), tuple(range(len(fake_out))))
