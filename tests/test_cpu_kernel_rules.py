@@ -131,6 +131,7 @@ BAGS = {  # name: (num_weights, dim, bags, per bag, mode, per_sample_weights, in
     "sum_weighted": (20000, 64, 256, 32, "sum", True, torch.int64, False),
     "mean_int32": (20000, 64, 256, 32, "mean", False, torch.int32, False),
     "sum_int32_2d": (5000, 128, 512, 16, "sum", False, torch.int32, True),
+    "max_1d": (5000, 64, 256, 16, "max", False, torch.int64, False),
 }
 
 

@@ -175,12 +175,15 @@ def _embedding_bag_backward(call: KernelCall, capability: str) -> KernelEffect:
     empty (mode sum: `new_zeros({n + 1})` kept, make_offset2bag's n + 1 temporary), `grad.contiguous()`.
     After it: `indices.sort()` (sorted values, int64 positions, and one int64 scratch the sort frees),
     `offset2bag.index_select(0, ind_sort)`, per_sample_weights reordered the same way; all freed at return.
-    Mode max and sparse gradients take other paths: not modelled (no effect)."""
+    Mode max: _embedding_bag_dense_backward_cpu_max. Sparse gradients take another path: not modelled."""
     grad, indices, offsets, offset2bag = call.args[:4]
     mode, sparse = call.args[8], call.args[9]
     weights = call.args[10] if len(call.args) > 10 else None
-    if sparse or mode not in (0, 1) or not all(isinstance(t, TensorMeta) for t in (grad, indices, offsets, offset2bag)):
+    if sparse or not all(isinstance(t, TensorMeta) for t in (grad, indices, offsets, offset2bag)):
         return KernelEffect()
+    if mode == 2:  # `grad_.contiguous()` comes first on every path
+        copy = 0 if grad.contiguous else _numel(grad.shape) * grad.itemsize
+        return _embedding_bag_max_backward(call, copy)
     n = _numel(indices.shape)
     # promoteIndicesAndOffsets: one int32 and one int64 → both int64 (a copy of the int32 one)
     promoted = [_numel(t.shape) * 8 for t in (indices, offsets) if t.itemsize == 4 and 8 in (indices.itemsize, offsets.itemsize)]
@@ -197,6 +200,21 @@ def _embedding_bag_backward(call: KernelCall, capability: str) -> KernelEffect:
     reordered = [n * weights.itemsize] if isinstance(weights, TensorMeta) else []
     after = sort + reordered + [-b for b in reordered] + [-n * index_bytes, -n * 8, -n * index_bytes] + [-b for b in reversed(kept)]
     return KernelEffect(tuple(before), tuple(after), rule="EmbeddingBag backward index buffers")
+
+
+def _embedding_bag_max_backward(call: KernelCall, grad_copy: int) -> KernelEffect:
+    """_embedding_bag_dense_backward_cpu_max: after the gradient, `bag_size.nonzero()` (twice, one int64
+    per non-empty bag), `max_indices.index_select` and `grad.index_select` over those bags, and per
+    feature an index_add_ whose strided index is copied contiguous. Every bag is taken as non-empty:
+    the most rows these buffers can have."""
+    grad, bag_size, max_indices = call.args[0], call.args[4], call.args[5]
+    if not all(isinstance(t, TensorMeta) for t in (grad, bag_size, max_indices)):
+        return KernelEffect()
+    rows = _numel(bag_size.shape) * 8
+    picked = _numel(max_indices.shape) * max_indices.itemsize
+    grads = _numel(grad.shape) * grad.itemsize
+    after = (rows, picked, -rows, rows, grads, -rows, rows, -rows, -grads, -picked) + ((-grad_copy,) if grad_copy else ())
+    return KernelEffect((grad_copy,) if grad_copy else (), after, rule="EmbeddingBag max backward buffers")
 
 
 def _numel(shape) -> int:
