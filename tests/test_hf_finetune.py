@@ -165,7 +165,7 @@ def test_trainer_default_optimizer_is_what_transformers_says():
 
 def test_hf_trainer_copies_outputs_to_fp32_under_mixed_precision(tiny):
     kw = dict(batch_size=4, seq_len=128, device="a100-40gb", precision="bf16-mixed", optimizer_impl="fused")
-    plain = estimate(f"hf:{tiny}", optimizer="adamw", **kw)
+    plain = estimate(f"hf:{tiny}", optimizer="adamw", loop="trainer", **kw)  # --hf-trainer's loop, without the copy
     trainer = estimate(f"hf:{tiny}", hf_trainer=True, **kw)
     assert "_to_copy" in trainer.coverage["ops"]
     assert trainer.tensor_bytes >= plain.tensor_bytes
