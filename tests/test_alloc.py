@@ -67,3 +67,89 @@ def test_freed_chunks_coalesce_and_are_reused():
     glibc.free(2)
     glibc.malloc(9, 19_000)  # fits in the merged hole of chunks 1 and 2
     assert glibc.brk == top
+
+
+# ---- runtime small objects interleaved with the tensors (alloc/small_objects.py) ----------------------
+
+import dataclasses  # noqa: E402
+
+from trainmem.alloc.cpu import replay_actions  # noqa: E402
+from trainmem.alloc.small_objects import Action, interleave, load_table  # noqa: E402
+
+
+def pev(action, nbytes, key, phase, op="op", step=1):
+    return DeviceEvent(action, nbytes, key, Category.TEMPORARIES, phase, "m", op, step, 0)
+
+
+def one_row(objects, op="op", phase="forward"):
+    return {"ops": {f"{op}|{phase}|first": {"allocs": 1, "objects": objects}}, "phases": {}}
+
+
+def test_companion_object_is_freed_with_its_tensor():
+    stream = [pev("alloc", 1000, 1, Phase.FORWARD), pev("alloc", 1000, 2, Phase.FORWARD), pev("free", 1000, 1, Phase.FORWARD)]
+    actions = interleave(stream, one_row([[176, 0, ["companion"], 1.0]])).actions
+    keys = [(a.action, a.key) for a in actions]
+    assert keys == [("alloc", 1), ("alloc", ("object", 1)), ("alloc", 2), ("alloc", ("object", 2)),
+                    ("free", 1), ("free", ("object", 1))]
+
+
+def test_transient_object_is_freed_at_once_before_the_next_tensor_event():
+    stream = [pev("alloc", 1000, 1, Phase.FORWARD), pev("alloc", 1000, 2, Phase.FORWARD)]
+    actions = interleave(stream, one_row([[40, 0, ["transient"], 1.0], [96, 0, ["never"], 1.0]])).actions
+    assert [(a.action, a.key, a.transient) for a in actions[:4]] == [
+        ("alloc", 1, False), ("alloc", ("object", 1), True), ("alloc", ("object", 2), False), ("alloc", 2, False)]
+    # one transient action replays as its malloc followed by its free
+    spelled = [b for a in actions for b in ([dataclasses.replace(a, transient=False), Action("free", a.key)]
+                                            if a.transient else [a])]
+    assert replay_actions(actions) == replay_actions(spelled)
+
+
+def test_fractional_rate_places_one_object_per_two_allocations_and_lifetimes_follow_the_stream():
+    stream = [pev("alloc", 64, k, Phase.FORWARD) for k in range(4)] + [pev("alloc", 64, 9, Phase.BACKWARD, "bw"),
+                                                                      pev("free", 64, 0, Phase.BACKWARD, "bw")]
+    table = one_row([[96, 0, ["same", 1], 0.5], [24, 0, ["phase", "backward", 0, 0], 0.5], [8, 0, ["never"], 0.25]])
+    result = interleave(stream, table)
+    allocs = [a for a in result.actions if a.action == "alloc" and isinstance(a.key, tuple)]
+    assert [a.nbytes for a in allocs] == [96, 24, 96, 24, 8]  # 0.5 per allocation: after the 2nd and 4th
+    order = [(a.action, a.key) for a in result.actions]
+    first = order.index(("alloc", ("object", 1)))  # after tensor 1; "same 1": freed after tensor 2's event
+    assert order[first + 3] == ("free", ("object", 1))
+    assert order.index(("free", ("object", 2))) > order.index(("alloc", 9))  # at the start of backward
+    assert ("free", ("object", 5)) not in order  # never freed
+    assert result.defaulted_ops == {"bw|backward": 1}  # no row, no phase average: nothing placed, and said so
+
+
+def test_a_small_object_above_a_freed_heap_tensor_keeps_the_heap_from_shrinking():
+    """The pinning mechanism: once the threshold has risen, a 1 MiB chunk comes from the heap. Freed
+    alone, it merges into the top and a later 1.5 MiB chunk reuses it; with a live object above it,
+    the hole stays apart and the 1.5 MiB chunk extends the heap. (Plain mallocs here: a memalign'd
+    chunk's spare tail goes to the tcache and pins it by itself, as _int_memalign frees it.)"""
+    raise_threshold = [Action("alloc", "big0", 4 << 20), Action("free", "big0")]
+    tensor = [Action("alloc", "t", 1 << 20, aligned=False)]
+    alone = raise_threshold + tensor + [Action("free", "t"), Action("alloc", "t2", 3 << 19, aligned=False)]
+    pinned = raise_threshold + tensor + [Action("alloc", "o", 200, aligned=False), Action("free", "t"),
+                                         Action("alloc", "t2", 3 << 19, aligned=False)]
+    glibc_alone, glibc_pinned = GlibcModel(), GlibcModel()
+    for model, actions in ((glibc_alone, alone), (glibc_pinned, pinned)):
+        for a in actions:
+            if a.action == "free":
+                model.free(a.key)
+            elif a.aligned:
+                model.malloc(a.key, a.nbytes)
+            else:
+                model.malloc_plain(a.key, a.nbytes)
+    assert glibc_alone.brk < 2 << 20 < (5 << 19) <= glibc_pinned.brk  # 1.5 MiB reuses the top vs 1 + 1.5 MiB
+    assert replay_actions(pinned) == glibc_pinned.peak_resident
+
+
+def test_pinned_bound_never_merges_into_the_top():
+    actions = [Action("alloc", k, 50_000, aligned=False) for k in (1, 2)] + [
+        Action("free", 2), Action("free", 1), Action("alloc", 3, 110_000, aligned=False)]
+    assert replay_actions(actions, pinned=True) > replay_actions(actions)  # the freed 100 kB cannot take 110 kB
+
+
+def test_small_object_table_names_its_source():
+    source = load_table()["source"]
+    assert source["command"].startswith("python benchmarks/calibrate_small_objects.py")
+    assert source["torch"] and source["date"] and len(source["runs"]) >= 4
+    assert load_table()["ops"] and load_table()["phases"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from trainmem.alloc.cpu import aligned, replay_resident, replay_tensors
+from trainmem.alloc import small_objects
+from trainmem.alloc.cpu import aligned, replay_actions, replay_tensors
 from trainmem.devices import Device
 from trainmem.estimate import Estimate
 from trainmem.baselines import baselines
@@ -29,10 +30,10 @@ def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -
     # peft imports transformers itself, so LoRA brings both into the process
     libraries = frozenset(source.libraries) | ({"peft", "transformers"} if setup.lora_spec() else set())
     runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries)
-    resident = replay_resident(stream)
-    process_parts = {**runtime.parts, "tensor_heap_resident": resident}
+    heap = heap_replay(stream, runtime.parts)
+    process_parts = {**runtime.parts, "tensor_heap_resident": heap["resident"]}
     peak_event = stream[tensors.peak_index]
-    warnings = list(traced.warnings) + runtime.assumptions + [
+    warnings = list(traced.warnings) + runtime.assumptions + heap["assumptions"] + [
         f"CPU kernel rule '{rule}' applied ×{count} (buffers below the dispatcher, {capability})"
         for rule, count in sorted(fired.items())]
     if traced.checkpointed:
@@ -41,13 +42,42 @@ def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -
     return Estimate(
         model_name=source.name, setup=setup, device=device, parameters=traced.parameters,
         trainable_parameters=traced.trainable_parameters, tensor_bytes=tensors.peak_bytes,
-        process_bytes=sum(process_parts.values()), breakdown=breakdown, peak_phase=str(peak_event.phase),
+        process_bytes=sum(process_parts.values()),
+        process_high=heap["high"],
+        breakdown=breakdown, peak_phase=str(peak_event.phase),
         peak_module=peak_event.module, peak_op=peak_event.op, peak_step=peak_event.step,
         modules=module_table(traced, tensors.live_at_peak, depth), warnings=warnings,
         explanation=explain(traced, setup, breakdown), process_parts=process_parts,
         baselines=baselines(traced, setup, tensors.peak_bytes, "tensor peak"),
         coverage={"ops": dict(traced.op_counts), "kernel_rules": fired, "capability": capability,
                   "threads": torch.get_num_threads()})
+
+
+def heap_replay(stream, runtime_parts: dict[str, int]) -> dict:
+    """glibc's resident heap for the tensor stream with the runtime's small objects interleaved
+    (alloc/small_objects.py), and the process's high figure: the larger of that replay with every freed
+    chunk pinned and the expected process plus the run-to-run spread measured on the calibration models."""
+    interleaved = small_objects.interleave(stream)
+    resident = replay_actions(interleaved.actions)
+    pinned = replay_actions(interleaved.actions, pinned=True)
+    table = small_objects.load_table()
+    source, spread = table["source"], table["spread"]
+    floor = sum(runtime_parts.values())
+    high = max(floor + pinned, int((floor + resident) * (1 + spread["above_median"])))
+    assumptions = [f"peak RSS replays the tensor allocations with {interleaved.objects:,} runtime small objects "
+                   "(TensorImpls, autograd nodes, oneDNN descriptors) interleaved as malloc logs of real runs show "
+                   f"(targets/data/cpu_small_objects.json, torch {source['torch']}, {source['date']}); they pin "
+                   "freed tensor chunks inside glibc's heap",
+                   f"where the objects fall changes from run to run: process_bytes_high {high / 2**20:.0f} MiB is the "
+                   f"larger of the process with every freed heap chunk pinned (heap {pinned / 2**20:.0f} MiB against "
+                   f"{resident / 2**20:.0f} MiB expected) and the expected process plus the largest run-to-run spread "
+                   f"above the median measured on the calibration models (+{spread['above_median']:.1%}, "
+                   "targets/data/cpu_small_objects.json 'spread')"]
+    if interleaved.defaulted_ops:
+        ops = sorted(interleaved.defaulted_ops, key=lambda k: -interleaved.defaulted_ops[k])
+        assumptions.append(f"no small-object row for {len(ops)} op kinds ({', '.join(ops[:5])}"
+                           f"{' …' if len(ops) > 5 else ''}): their phase's average is used")
+    return {"resident": resident, "high": high, "assumptions": assumptions}
 
 
 def _prefix(name: str, depth: int) -> str:

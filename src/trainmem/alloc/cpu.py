@@ -83,7 +83,10 @@ class GlibcModel:
     """glibc malloc's main arena, as far as the resident footprint goes. Addresses are offsets in a
     virtual heap [0, brk); chunk addresses satisfy glibc's alignment (mem = chunk + 16)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pinned: bool = False) -> None:
+        # pinned: every freed heap chunk has a live object above it, as the runtime's small objects can
+        # leave one: nothing merges into the top and the heap is never trimmed (the high bound)
+        self.pinned = pinned
         self.mmap_threshold = MMAP_THRESHOLD_START
         self.trim_threshold = 2 * MMAP_THRESHOLD_START
         self.top_start = 0  # first byte of the top chunk; the heap is [0, brk)
@@ -93,6 +96,7 @@ class GlibcModel:
         self.free_at: dict[int, int] = {}  # address -> size
         self.free_ending: dict[int, int] = {}  # end address -> start address
         self.fastbins: dict[int, int] = {}  # address -> size: free, but not coalesced until consolidation
+        self.fast_by_size: dict[int, list[int]] = defaultdict(list)  # the same chunks per size, in free order
         self.tcache: dict[int, list[int]] = defaultdict(list)  # chunk size -> addresses (never coalesced)
         self.chunks: dict[int, tuple[str, int, int]] = {}  # key -> ("heap"|"mmap", address, size)
         self.peak_resident = 0
@@ -124,8 +128,8 @@ class GlibcModel:
         if self.tcache[nb]:
             self.chunks[key] = ("heap", self.tcache[nb].pop(), nb)
             return
-        exact = next((a for a, size in self.fastbins.items() if size == nb), None) if nb <= MAX_FAST else None
-        if exact is not None:
+        if nb <= MAX_FAST and self.fast_by_size[nb]:  # fastbins are LIFO per size
+            exact = self.fast_by_size[nb].pop()
             del self.fastbins[exact]
             self.chunks[key] = ("heap", exact, nb)
             return
@@ -173,13 +177,14 @@ class GlibcModel:
             return
         if size <= MAX_FAST:
             self.fastbins[address] = size
+            self.fast_by_size[size].append(address)
             return
         merged = self._coalesce(address, size)
         if merged >= CONSOLIDATION_THRESHOLD:
             if self.fastbins:
                 self._consolidate()
             top = self.brk - self.top_start
-            if top >= self.trim_threshold:  # systrim
+            if top >= self.trim_threshold and not self.pinned:  # systrim
                 extra = (top - TOP_PAD - MINSIZE - 1) // PAGE * PAGE
                 self.brk -= max(extra, 0)
 
@@ -191,7 +196,7 @@ class GlibcModel:
             before = self.free_ending[address]
             size += self._remove_free(before)
             address = before
-        if address + size == self.top_start:
+        if address + size == self.top_start and not self.pinned:
             self.top_start = address
         else:
             self._add_free(address, size)
@@ -199,6 +204,7 @@ class GlibcModel:
 
     def _consolidate(self) -> None:
         chunks, self.fastbins = sorted(self.fastbins.items()), {}
+        self.fast_by_size.clear()
         for address, size in chunks:
             self._coalesce(address, size)
 
@@ -212,6 +218,25 @@ class GlibcModel:
         del self.free_ending[address + size]
         self.free_sizes.pop(bisect.bisect_left(self.free_sizes, (size, address)))
         return size
+
+
+def replay_actions(actions, pinned: bool = False) -> int:
+    """Peak resident bytes for tensors and runtime objects interleaved (alloc/small_objects.py):
+    tensors and 64-byte-aligned objects through posix_memalign, the rest through malloc."""
+    model = GlibcModel(pinned)
+    for action in actions:
+        if action.action == "free":
+            if action.key in model.chunks:
+                model.free(action.key)
+        elif action.aligned:
+            model.malloc(action.key, action.nbytes)
+        elif action.transient and model.tcache[request_to_chunk(action.nbytes)]:
+            continue  # malloc pops a tcache chunk and free pushes it back: nothing changes
+        else:
+            model.malloc_plain(action.key, action.nbytes)
+        if action.transient and action.action == "alloc":
+            model.free(action.key)
+    return model.peak_resident
 
 
 def replay_resident(stream: list[DeviceEvent]) -> int:

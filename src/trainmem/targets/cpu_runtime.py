@@ -68,10 +68,7 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -
             parts[f"runtime_{family}"] = int(data["families"][family])
     assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
-                   "interpreter, torch libraries, thread pools",
-                   "peak RSS replays tensor allocations through a glibc malloc model; heap fragmentation by the "
-                   "runtime's small objects is not modelled (measured +20-45% of the tensor heap on CNNs, "
-                   "about 0 on MLP/LSTM: benchmarks/results/glibc_fidelity.md)"]
+                   "interpreter, torch libraries, thread pools"]
     if libraries:
         key = import_set_key(libraries)
         measured_sets = data.get("import_sets", {})

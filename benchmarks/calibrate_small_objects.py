@@ -1,0 +1,229 @@
+"""Derive the runtime small-object table (src/trainmem/targets/data/cpu_small_objects.json) from malloc
+logs of real training runs; alloc/small_objects.py explains what the table holds and why.
+
+For each calibration case: run the real steps in a fresh process under the LD_PRELOAD shim
+(benchmarks/glibc/malloc_log.c, logging on around the steps only), trace the same setup, and align
+the log's tensor allocations (64-byte posix_memalign requests of the sizes the trace allocates, in
+order, within a window) with the estimate's stream. Every other allocation of the main thread is a
+runtime object: it is attributed to the tensor allocation before it (op, phase, first step or later),
+and its free is placed on the stream by the tensor event before it. Other threads' allocations go to
+glibc's thread arenas and are left out, as are unmatched aligned requests above MAX_OBJECT (tensors
+the alignment missed). Held-out models are not calibrated on: benchmarks/glibc_fidelity.py and
+tests/test_measured.py check them.
+
+    python benchmarks/calibrate_small_objects.py      # needs gcc; about 5 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import difflib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from glibc_fidelity import CHILD, build, records  # noqa: E402
+from trainmem.alloc.small_objects import DATA, row_key, segments  # noqa: E402
+
+ZOO = f"{ROOT}/tests/models.py"
+CALIBRATION = [("mlp:1000-100-100-100-100-10", {"batch_size": 256, "optimizer": "adam", "input_shape": "1000"}),
+               ("mlp:1000-100-100-100-100-10", {"batch_size": 2048, "optimizer": "adam", "input_shape": "1000"}),
+               (f"{ZOO}:cnn_bn", {"batch_size": 16, "optimizer": "adam"}),
+               (f"{ZOO}:cnn_bn", {"batch_size": 64, "optimizer": "momentum"}),
+               (f"{ZOO}:resnet_small", {"batch_size": 8, "optimizer": "adam"}),
+               (f"{ZOO}:resnet_small", {"batch_size": 32, "optimizer": "momentum"}),
+               (f"{ZOO}:tiny_gpt", {"batch_size": 4, "optimizer": "adam"}),
+               (f"{ZOO}:tiny_gpt", {"batch_size": 16, "optimizer": "momentum"}),
+               (f"{ZOO}:lstm", {"batch_size": 8, "optimizer": "adam"}),
+               (f"{ZOO}:lstm", {"batch_size": 32, "optimizer": "momentum"})]
+WINDOW = 24  # how far (in tensor allocations) a small request may stray from the trace's order
+ANCHOR = 4096  # requests this large are aligned as a sequence
+MAX_OBJECT = 32 * 1024  # larger unmatched aligned requests are tensors the alignment missed
+MIN_RATE = 0.002  # templates rarer than this per tensor allocation are dropped (the total is reported)
+
+
+def estimate_stream(ref: str, values: dict):
+    import torch
+
+    from trainmem.frontends import resolve
+    from trainmem.setup import TrainingSetup
+    from trainmem.targets import cpu as cpu_target
+    from trainmem.trace.run import trace_training
+
+    setup = TrainingSetup.from_mapping(values)
+    traced = trace_training(resolve(ref, setup), setup, cpu_target.kernel_ops())
+    return cpu_target.device_stream(traced.trace, torch.backends.cpu.get_cpu_capability())[0]
+
+
+def logged_run(shim: Path, tmp: Path, ref: str, values: dict) -> list[tuple]:
+    log = tmp / "malloc.log"
+    env = {**os.environ, "LD_PRELOAD": str(shim), "MLOG": str(log), "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run([sys.executable, "-c", CHILD, str(shim), ref, json.dumps(values)], env=env, check=True,
+                   capture_output=True)
+    return records(log)
+
+
+def anchors(recs: list[tuple], stream, allocs: list[int]) -> dict[int, int]:
+    """Log record index -> stream allocation ordinal for requests of at least ANCHOR bytes: the longest
+    matching subsequence of the two size sequences (difflib), which a missing or extra request cannot
+    derail."""
+    logged = [i for i, r in enumerate(recs) if r[0] == b"a" and r[2] == 64 and r[3] >= ANCHOR]
+    traced = [k for k, i in enumerate(allocs) if stream[i].nbytes >= ANCHOR]
+    matcher = difflib.SequenceMatcher(None, [recs[i][3] for i in logged], [stream[allocs[k]].nbytes for k in traced],
+                                      autojunk=False)
+    return {logged[block.a + n]: traced[block.b + n] for block in matcher.get_matching_blocks()
+            for n in range(block.size)}
+
+
+def match_small(queue, cursor: int, taken: set) -> int | None:
+    while queue and (queue[0] in taken or queue[0] < cursor - WINDOW):
+        queue.popleft()
+    return queue.popleft() if queue and queue[0] <= cursor + WINDOW else None
+
+
+def align(recs: list[tuple], stream) -> list[tuple]:
+    """The log as ('T', stream index) tensor allocs, ('t', stream index of its free) tensor frees,
+    ('s', id, size, aligned, main thread) object allocs and ('x', id) object frees. Large requests are
+    aligned by anchors(); a small one takes the next unmatched trace allocation of its size near the
+    last match."""
+    allocs = [i for i, e in enumerate(stream) if e.action == "alloc" and e.nbytes > 0 and str(e.phase) != "init"]
+    free_at = {e.key: i for i, e in enumerate(stream) if e.action == "free"}
+    by_size: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+    for ordinal, index in enumerate(allocs):
+        by_size[stream[index].nbytes].append(ordinal)
+    anchored = anchors(recs, stream, allocs)
+    main_thread = collections.Counter(r[4] for r in recs).most_common(1)[0][0]
+    out, live, cursor, ids, taken = [], {}, 0, 0, set(anchored.values())
+    for position, (op, address, extra, nbytes, tid) in enumerate(recs):
+        ordinal = anchored.get(position)
+        if ordinal is None and op == b"a" and extra == 64 and nbytes < ANCHOR:
+            ordinal = match_small(by_size.get(nbytes), cursor, taken)
+        if ordinal is not None:
+            taken.add(ordinal)
+            cursor = ordinal if position in anchored else max(cursor, min(ordinal, cursor + 2))
+            live[address] = ("T", allocs[ordinal])
+            out.append(live[address])
+            continue
+        if op == b"r" and (old := live.pop(extra, None)) and old[0] == "S":
+            out.append(("x", old[1]))
+        if op in (b"m", b"a", b"r"):
+            ids += 1
+            live[address] = ("S", ids)
+            out.append(("s", ids, nbytes, op == b"a", tid == main_thread))
+        elif op == b"f" and (known := live.pop(address, None)):
+            out.append(("x", known[1]) if known[0] == "S" else ("t", free_at.get(stream[known[1]].key, -1)))
+    return out
+
+
+def lifetime(birth: int, last: tuple | None, runs, owner) -> list | None:
+    """How the stream places an object's free ("transient": before the next tensor event)."""
+    if last is None or last[1] < 0:
+        return ["never"]
+    death = last[1]
+    if death == birth and last[0] == "T":
+        return ["transient"]
+    if owner[death] == owner[birth]:
+        return ["same", 2 ** round(math.log2(max(death - birth, 1)))]
+    step, phase, start, end = runs[owner[death]]
+    return ["phase", phase, step - runs[owner[birth]][0], (death - start) * 4 // (end - start + 1)]
+
+
+def objects(out: list[tuple], stream) -> tuple[list[tuple], collections.Counter]:
+    """(birth stream index, size, aligned, lifetime) of the main thread's runtime objects, and what was
+    left out (other threads' arenas, objects before the first tensor, aligned requests too large to be
+    runtime objects) in bytes."""
+    runs, owner = segments(stream)
+    born, found, left_out, context, last = {}, [], collections.Counter(), None, None
+    for event in out:
+        if event[0] in ("T", "t"):
+            last = event
+            context = event[1] if event[0] == "T" else context
+        elif event[0] == "s":
+            born[event[1]] = (event[2:], context, last)
+        elif event[1] in born:
+            found.append((*born.pop(event[1]), last))
+    found += [(*value, None) for value in born.values()]
+    kept = []
+    for (nbytes, aligned, main), birth, seen, death in found:
+        life = None if birth is None else lifetime(birth, death if death != seen else ("T", birth), runs, owner)
+        if death is not None and death[0] == "t" and birth is not None and death[1] >= 0 \
+                and stream[death[1]].key == stream[birth].key:
+            life = ["companion"]
+        reason = ("other thread" if not main else "before the first tensor" if birth is None else
+                  "aligned, larger than MAX_OBJECT" if aligned and nbytes > MAX_OBJECT else "")
+        if reason:
+            left_out[reason] += nbytes
+        else:
+            kept.append((birth, nbytes, aligned, life))
+    return kept, left_out
+
+
+def row_keys(stream) -> list[str | None]:
+    first = min((e.step for e in stream if str(e.phase) != "init"), default=0)
+    return [row_key(e.op, str(e.phase), e.step == first) if e.action == "alloc" and str(e.phase) != "init" else None
+            for e in stream]
+
+
+def add_case(totals: dict, stream, kept: list[tuple]) -> None:
+    """Count tensor allocations and objects per row, and per phase ('*' rows, for ops not in the table)."""
+    keys = row_keys(stream)
+    for key in filter(None, keys):
+        for row in (key, "*|" + key.split("|", 1)[1]):
+            totals[row]["allocs"] += 1
+    for birth, nbytes, aligned, life in kept:
+        template = json.dumps([nbytes, int(aligned), life])
+        for row in (keys[birth], "*|" + keys[birth].split("|", 1)[1]):
+            totals[row]["objects"][template] += 1
+
+
+def table_rows(totals: dict) -> tuple[dict, dict, float]:
+    ops, phases, dropped = {}, {}, 0.0
+    for key, row in sorted(totals.items()):
+        templates = []
+        for template, count in sorted(row["objects"].items(), key=lambda item: -item[1]):
+            rate = count / row["allocs"]
+            if rate < MIN_RATE:
+                dropped += count * json.loads(template)[0]
+                continue
+            templates.append([*json.loads(template), round(rate, 4)])
+        (phases if key.startswith("*|") else ops)[key] = {"allocs": row["allocs"], "objects": templates}
+    return ops, phases, dropped
+
+
+def main() -> None:
+    import torch
+
+    totals: dict = collections.defaultdict(lambda: {"allocs": 0, "objects": collections.Counter()})
+    left_out: collections.Counter = collections.Counter()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        shim, _ = build(Path(tmpdir))
+        for ref, values in CALIBRATION:
+            stream = estimate_stream(ref, values)
+            kept, skipped = objects(align(logged_run(shim, Path(tmpdir), ref, values), stream), stream)
+            add_case(totals, stream, kept)
+            left_out.update(skipped)
+            print(ref.rsplit("/", 1)[-1], values["batch_size"], len(kept), "objects", dict(skipped), flush=True)
+    ops, phases, dropped = table_rows(totals)
+    source = {"command": "python benchmarks/calibrate_small_objects.py", "date": str(datetime.date.today()),
+              "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
+              "threads": torch.get_num_threads(), "glibc": os.confstr("CS_GNU_LIBC_VERSION"),
+              "runs": [f"{ref.rsplit('/', 1)[-1]} {json.dumps(values)}" for ref, values in CALIBRATION],
+              "left_out_bytes": dict(left_out), "dropped_rare_bytes": int(dropped),
+              "format": "row 'op|phase|first|later': allocs = tensor allocations seen; objects = "
+                        "[request bytes, posix_memalign(64)?, lifetime, objects per tensor allocation]"}
+    spread = json.loads(DATA.read_text()).get("spread") if DATA.exists() else None  # measured apart: kept
+    DATA.write_text(json.dumps({"source": source, "ops": ops, "phases": phases, "spread": spread}, indent=0) + "\n")
+    print(f"wrote {DATA}: {len(ops)} op rows, {len(phases)} phase rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The runtime's small objects, interleaved with the tensor stream, for the glibc replay.
+
+Why: after glibc's dynamic mmap threshold has risen (alloc/cpu.py), large tensors come from the heap.
+Between them the C++ and Python runtime allocates small objects of its own (TensorImpls and
+StorageImpls, autograd nodes and saved variables, oneDNN primitive descriptors and their cache
+entries, Python buffers). One that outlives the tensor allocated just before it sits above that
+tensor's chunk: the chunk cannot merge into the top when it is freed, the heap cannot be trimmed, and
+the next large tensor that does not fit the hole extends the heap. A replay of the tensors alone misses
+this pinning and is low (benchmarks/results/glibc_fidelity.md).
+
+What: `targets/data/cpu_small_objects.json`, derived by benchmarks/calibrate_small_objects.py from
+malloc logs of real runs (an LD_PRELOAD shim), gives for each op kind, phase and step (first step or
+later) the objects allocated after one of that op's tensor allocations, per allocation: request size,
+whether it is a 64-byte posix_memalign (oneDNN's own allocator) or a plain malloc, and when it is
+freed relative to the tensor stream:
+- ["companion"]: with the tensor it followed (its TensorImpl/StorageImpl);
+- ["same", n]: n stream events later, within the same phase (n is a power of two, the log2 bin);
+- ["phase", phase, step_offset, quarter]: in a later phase (autograd nodes die in backward, gradient
+  wrappers at zero_grad), a quarter of the way into it;
+- ["never"]: still alive when the steps end (caches);
+- ["transient"]: before the next tensor event; replayed as a malloc followed at once by its free.
+The transient ones matter: they keep the tcache and bins stocked, so that longer-lived objects reuse
+old chunks instead of being carved from the top right after a tensor. On a logged run of cnn_bn (batch 16,
+Adam) the model
+replays the whole log to 78 MiB, 79 MiB with each transient object freed at once, 118 MiB without the
+transient objects, and 150 MiB with them all freed at the end of their gap.
+An op the table lacks takes the average of its phase, and the estimate says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+from collections import defaultdict
+from functools import lru_cache
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "targets" / "data" / "cpu_small_objects.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One step of the interleaved replay: a tensor event or a runtime object's malloc/free."""
+
+    action: str  # "alloc" | "free"
+    key: object
+    nbytes: int = 0
+    aligned: bool = True  # tensors and oneDNN objects: posix_memalign(64); others: malloc
+    transient: bool = False  # an object freed at once: this one action stands for its malloc and free
+
+
+@lru_cache(maxsize=1)
+def load_table() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def row_key(op: str, phase: str, first_step: bool) -> str:
+    return f"{op}|{phase}|{'first' if first_step else 'later'}"
+
+
+def segments(stream) -> tuple[list[tuple[int, str, int, int]], list[int]]:
+    """Contiguous runs of one (step, phase): (step, phase, start, end) and each event's run index."""
+    runs, owner = [], []
+    for index, event in enumerate(stream):
+        if not runs or (runs[-1][0], runs[-1][1]) != (event.step, str(event.phase)):
+            runs.append([event.step, str(event.phase), index, index])
+        runs[-1][3] = index
+        owner.append(len(runs) - 1)
+    return [tuple(r) for r in runs], owner
+
+
+def death_index(life: list, index: int, runs, owner) -> int | None:
+    """The stream index after which an object born after event `index` is freed (None: never)."""
+    run = runs[owner[index]]
+    if life[0] == "same":
+        return min(index + life[1], run[3])
+    if life[0] == "phase":
+        _, phase, step_offset, quarter = life
+        for step, name, start, end in runs[owner[index] + 1:]:
+            if name == phase and step == run[0] + step_offset:
+                return start + (end - start) * quarter // 4
+        return None
+    return None  # "never"
+
+
+@dataclasses.dataclass
+class Interleaved:
+    actions: list[Action]
+    objects: int  # runtime objects placed
+    defaulted_ops: dict[str, int]  # op|phase -> tensor allocations that took their phase's average
+
+
+def _templates(table: dict, event, first: bool, defaulted: dict[str, int]) -> list:
+    key = row_key(event.op, str(event.phase), first)
+    row = table["ops"].get(key)
+    if row is None:
+        row = table["phases"].get(row_key("*", str(event.phase), first))
+        defaulted[f"{event.op}|{event.phase}"] += 1
+    return row["objects"] if row else []
+
+
+def interleave(stream, table: dict | None = None) -> Interleaved:
+    """The tensor stream with the runtime's objects placed after the tensor allocations that precede
+    them and freed where the table says. Fractional rates accumulate per (row, template), so an
+    object that follows every fourth convolution output is placed after every fourth one."""
+    table = table or load_table()
+    runs, owner = segments(stream)
+    first_step = min((e.step for e in stream if str(e.phase) != "init"), default=0)
+    births: dict[int, list[Action]] = defaultdict(list)
+    deaths: dict[int, list[Action]] = defaultdict(list)
+    companions: dict[object, list[Action]] = defaultdict(list)
+    credit: dict[tuple, float] = defaultdict(float)
+    defaulted: dict[str, int] = defaultdict(int)
+    rows: dict[tuple, list] = {}
+    count = 0
+    for index, event in enumerate(stream):
+        if event.action != "alloc" or str(event.phase) == "init":
+            continue
+        row = (event.op, str(event.phase), event.step == first_step)
+        if row not in rows:
+            rows[row] = _templates(table, event, row[2], defaulted)
+        elif row[0] + "|" + row[1] in defaulted:
+            defaulted[row[0] + "|" + row[1]] += 1
+        transient_sizes: set[tuple] = set()
+        for slot, (nbytes, aligned, life, rate) in enumerate(rows[row]):
+            credit[row, slot] += rate
+            placed = int(credit[row, slot])
+            credit[row, slot] -= placed
+            if placed and life[0] == "transient":
+                # a second malloc+free of one size in the same gap finds the first one's chunk in the
+                # tcache (or fastbin) and leaves the heap as it was: replay the first only
+                count += placed
+                if (nbytes + 15 >> 4, aligned) not in transient_sizes:
+                    transient_sizes.add((nbytes + 15 >> 4, aligned))
+                    births[index].append(Action("alloc", ("object", count), nbytes, bool(aligned), True))
+                continue
+            for _ in range(placed):
+                count += 1
+                key = ("object", count)
+                births[index].append(Action("alloc", key, nbytes, bool(aligned)))
+                if life[0] == "companion":
+                    companions[event.key].append(Action("free", key))
+                elif (end := death_index(life, index, runs, owner)) is not None:
+                    deaths[end].append(Action("free", key))
+    actions: list[Action] = []
+    for index, event in enumerate(stream):
+        actions.append(Action(event.action, event.key, event.nbytes))
+        if event.action == "free":
+            actions.extend(companions.pop(event.key, ()))
+        actions.extend(births.pop(index, ()))
+        actions.extend(deaths.pop(index, ()))
+    return Interleaved(actions, count, dict(defaulted))
