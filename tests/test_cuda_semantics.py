@@ -203,3 +203,24 @@ def test_every_cuda_rule_names_a_test_that_exists():
             continue  # a stated gap
         path, name = rule.test.split("::")
         assert f"def {name}(" in (root / path).read_text(), rule
+
+
+def test_mse_loss_keeps_an_input_sized_block_on_cuda():
+    """Loss.cpp's mse_loss meta function builds an output of the input's size and resize_s it to 0-dim
+    (the storage stays), on CUDA as on the CPU; the kernel adds a second input-sized buffer during the
+    call. At the loss, a [4096, 1024] fp32 output (16 MiB) therefore holds two 16 MiB blocks more than a
+    4-byte loss would."""
+    from trainmem.targets import cuda as cuda_target
+    from trainmem.trace.cuda_composites import CudaFacts
+    from trainmem.trace.run import trace_training
+    from trainmem.frontends import resolve
+    from trainmem.setup import TrainingSetup
+
+    setup = TrainingSetup.from_mapping({"batch_size": 4096, "input_shape": "1024", "loss": "mse", "optimizer": "sgd"})
+    traced = trace_training(resolve("mlp:1024-1024", setup), setup, cuda_target.kernel_ops(), CudaFacts((8, 0)))
+    stream = cuda_target.device_stream(traced.trace, 8_519_680)
+    loss_blocks = [e.nbytes for e in stream.events if e.action == "alloc" and e.op == "mse_loss"]
+    buffers = [e.nbytes for e in stream.events if e.action == "alloc" and e.op == "mse_loss element-wise buffer"]
+    assert loss_blocks and set(loss_blocks) == {4096 * 1024 * 4}
+    assert buffers and set(buffers) == {4096 * 1024 * 4}
+    assert any("reduced loss" in rule for rule in stream.rules)

@@ -28,6 +28,11 @@ def kernel_ops() -> frozenset[str]:
     return frozenset(_RULES)
 
 
+def rule_for(op: str) -> KernelRule:
+    """The registered rule for `op` (the CUDA target reuses the device-independent loss rules)."""
+    return _RULES[op]
+
+
 @kernel_rule("mkldnn_rnn_layer")
 def _lstm_workspace(call: KernelCall, capability: str) -> KernelEffect:
     """oneDNN's LSTM returns a training workspace (gates and states of every time step) whose size the

@@ -38,10 +38,46 @@ CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv"
 CUDNN_CONV_OPS = cudnn.CONV_OPS
 CUDNN_RNN_OPS = cudnn.RNN_OPS
 BATCH_NORM_OPS = cudnn.BN_OPS
+# reduced losses whose 0-dim result keeps an input-sized storage on CUDA as on the CPU: Loss.cpp's
+# structured meta functions (mse, smooth_l1) and huber/soft_margin are device-independent, and
+# cuda/Loss.cu's binary_cross_entropy resizes its input-sized output in place; the CPU rules apply as they are
+LOSS_OPS = frozenset({"mse_loss", "smooth_l1_loss", "binary_cross_entropy", "soft_margin_loss", "huber_loss"})
 
 
 def kernel_ops() -> frozenset[str]:
-    return CUBLAS_OPS | CUDNN_CONV_OPS | CUDNN_RNN_OPS | BATCH_NORM_OPS
+    return CUBLAS_OPS | CUDNN_CONV_OPS | CUDNN_RNN_OPS | BATCH_NORM_OPS | LOSS_OPS
+
+
+def _loss_effects(trace: Trace) -> tuple[dict[int, int], dict[int, list[cudnn.Workspace]], dict[str, int]]:
+    """Output storages the loss kernels really allocate (sid → bytes) and their transient buffers, as
+    blocks allocated right after the output and freed at once (trace seq → buffers)."""
+    from trainmem.targets import cpu as cpu_target
+
+    sizes: dict[int, int] = {}
+    inserts: dict[int, list[cudnn.Workspace]] = {}
+    fired: dict[str, int] = {}
+    for call in trace.kernel_calls:
+        if call.op not in LOSS_OPS:
+            continue
+        effect = cpu_target.rule_for(call.op)(call, "cuda")
+        for index, nbytes in effect.output_nbytes:
+            if index < len(call.output_sids) and call.output_sids[index] is not None:
+                sizes[call.output_sids[index]] = nbytes
+        transient = max((b for b in (*effect.before, *effect.after) if b > 0), default=0)
+        if transient:
+            inserts.setdefault(call.at_seq + call.outputs_allocated, []).append(
+                cudnn.Workspace(transient, f"{call.op} element-wise buffer"))
+        if effect.rule:
+            fired[f"{effect.rule} ({call.op})"] = fired.get(f"{effect.rule} ({call.op})", 0) + 1
+    return sizes, inserts, fired
+
+
+def _merged(*plans: dict[int, list[cudnn.Workspace]]) -> dict[int, list[cudnn.Workspace]]:
+    out: dict[int, list[cudnn.Workspace]] = {}
+    for plan in plans:
+        for seq, workspaces in plan.items():
+            out.setdefault(seq, []).extend(workspaces)
+    return out
 
 
 @dataclasses.dataclass
@@ -82,7 +118,8 @@ def _transients(events: list[DeviceEvent], extra: list[cudnn.Workspace], event) 
                                       ws.label, event.step, event.seq))
 
 
-def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cudnn.Workspace]]):
+def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cudnn.Workspace]],
+           sizes: dict[int, int]):
     workspaces = _cublas_first_calls(trace)
     events: list[DeviceEvent] = []
     managed, managed_peak = 0, 0
@@ -99,7 +136,7 @@ def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cu
             managed += event.nbytes if event.action == "alloc" else -event.nbytes
             managed_peak = max(managed_peak, managed)
             continue
-        events.append(DeviceEvent(event.action, event.nbytes, event.sid, trace.storages[event.sid].category,
+        events.append(DeviceEvent(event.action, sizes.get(event.sid, event.nbytes), event.sid, trace.storages[event.sid].category,
                                   event.phase, event.module, event.op, event.step, event.seq))
     last = trace.events[-1] if trace.events else None
     if last is not None:
@@ -112,11 +149,14 @@ def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cu
 
 def device_stream(trace: Trace, cublas_workspace_bytes: int, cudnn_benchmark: bool = False) -> CudaStream:
     plan = cudnn.plan_workspaces(trace, cudnn_benchmark)
-    events, managed_peak = _build(trace, cublas_workspace_bytes, plan.point)
-    high = _build(trace, cublas_workspace_bytes, plan.high)[0] if plan.high != plan.point else None
+    sizes, loss_buffers, loss_rules = _loss_effects(trace)
+    events, managed_peak = _build(trace, cublas_workspace_bytes, _merged(plan.point, loss_buffers), sizes)
+    high = (_build(trace, cublas_workspace_bytes, _merged(plan.high, loss_buffers), sizes)[0]
+            if plan.high != plan.point else None)
     threads = sorted(set(_cublas_first_calls(trace).values()))
     rules = {f"cuBLAS workspace, {thread} thread ({cublas_workspace_bytes:,} B)": 1 for thread in threads}
     rules.update(plan.rules)
+    rules.update(loss_rules)
     if trace.managed_storages:
         rules[f"paged optimizer state in managed memory ({len(trace.managed_storages)} tensors)"] = 1
     ops = {call.op for call in trace.kernel_calls}
@@ -189,6 +229,10 @@ RULES: tuple[CudaRule, ...] = (
              "figure); NCCL: zero on one GPU", "targets/cuda_runtime.py", "NVIDIA CUDA Programming Guide, Lazy "
              "Loading (kernels load at first use under LAZY)",
              "tests/test_cuda_runtime.py::test_library_notes_are_reported"),
+    CudaRule("reduced losses (mse, smooth_l1, binary_cross_entropy, soft_margin, huber): an input-sized "
+             "storage behind the 0-dim loss, and an input-sized buffer during the call", "targets/cuda.py",
+             "aten/src/ATen/native/Loss.cpp (structured meta + resize_), cuda/Loss.cu binary_cross_entropy_out_cuda",
+             "tests/test_cuda_semantics.py::test_mse_loss_keeps_an_input_sized_block_on_cuda"),
     CudaRule("cuDNN batch-norm workspace and reserve space (sizes from cuDNN at run time)",
              "targets/cudnn.py (counted, stated gap)", "aten/src/ATen/native/cudnn/BatchNorm.cpp", ""),
     CudaRule("cuDNN RNN reserve space", "targets/cudnn.py (counted, stated gap)",
