@@ -11,7 +11,8 @@ glibc's thread arenas and are left out, as are unmatched aligned requests above 
 the alignment missed). Held-out models are not calibrated on: benchmarks/glibc_fidelity.py and
 tests/test_measured.py check them.
 
-    python benchmarks/calibrate_small_objects.py      # needs gcc; about 5 minutes on 2 cores
+    python benchmarks/calibrate_small_objects.py          # needs gcc; about 10 minutes on 2 cores
+    python benchmarks/calibrate_small_objects.py --check  # held-out models against real runs
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from glibc_fidelity import CHILD, build, records  # noqa: E402
+from trainmem.alloc import small_objects  # noqa: E402
 from trainmem.alloc.small_objects import DATA, row_key, segments  # noqa: E402
 
 ZOO = f"{ROOT}/tests/models.py"
@@ -174,12 +176,16 @@ def row_keys(stream) -> list[str | None]:
 
 
 def add_case(totals: dict, stream, kept: list[tuple]) -> None:
-    """Count tensor allocations and objects per row, and per phase ('*' rows, for ops not in the table)."""
-    keys = row_keys(stream)
-    for key in filter(None, keys):
-        for row in (key, "*|" + key.split("|", 1)[1]):
+    """Count tensor allocations and objects per row, and per phase ('*' rows, for ops not in the table).
+    Objects never freed are caches (oneDNN's primitive cache and the like, keyed by shapes): they are
+    counted per first allocation of an (op, phase, bytes) signature, not per allocation."""
+    keys, firsts = row_keys(stream), small_objects.first_signatures(stream)
+    for index, key in enumerate(keys):
+        for row in (key, "*|" + key.split("|", 1)[1]) if key else ():
             totals[row]["allocs"] += 1
+            totals[row]["firsts"] += index in firsts
     for birth, nbytes, aligned, life in kept:
+        life = ["cached"] if life == ["never"] else life
         template = json.dumps([nbytes, int(aligned), life])
         for row in (keys[birth], "*|" + keys[birth].split("|", 1)[1]):
             totals[row]["objects"][template] += 1
@@ -190,19 +196,21 @@ def table_rows(totals: dict) -> tuple[dict, dict, float]:
     for key, row in sorted(totals.items()):
         templates = []
         for template, count in sorted(row["objects"].items(), key=lambda item: -item[1]):
-            rate = count / row["allocs"]
+            cached = json.loads(template)[2] == ["cached"]
+            rate = count / (row["firsts"] if cached else row["allocs"]) if (row["firsts"] or not cached) else 0
             if rate < MIN_RATE:
                 dropped += count * json.loads(template)[0]
                 continue
             templates.append([*json.loads(template), round(rate, 4)])
-        (phases if key.startswith("*|") else ops)[key] = {"allocs": row["allocs"], "objects": templates}
+        (phases if key.startswith("*|") else ops)[key] = {"allocs": row["allocs"], "firsts": row["firsts"],
+                                                          "objects": templates}
     return ops, phases, dropped
 
 
 def main() -> None:
     import torch
 
-    totals: dict = collections.defaultdict(lambda: {"allocs": 0, "objects": collections.Counter()})
+    totals: dict = collections.defaultdict(lambda: {"allocs": 0, "firsts": 0, "objects": collections.Counter()})
     left_out: collections.Counter = collections.Counter()
     with tempfile.TemporaryDirectory() as tmpdir:
         shim, _ = build(Path(tmpdir))
@@ -219,11 +227,39 @@ def main() -> None:
               "runs": [f"{ref.rsplit('/', 1)[-1]} {json.dumps(values)}" for ref, values in CALIBRATION],
               "left_out_bytes": dict(left_out), "dropped_rare_bytes": int(dropped),
               "format": "row 'op|phase|first|later': allocs = tensor allocations seen; objects = "
-                        "[request bytes, posix_memalign(64)?, lifetime, objects per tensor allocation]"}
+                        "[request bytes, posix_memalign(64)?, lifetime, objects per tensor allocation (cached: per first "
+                        "allocation of an (op, phase, bytes) signature)]"}
     spread = json.loads(DATA.read_text()).get("spread") if DATA.exists() else None  # measured apart: kept
     DATA.write_text(json.dumps({"source": source, "ops": ops, "phases": phases, "spread": spread}, indent=0) + "\n")
     print(f"wrote {DATA}: {len(ops)} op rows, {len(phases)} phase rows")
 
 
+HELD_OUT = [("gru", 32), ("gru", 8), ("unet", 16), ("unet", 4), ("conv3d_net", 16), ("bigru", 32),
+            ("mobilenet_like", 32), ("transformer_encoder", 32), ("depthwise_gn", 32), ("conv_autoencoder", 32),
+            ("frozen_backbone", 64), ("einsum_attention", 16), ("tied_lm", 8), ("embbag_recsys", 512)]
+
+
+def check(runs: int = 3) -> None:
+    """Held-out models (not in CALIBRATION): estimate vs the median and max peak RSS of `runs` fresh
+    processes of benchmarks/truth_loops.py (plain PyTorch, no trainmem code), Adam, inline loop."""
+    import statistics
+
+    from trainmem import estimate
+
+    mib = 2**20
+    print("| model | batch | estimate MiB | high MiB | median MiB (runs) | error | high vs max |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, batch in HELD_OUT:
+        measured = [json.loads(subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks/truth_loops.py"), f"{ZOO}:{name}", "--batch-size", str(batch),
+             "--optimizer", "adam", "--mode", "rss"], capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        )["peak_rss_bytes"] for _ in range(runs)]
+        est = estimate(f"{ZOO}:{name}", batch_size=batch, optimizer="adam")
+        median = statistics.median(measured)
+        print(f"| {name} | {batch} | {est.process_bytes / mib:.1f} | {est.process_bytes_high / mib:.1f} | "
+              f"{median / mib:.1f} ({', '.join(f'{m / mib:.0f}' for m in measured)}) | "
+              f"{est.process_bytes / median - 1:+.1%} | {est.process_bytes_high / max(measured) - 1:+.1%} |", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    check() if sys.argv[1:] == ["--check"] else main()

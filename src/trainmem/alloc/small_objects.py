@@ -17,7 +17,8 @@ freed relative to the tensor stream:
 - ["same", n]: n stream events later, within the same phase (n is a power of two, the log2 bin);
 - ["phase", phase, step_offset, quarter]: in a later phase (autograd nodes die in backward, gradient
   wrappers at zero_grad), a quarter of the way into it;
-- ["never"]: still alive when the steps end (caches);
+- ["cached"]: still alive when the steps end: cache entries keyed by shapes, placed at the first
+  allocation of each (op, phase, bytes) signature only (a GRU's 64 time steps add one set, not 64);
 - ["transient"]: before the next tensor event; replayed as a malloc followed at once by its free.
 The transient ones matter: they keep the tcache and bins stocked, so that longer-lived objects reuse
 old chunks instead of being carved from the top right after a tensor. On a logged run of cnn_bn (batch 16,
@@ -70,6 +71,18 @@ def segments(stream) -> tuple[list[tuple[int, str, int, int]], list[int]]:
     return [tuple(r) for r in runs], owner
 
 
+def first_signatures(stream) -> set[int]:
+    """Stream indices of the first allocation of each (op, phase, bytes) signature: where a cache keyed
+    by shapes (oneDNN's primitive cache, 1024 entries by default) adds an entry; later ones hit it."""
+    seen, firsts = set(), set()
+    for index, event in enumerate(stream):
+        signature = (event.op, str(event.phase), event.nbytes)
+        if event.action == "alloc" and str(event.phase) != "init" and signature not in seen:
+            seen.add(signature)
+            firsts.add(index)
+    return firsts
+
+
 def death_index(life: list, index: int, runs, owner) -> int | None:
     """The stream index after which an object born after event `index` is freed (None: never)."""
     run = runs[owner[index]]
@@ -113,6 +126,7 @@ def interleave(stream, table: dict | None = None) -> Interleaved:
     credit: dict[tuple, float] = defaultdict(float)
     defaulted: dict[str, int] = defaultdict(int)
     rows: dict[tuple, list] = {}
+    firsts = first_signatures(stream)
     count = 0
     for index, event in enumerate(stream):
         if event.action != "alloc" or str(event.phase) == "init":
@@ -124,6 +138,8 @@ def interleave(stream, table: dict | None = None) -> Interleaved:
             defaulted[row[0] + "|" + row[1]] += 1
         transient_sizes: set[tuple] = set()
         for slot, (nbytes, aligned, life, rate) in enumerate(rows[row]):
+            if life[0] == "cached" and index not in firsts:
+                continue
             credit[row, slot] += rate
             placed = int(credit[row, slot])
             credit[row, slot] -= placed
