@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainmem.alloc.cpu import GlibcModel, replay_resident  # noqa: E402
+from trainmem.alloc import small_objects  # noqa: E402
+from trainmem.alloc.cpu import GlibcModel, replay_actions, replay_resident  # noqa: E402
 from trainmem.frontends import resolve  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 from trainmem.targets import cpu as cpu_target  # noqa: E402
@@ -121,6 +122,8 @@ def main() -> None:
                    "glibc_tensors": real_peak(replayer, tensors, tmp), "model_tensors": model_peak(tensors),
                    "glibc_all": real_peak(replayer, recs, tmp), "model_all": model_peak(recs),
                    "estimate_stream": replay_resident(stream),
+                   "estimate_objects": replay_actions(small_objects.interleave(stream).actions),
+                   "estimate_pinned": replay_actions(small_objects.interleave(stream).actions, pinned=True),
                    "small_allocations": len(recs) - len(tensors)}
             rows.append(row)
             print(row, flush=True)
@@ -130,16 +133,20 @@ def main() -> None:
              f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads). Peak resident MiB above "
              "the start of the replay.", "",
              "| model | batch | real glibc, tensors only | trainmem model, same log | real glibc, whole log | "
-             "trainmem model, whole log | trainmem model, estimate stream | runtime small allocations |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "trainmem model, whole log | trainmem model, estimate stream | estimate stream + small-object table | "
+             "same, every freed chunk pinned (high) | runtime small allocations |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} | {r['glibc_tensors'] / mib:.1f} | {r['model_tensors'] / mib:.1f} | "
                      f"{r['glibc_all'] / mib:.1f} | {r['model_all'] / mib:.1f} | {r['estimate_stream'] / mib:.1f} | "
+                     f"{r['estimate_objects'] / mib:.1f} | {r['estimate_pinned'] / mib:.1f} | "
                      f"{r['small_allocations']:,} |")
-    lines += ["", "Given the same allocations, the model follows real glibc (columns 3–4 and 5–6). The estimate "
-              "replays only the tensor allocations it traced (column 7); the gap between columns 3 and 5 is heap "
-              "fragmentation caused by the runtime's small objects (autograd nodes, TensorImpls, Python buffers) "
-              "landing between tensor chunks. The estimate does not model those objects yet, and their placement "
+    lines += ["", "Given the same allocations, the model follows real glibc (columns 3–4 and 5–6). Column 7 replays "
+              "the estimate's tensor stream alone; column 8 interleaves the runtime's small objects as the table "
+              "derived from malloc logs says (alloc/small_objects.py, targets/data/cpu_small_objects.json, "
+              "`python benchmarks/calibrate_small_objects.py`), which is what `process_bytes` uses; column 9 is "
+              "the same replay with every freed chunk pinned, one of the two bounds of `process_bytes_high`. "
+              "The gap between columns 3 and 5 is the runtime's small objects pinning freed tensor chunks; their placement "
               "changes from run to run, so the whole-log columns vary between runs of this script.", ""]
     (ROOT / "benchmarks/results/glibc_fidelity.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -153,3 +153,13 @@ def test_small_object_table_names_its_source():
     assert source["command"].startswith("python benchmarks/calibrate_small_objects.py")
     assert source["torch"] and source["date"] and len(source["runs"]) >= 4
     assert load_table()["ops"] and load_table()["phases"]
+
+
+def test_cpu_estimate_states_its_high_figure_and_why():
+    import trainmem
+
+    est = trainmem.estimate("mlp:1000-100-100-100-100-10", batch_size=256, optimizer="adam", input_shape="1000")
+    spread = load_table()["spread"]["above_median"]
+    assert est.process_bytes_high >= int(est.process_bytes * (1 + spread)) > est.process_bytes
+    assert est.to_dict()["peak"]["process_bytes_high"] == est.process_bytes_high
+    assert any("process_bytes_high" in w and "pinned" in w for w in est.warnings)
