@@ -99,7 +99,8 @@ def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: Trainin
                  device_kind: str = "cpu") -> list[str]:
     notes = []
     if breakdown.get("inputs"):
-        notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (the batch, and targets, kept for backward)")
+        notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (batches and targets the {setup.loop} loop holds: "
+                     "kept for backward, bound to its names, or the next one being made)")
     if breakdown.get("temporaries"):
         notes.append(f"temporaries at the peak: {breakdown['temporaries']:,} B (op outputs that die within the phase, "
                      "e.g. gradients flowing between layers in backward)")
