@@ -60,16 +60,59 @@ def test_runtime_refuses_what_cannot_run():
         estimate("mlp:8-8", input_shape="8", cuda_version="12.1")
 
 
-def test_eager_estimate_exceeds_lazy_by_the_context_difference():
+# Hand-copied from benchmarks/results/cuda_library_images.md (loaded bytes per library and arch):
+CUBLAS_CU11_SM80 = 53_632_736 + 287_223_488  # libcublas.so.11 + libcublasLt.so.11, 11.10.3.66, sm_80
+CUBLAS_CU11_SM70 = 54_048_868 + 96_759_120  # same libraries, sm_70
+CUDNN_CU11_SM80 = 186_901_395 + 41_672_544 + 44_467_532 + 25_863_472  # cnn_infer, cnn_train, ops_infer, ops_train
+CUDNN_ADV_CU11_SM80 = 54_142_700 + 50_571_928  # adv_infer, adv_train (RNN/attention only: high)
+
+
+def test_eager_estimate_exceeds_lazy_by_the_context_and_cublas_image():
     kw = dict(device="a100-40gb", batch_size=2, input_shape="64", cuda_version="11.8")
     lazy = estimate("mlp:64-64", module_loading="lazy", **kw)
     eager = estimate("mlp:64-64", module_loading="eager", **kw)
     assert eager.reserved_bytes == lazy.reserved_bytes
-    assert eager.process_bytes - lazy.process_bytes == (666_632_192 - 287_047_680)
+    # CUDA 11.8 takes the measured CUDA 11 build (cuBLAS 11.10.3.66); an A100 runs its sm_80 cubins
+    assert eager.process_bytes - lazy.process_bytes == (666_632_192 - 287_047_680) + CUBLAS_CU11_SM80
+    assert eager.process_parts["library_kernels"] == CUBLAS_CU11_SM80
+    assert eager.process_bytes_high == eager.process_bytes  # the eager context has one figure; no cuDNN
+    assert "library_kernels" not in lazy.process_parts
     assert lazy.process_bytes_high >= lazy.process_bytes
     assert lazy.process_bytes_high == lazy.reserved_bytes + 426 * MiB  # no convolutions: only the context range
     given = estimate("mlp:64-64", cuda_context=500 * MiB, **kw)
     assert given.process_bytes == given.process_bytes_high == given.reserved_bytes + 500 * MiB
+
+
+def test_eager_adds_library_images_by_arch_and_version():
+    # a V100 (sm_70) on CUDA 11.2: eager by force, the CUDA 11 build's sm_70 cubins
+    v100 = estimate("mlp:64-64", device="v100-16gb", batch_size=2, input_shape="64", cuda_version="11.2")
+    assert v100.process_parts["library_kernels"] == CUBLAS_CU11_SM70
+    assert v100.process_bytes == v100.reserved_bytes + 1343 * MiB - 2 * MiB + CUBLAS_CU11_SM70
+    # convolutions and batch norm initialise cuDNN too; its adv sub-library only in the high figure
+    kw = dict(device="a100-40gb", batch_size=2, input_shape="3,8,8", cuda_version="11.8", module_loading="eager")
+    conv = estimate(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)), **kw)
+    assert conv.process_parts["library_kernels"] == CUBLAS_CU11_SM80 + CUDNN_CU11_SM80
+    runtime = conv.coverage["cuda_runtime"]
+    assert runtime["library_kernel_bytes_high"] - runtime["library_kernel_bytes"] == CUDNN_ADV_CU11_SM80
+    assert conv.process_bytes_high - conv.process_bytes >= CUDNN_ADV_CU11_SM80
+    # no build measured has sm_90 cubins for CUDA 11 (11.10 ships PTX only there): said, not sized
+    h100 = estimate("mlp:64-64", device="h100-80gb", batch_size=2, input_shape="64", cuda_version="11.8",
+                    module_loading="eager")
+    assert "library_kernels" not in h100.process_parts
+    assert any("no measured build has code for compute capability 9.0" in w for w in h100.warnings)
+
+
+def test_library_images_on_cpu_and_by_version():
+    from trainmem.targets.cuda_runtime import library_image
+
+    cpu = estimate("mlp:64-64", batch_size=2, input_shape="64")
+    assert not any("kernel images" in w for w in cpu.warnings) and "library_kernels" not in cpu.process_parts
+    # CUDA 12 and 13 take their own builds; CUDA 13 dropped sm_70, so a V100 has none there
+    assert library_image("cuBLAS/cuBLASLt", (12, 4), (9, 0)).point == 50_095_744 + 486_007_770
+    assert library_image("cuBLAS/cuBLASLt", (13, 0), (7, 0)) is None
+    # an sm_89 GPU runs the sm_89 cubins where a module has them, else sm_86 or sm_80 ones
+    ada = library_image("cuDNN", (12, 4), (8, 9))
+    assert ada.point == library_image("cuDNN", (12, 4), (8, 6)).point > 0  # cuDNN 9.1 ships no sm_89 cubins
 
 
 def test_im2col_matrix_by_hand():
@@ -139,11 +182,11 @@ def test_library_notes_are_reported():
     notes = [w for w in est.warnings if "kernel images" in w]
     assert any(n.startswith("cuDNN") for n in notes) and any(n.startswith("cuBLAS") for n in notes)
     assert any(n.startswith("NCCL") and "single-GPU" in n for n in notes)
+    assert all("not added" in n for n in notes if not n.startswith("NCCL"))  # lazy: the bound is stated only
     mlp = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8")
     assert not any(w.startswith("cuDNN kernel images") for w in mlp.warnings)
-    assert not any("low by it" in w for w in mlp.warnings)  # lazy: only the kernels used load
     eager = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8", module_loading="eager")
-    assert any(w.startswith("eager module loading") and "low by it" in w for w in eager.warnings)
+    assert any(w.startswith("cuBLAS/cuBLASLt kernel images") and "eager" in w for w in eager.warnings)
 
 
 def test_cli_flags_reach_the_report(capsys):

@@ -107,9 +107,13 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
     process_parts = {"reserved": reserved, "cuda_context": context.point}
     if stream.managed_peak:
         process_parts["managed_memory"] = stream.managed_peak
-    process_high = reserved_high + context.high + stream.managed_peak
+    libs, libs_high, lib_notes = cuda_runtime.library_bytes(stream.libraries, runtime, gpu.compute_capability)
+    if libs:  # library kernel images under eager module loading (targets/cuda_runtime.py)
+        process_parts["library_kernels"] = libs
+    process_high = reserved_high + context.high + libs_high + stream.managed_peak
     peak_event = stream.events[run.peak_index]
-    warnings = list(traced.warnings) + _runtime_warnings(runtime, context, reserved, reserved_high, stream) + [
+    warnings = list(traced.warnings) + _runtime_warnings(runtime, context, reserved, reserved_high, stream) + \
+        lib_notes + [
         f"caching allocator: {config_text(config)}",
     ] + [f"CUDA rule: {rule}" for rule in stream.rules] + stream.gaps
     if oom is not None:
@@ -128,7 +132,8 @@ def assemble_cuda(source, setup: TrainingSetup, device: Device, traced, depth: i
                   "compute_capability": ".".join(map(str, gpu.compute_capability)),
                   "cuda_runtime": {**runtime.to_dict(), "cuda_context_bytes": context.point,
                                    "cuda_context_bytes_high": context.high, "cuda_context_source": context.source,
-                                   "reserved_bytes_high": reserved_high}},
+                                   "reserved_bytes_high": reserved_high, "library_kernel_bytes": libs,
+                                   "library_kernel_bytes_high": libs_high}},
         allocated=allocator.peak_allocated_bytes, reserved=reserved,
         allocator=_allocator_summary(allocator, segments_at(stream.events, config, run.peak_index), config, oom),
         fits_override=oom is None, process_high=process_high)
@@ -160,7 +165,7 @@ def _runtime_warnings(runtime, context: Context, reserved: int, reserved_high: i
         lines.append(f"process_bytes_high = reserved with the high cuDNN workspaces {reserved_high:,} B + "
                      f"the largest reported CUDA context {context.high:,} B"
                      + (" + managed memory" if stream.managed_peak else ""))
-    return lines + cuda_runtime.library_notes(stream.libraries, runtime.module_loading)
+    return lines
 
 
 def config_text(config: AllocatorConfig) -> str:

@@ -225,10 +225,11 @@ RULES: tuple[CudaRule, ...] = (
              "pytorch/pytorch PR #86509; NVIDIA CUDA Programming Guide, Lazy Loading; HF transformers "
              "perf_train_gpu_one (v4.21); invoke-ai/InvokeAI #9413; unslothai/unsloth-zoo PR #1053",
              "tests/test_cuda_runtime.py::test_context_by_version_and_loading"),
-    CudaRule("cuBLAS/cuBLASLt and cuDNN kernel images: stated zero beyond the context (no public per-library "
-             "figure); NCCL: zero on one GPU", "targets/cuda_runtime.py", "NVIDIA CUDA Programming Guide, Lazy "
-             "Loading (kernels load at first use under LAZY)",
-             "tests/test_cuda_runtime.py::test_library_notes_are_reported"),
+    CudaRule("cuBLAS/cuBLASLt and cuDNN kernel images: under eager loading the whole image for the GPU's arch, "
+             "measured from the nvidia-* wheels (benchmarks/cuda_library_images.py); under lazy loading zero, "
+             "bound stated; NCCL: zero on one GPU", "targets/cuda_runtime.py", "NVIDIA CUDA Programming Guide, "
+             "Lazy Loading (kernels load at first use under LAZY); targets/data/cuda_library_images.json",
+             "tests/test_cuda_runtime.py::test_eager_adds_library_images_by_arch_and_version"),
     CudaRule("reduced losses (mse, smooth_l1, binary_cross_entropy, soft_margin, huber): an input-sized "
              "storage behind the 0-dim loss, and an input-sized buffer during the call", "targets/cuda.py",
              "aten/src/ATen/native/Loss.cpp (structured meta + resize_), cuda/Loss.cu binary_cross_entropy_out_cuda",

@@ -9,14 +9,20 @@ unset since 1.13 (pytorch/pytorch PR #86509), and CUDA made it the Linux default
 History"). Libraries built with a runtime older than 11.7 load eagerly whatever the setting (same page,
 "CUDA Runtime Version Requirement").
 
-Every figure below is a published measurement, less what the measuring script itself held in the
-caching allocator (one segment: 2 MiB for a tensor of ≤ 1 MiB, 20 MiB for one of 1–10 MiB; c10's
-CUDACachingAllocator.cpp get_allocation_size). No torch at import.
+Every context figure below is a published measurement, less what the measuring script itself held in
+the caching allocator (one segment: 2 MiB for a tensor of ≤ 1 MiB, 20 MiB for one of 1–10 MiB; c10's
+CUDACachingAllocator.cpp get_allocation_size). Those scripts ran no matmul and no convolution, so the
+kernel images of cuBLAS/cuBLASLt and cuDNN come on top: under eager loading, the device code of those
+libraries for the GPU's architecture, measured from the libraries themselves
+(benchmarks/cuda_library_images.py → data/cuda_library_images.json). No torch at import.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+from pathlib import Path
 
 from trainmem.errors import SetupError
 
@@ -64,26 +70,92 @@ CONTEXT_FACTS: tuple[ContextFact, ...] = (
 )
 
 
+# Kernel images of the libraries a run initialises, measured from the real libraries of the nvidia-*
+# wheels (benchmarks/cuda_library_images.py): per GPU architecture, the loadable sections (.text,
+# .nv.constant, .nv.global) of the cubin the driver picks for each module. Under eager loading a library
+# loads all of them when it first calls into the CUDA runtime (cublasCreate, cudnnCreate), after the
+# context figures above were taken (those scripts ran no matmul and no convolution), so they add to it.
+# The cubin sections are a lower bound of what the driver allocates for a module (it also aligns them
+# and keeps per-module state; no published figure for that overhead was found).
+IMAGES = Path(__file__).parent / "data" / "cuda_library_images.json"
+PACKAGES = {  # library → package measured, by CUDA major version (CUDA 10 and 11 both take the 11.x build)
+    "cuBLAS/cuBLASLt": {11: "nvidia-cublas-cu11", 12: "nvidia-cublas-cu12", 13: "nvidia-cublas"},
+    "cuDNN": {11: "nvidia-cudnn-cu11", 12: "nvidia-cudnn-cu12", 13: "nvidia-cudnn-cu13"},
+}
+# cuDNN's RNN / multi-head-attention sub-library (libcudnn_adv*) loads only when those APIs are called,
+# which the trace does not tell apart here: it is in the high figure, not the point.
+OPTIONAL_PREFIX = "libcudnn_adv"
+USED_WHEN = {"cuBLAS/cuBLASLt": "matmul ops", "cuDNN": "convolution, batch-norm, RNN ops"}
+
+
 @dataclasses.dataclass(frozen=True)
-class LibraryRule:
-    """A library whose kernel images a training run may load into the context, and what is known."""
+class LibraryImage:
+    """The device code one library loads under eager module loading on one GPU architecture."""
 
     name: str
-    used_when: str
-    point: int
-    note: str
+    point: int  # the sub-libraries every use of the library loads
+    high: int  # and those some uses load (cuDNN's adv)
+    source: str
 
 
-LIBRARY_RULES: tuple[LibraryRule, ...] = (
-    LibraryRule("cuBLAS/cuBLASLt", "matmul ops", 0,
-                "kernel images load at first launch (lazy) or at handle creation (eager); no public "
-                "per-library measurement was found, so they are a stated zero beyond the context figure"),
-    LibraryRule("cuDNN", "convolution, batch-norm, RNN ops", 0,
-                "kernel images load at first launch (lazy) or at handle creation (eager); no public "
-                "per-library measurement was found, so they are a stated zero beyond the context figure"),
-    LibraryRule("NCCL", "collectives (multi-GPU)", 0,
-                "a single-GPU run creates no communicator (torch.distributed is not initialised): zero"),
-)
+@functools.lru_cache(maxsize=1)
+def _measured() -> dict:
+    return json.loads(IMAGES.read_text())
+
+
+def _arch_key(compute_capability: tuple[int, int], rows: dict) -> str | None:
+    """The measured arch for this GPU: its own, else the newest of its major version below it (the
+    driver runs a same-major cubin on a newer minor)."""
+    sm = compute_capability[0] * 10 + compute_capability[1]
+    arches = [int(k[3:]) for k in rows if int(k[3:]) // 10 == sm // 10 and int(k[3:]) <= sm]
+    return f"sm_{max(arches)}" if arches else None
+
+
+def library_image(name: str, cuda_version: tuple[int, int],
+                  compute_capability: tuple[int, int]) -> LibraryImage | None:
+    """The measured image of `name` for the closest measured build of this CUDA major version and this
+    GPU; None when no build measured has code for it."""
+    package = PACKAGES[name][min(max(cuda_version[0], 11), 13)]
+    records = [r for r in _measured()["libraries"] if r["package"].split("==")[0] == package]
+    key = _arch_key(compute_capability, records[0]["arches"]) if records else None
+    rows = [(r, r["arches"][key]) for r in records] if key else []
+    if not any(row["modules"] for _r, row in rows):
+        return None
+    point = sum(row["loaded_bytes"] for r, row in rows if not r["library"].startswith(OPTIONAL_PREFIX))
+    ptx = sum(row["ptx_only"] for _r, row in rows)
+    source = (f"{records[0]['package']}, {key} cubins"
+              + (f" ({ptx} PTX-only modules JIT-compiled, not sized)" if ptx else "")
+              + "; benchmarks/results/cuda_library_images.md")
+    return LibraryImage(name, point, sum(row["loaded_bytes"] for _r, row in rows), source)
+
+
+def library_bytes(used: dict[str, bool], runtime: "CudaRuntime",
+                  compute_capability: tuple[int, int]) -> tuple[int, int, list[str]]:
+    """(point, high, notes): the kernel images the run's libraries add to nvidia-smi. Under eager loading,
+    each used library's whole image for this GPU. Under lazy loading only the kernels launched load: at most
+    the whole image, but which kernels cuBLAS/cuDNN pick depends on their heuristics, so nothing is added to
+    the point, and the high keeps the context range (the notes give the bound that was not added)."""
+    point = high = 0
+    notes = []
+    for name in ("cuBLAS/cuBLASLt", "cuDNN"):
+        if not used.get(name):
+            continue
+        image = library_image(name, runtime.cuda_version, compute_capability)
+        head = f"{name} kernel images ({USED_WHEN[name]})"
+        if image is None:
+            notes.append(f"{head}: no measured build has code for compute capability "
+                         f"{compute_capability[0]}.{compute_capability[1]}; not sized, so the figures are low by it")
+        elif runtime.module_loading == EAGER:
+            point, high = point + image.point, high + image.high
+            notes.append(f"{head}: {image.point:,} B (high {image.high:,} B) loaded at handle creation under eager "
+                         f"module loading ({image.source}); a lower bound of the driver's allocation")
+        else:
+            notes.append(f"{head}: lazy module loading loads only the kernels launched, at most {image.high:,} B "
+                         f"({image.source}); not added: which kernels load depends on the library's heuristics")
+    if used.get("NCCL"):
+        notes.append("NCCL kernel images (collectives (multi-GPU)): 0 B — a single-GPU run creates no "
+                     "communicator (torch.distributed is not initialised): zero")
+    return point, high, notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,16 +222,3 @@ def context_fact(runtime: CudaRuntime) -> ContextFact:
             return fact
     raise SetupError(f"expected a CUDA version with a known context size, got {runtime.label}",
                      where="--cuda-version")
-
-
-def library_notes(used: dict[str, bool], loading: str = LAZY) -> list[str]:
-    """One line per library the run loads (`used`: library name -> loaded), with its stated figure. Under
-    eager loading a library's whole kernel image for the GPU loads at handle creation, so the stated zero
-    is a known under-count there (the eager-minus-lazy gap of libtorch's own kernels alone is 380 MB in
-    pytorch/pytorch PR #86509)."""
-    lines = [f"{rule.name} kernel images ({rule.used_when}): {rule.point:,} B — {rule.note}"
-             for rule in LIBRARY_RULES if used.get(rule.name)]
-    if loading == EAGER and any(used.get(name) for name in ("cuBLAS/cuBLASLt", "cuDNN")):
-        lines.append("eager module loading: cuBLAS/cuDNN load every kernel for this GPU at handle creation; "
-                     "that image is not sized here, so process_bytes and process_bytes_high are low by it")
-    return lines
