@@ -79,7 +79,8 @@ def evaluate(row: dict) -> dict:
     started = time.perf_counter()
     try:
         est = estimate(model, setup=TrainingSetup.from_mapping(row["setup"], where=row["id"]), device=row["device"],
-                       cuda_context=row.get("cuda_context"))
+                       cuda_context=row.get("cuda_context"), cuda_version=row.get("cuda_version"),
+                       module_loading=row.get("module_loading"))
     except (TrainmemError, ImportError) as error:
         return _skipped(row, str(error).splitlines()[0])
     estimated = {"allocated_bytes": est.allocated_bytes, "reserved_bytes": est.reserved_bytes,
