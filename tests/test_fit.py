@@ -123,18 +123,23 @@ def test_fit_keeps_the_margin():
     assert "headroom" in text and "over the margin" in text
 
 
-def test_fit_compares_the_high_estimate(monkeypatch):
-    """A candidate whose expected figure fits but whose high figure does not is refused."""
+def _estimates_with_spread(monkeypatch, spread: int) -> None:
+    """fit's estimates, each with a high figure `spread` above the expected one."""
     real = fitmod.estimate
-    spread = 40 * 2**20
 
     def with_spread(*args, **kwargs):
         est = real(*args, **kwargs)
         est.process_high = est.process_bytes + spread
         return est
 
-    plain = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
     monkeypatch.setattr(fitmod, "estimate", with_spread)
+
+
+def test_fit_compares_the_high_estimate(monkeypatch):
+    """A candidate whose expected figure fits but whose high figure does not is refused."""
+    spread = 40 * 2**20
+    plain = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
+    _estimates_with_spread(monkeypatch, spread)
     high = fit(MLP, SETUP, SMALL_GPU, margin=0.0)
     assert high.best < plain.best
     assert high.best_estimate.process_bytes_high == high.best_estimate.process_bytes + spread <= 400 * 2**20
@@ -143,15 +148,8 @@ def test_fit_compares_the_high_estimate(monkeypatch):
 
 
 def test_remedies_use_the_high_estimate(monkeypatch):
-    real = fitmod.estimate
     spread = 50 * 2**20
-
-    def with_spread(*args, **kwargs):
-        est = real(*args, **kwargs)
-        est.process_high = est.process_bytes + spread
-        return est
-
-    monkeypatch.setattr(fitmod, "estimate", with_spread)
+    _estimates_with_spread(monkeypatch, spread)
     setup = TrainingSetup.from_mapping({"input_shape": "4096", "optimizer": "adam"})
     result = fit("mlp:4096-4096-4096", setup, SMALL_GPU, margin=0.1, cuda_context=100 * 2**20)
     assert result.best is None and result.remedies
