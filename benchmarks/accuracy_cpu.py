@@ -114,11 +114,13 @@ def _line(row: dict) -> str:
 
 REASONS = {
     "tensor": "tensor peak: a kernel allocates below the dispatcher in a way the CPU target has no rule for",
-    "rss-low": "RSS low: the runtime's own small objects (autograd nodes, TensorImpls, Python buffers) land "
-               "between tensor chunks and fragment glibc's heap; the estimate replays tensor allocations only "
-               "(benchmarks/results/glibc_fidelity.md measures the effect)",
-    "rss-high": "RSS high: the measured per-family runtime increment (tiny model) or the glibc model's chunk "
-                "placement overstates this run; compare the run-to-run spread",
+    "rss-low": "RSS low: the runtime's small objects (TensorImpls, autograd nodes, oneDNN descriptors) are "
+               "interleaved per op kind as the calibration runs' malloc logs show on average, but where they land "
+               "changes from run to run and pins more of the heap in some runs (resnet_small batch 32 ran "
+               "859–948 MiB); benchmarks/results/glibc_fidelity.md measures the mechanism",
+    "rss-high": "RSS high: the small-object table's shape-keyed cache entries (oneDNN primitives of the LSTM, "
+                "the depthwise convolutions) or the measured per-family runtime increment overstate this run; "
+                "compare the run-to-run spread",
     "high": "process_bytes_high below the measured median: the modelled spread does not cover this run",
 }
 
@@ -179,12 +181,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only")
+    parser.add_argument("--load", action="store_true", help="re-render from benchmarks/data/accuracy_cpu.jsonl")
     args = parser.parse_args()
+    data = ROOT / "benchmarks/data/accuracy_cpu.jsonl"
+    if args.load:
+        rows = [json.loads(line) for line in data.read_text().splitlines()]
+        (ROOT / "benchmarks/results/accuracy_cpu.md").write_text(write_markdown(rows, len(rows[0]["rss_runs"])))
+        return
     rows = run_rows(args.runs, args.only)
     text = write_markdown(rows, args.runs)
     if not args.only:
         (ROOT / "benchmarks/results/accuracy_cpu.md").write_text(text)
-        data = ROOT / "benchmarks/data/accuracy_cpu.jsonl"  # the raw rows, one JSON object each
         data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     print(text)
 
