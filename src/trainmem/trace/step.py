@@ -209,7 +209,9 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
                     make_target_fn(setup, loss), checkpointed, device_type, cuda_semantics)
 
 
-def _autocast(setup: TrainingSetup, prepared: Prepared):
+def autocast_region(prepared: Prepared, setup: TrainingSetup):
+    """One autocast region around forward and loss, as loops write `with autocast(): out = model(x);
+    loss = loss_fn(out, y)`: the cast cache (low-precision parameter copies) lives until it closes."""
     dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
     if dtype is None:
         return contextlib.nullcontext()
@@ -262,12 +264,6 @@ def make_micro_batch(prepared: Prepared, setup: TrainingSetup) -> dict[str, Any]
     inputs = batch if isinstance(batch, (tuple, dict)) else (batch,)
     target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
     return {"inputs": inputs, "target": target}
-
-
-def autocast_region(prepared: Prepared, setup: TrainingSetup):
-    """One autocast region around forward and loss, as loops write `with autocast(): out = model(x);
-    loss = loss_fn(out, y)`: the cast cache (low-precision parameter copies) lives until it closes."""
-    return _autocast(setup, prepared)
 
 
 def forward(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any]) -> Any:
