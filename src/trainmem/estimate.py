@@ -99,6 +99,17 @@ class Estimate:
         return render_text(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What an estimate needs besides the setup: the model's source, the target device and its options,
+    and the module depth of the report. `plan()` checks the options before anything is traced."""
+
+    source: Any  # frontends.ModelSource
+    device: Device
+    depth: int
+    options: dict[str, Any]  # the target's: cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark
+
+
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "cpu", depth: int = 2,
              cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
              module_loading: str | None = None, cudnn_benchmark: bool | None = None,
@@ -112,31 +123,67 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
     `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
     deleting the loop's references early would save (`lean_loop`)."""
-    from trainmem.frontends import resolve
-    from trainmem.targets import cpu as cpu_target
-    from trainmem.trace.run import trace_training
-    from trainmem.assemble import assemble
-
     if setup is None:
         setup = TrainingSetup.from_mapping(setup_values, where="estimate()")
     elif setup_values:
         setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
+    options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
+                   module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
     if compare_loop and setup.loop != Loop.LEAN:
-        options = dict(device=device, depth=depth, cuda_context=cuda_context, alloc_conf=alloc_conf,
-                       cuda_version=cuda_version, module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
-        return _with_lean_loop(estimate(model, setup=setup, **options),
-                               estimate(model, setup=dataclasses.replace(setup, loop=Loop.LEAN), **options))
+        return _with_lean_loop(estimate(model, setup=setup, device=device, depth=depth, **options),
+                               estimate(model, setup=dataclasses.replace(setup, loop=Loop.LEAN), device=device,
+                                        depth=depth, **options))
+    chosen = plan(model, setup, device, depth, **options)
+    return assemble_traced(chosen, setup, trace(chosen, setup))
+
+
+def plan(model: Any, setup: TrainingSetup, device: str = "cpu", depth: int = 2, **options: Any) -> Plan:
+    """Resolve the model and the target and check the target's options, without tracing."""
+    from trainmem.frontends import resolve
+
     target_device = get_device(device)
     if target_device.kind == "cuda":
-        runtime = dict(cuda_version=cuda_version, module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
-        return _estimate_cuda(model, setup, target_device, depth, cuda_context, alloc_conf, runtime)
-    if any(v is not None for v in (cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark)):
+        _check_cuda(setup, target_device, options)
+    elif any(v is not None for v in options.values()):
         raise SetupError("expected --cuda-context, --alloc-conf, --cuda-version, --module-loading and "
                          "--cudnn-benchmark only with a GPU --device, got --device cpu",
                          where="--device")
-    source = resolve(model, setup)
-    traced = trace_training(source, setup, cpu_target.kernel_ops())
-    return _trace_facts(assemble(source, setup, target_device, traced, depth), traced)
+    return Plan(resolve(model, setup), target_device, depth, options)
+
+
+def trace(chosen: Plan, setup: TrainingSetup):
+    """Trace the training run of `setup` for the plan's target (trace.run.TraceResult)."""
+    from trainmem.trace.run import trace_training
+
+    if chosen.device.kind == "cuda":
+        from trainmem.targets import cuda as cuda_target
+        from trainmem.trace.cuda_composites import CudaFacts
+
+        return trace_training(chosen.source, setup, cuda_target.kernel_ops(),
+                              CudaFacts(chosen.device.gpu.compute_capability))
+    from trainmem.targets import cpu as cpu_target
+
+    return trace_training(chosen.source, setup, cpu_target.kernel_ops())
+
+
+def assemble_traced(chosen: Plan, setup: TrainingSetup, traced: Any) -> Estimate:
+    """The device stream, the allocator's replay and the report facts of a traced run."""
+    if chosen.device.kind == "cuda":
+        from trainmem.alloc.cuda_config import AllocatorConfig
+        from trainmem.assemble_cuda import assemble_cuda
+        from trainmem.targets.cuda_runtime import resolve_runtime
+
+        options = chosen.options
+        config = AllocatorConfig.from_env_string(options.get("alloc_conf") or "")
+        cuda = resolve_runtime(cuda_version=options.get("cuda_version"), module_loading=options.get("module_loading"),
+                               cudnn_benchmark=options.get("cudnn_benchmark"))
+        est = assemble_cuda(chosen.source, setup, chosen.device, traced, chosen.depth, config,
+                            options.get("cuda_context"), cuda)
+    else:
+        from trainmem.assemble import assemble
+
+        est = assemble(chosen.source, setup, chosen.device, traced, chosen.depth)
+    return _trace_facts(est, traced)
 
 
 def _with_lean_loop(est: Estimate, lean: Estimate) -> Estimate:
@@ -146,18 +193,13 @@ def _with_lean_loop(est: Estimate, lean: Estimate) -> Estimate:
     return est
 
 
-def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int, cuda_context: int | None,
-                   alloc_conf: str | None, runtime: dict[str, Any] | None = None) -> Estimate:
+def _check_cuda(setup: TrainingSetup, device: Device, options: dict[str, Any]) -> None:
+    """Bad --alloc-conf, --precision for the card, --cuda-version or --module-loading fail before the trace."""
     from trainmem.alloc.cuda_config import AllocatorConfig
-    from trainmem.assemble_cuda import assemble_cuda
-    from trainmem.frontends import resolve
-    from trainmem.targets import cuda as cuda_target
     from trainmem.targets.cuda_runtime import resolve_runtime
-    from trainmem.trace.cuda_composites import CudaFacts
-    from trainmem.trace.run import trace_training
 
     try:
-        config = AllocatorConfig.from_env_string(alloc_conf or "")
+        config = AllocatorConfig.from_env_string(options.get("alloc_conf") or "")
     except ValueError as error:
         raise SetupError(f"expected PYTORCH_CUDA_ALLOC_CONF settings (key:value,…), {error}",
                          where="--alloc-conf") from None
@@ -168,10 +210,8 @@ def _estimate_cuda(model: Any, setup: TrainingSetup, device: Device, depth: int,
         raise SetupError(f"expected a GPU with bf16 (compute capability 8.0 or newer) for --precision "
                          f"{setup.precision}, got {device.name} (cc {device.gpu.compute_capability[0]}."
                          f"{device.gpu.compute_capability[1]})", where="--precision")
-    cuda = resolve_runtime(**(runtime or {}))  # bad --cuda-version / --module-loading fail before the trace
-    source = resolve(model, setup)
-    traced = trace_training(source, setup, cuda_target.kernel_ops(), CudaFacts(device.gpu.compute_capability))
-    return _trace_facts(assemble_cuda(source, setup, device, traced, depth, config, cuda_context, cuda), traced)
+    resolve_runtime(cuda_version=options.get("cuda_version"), module_loading=options.get("module_loading"),
+                    cudnn_benchmark=options.get("cudnn_benchmark"))
 
 
 def _trace_facts(est: Estimate, traced: Any) -> Estimate:
