@@ -94,21 +94,25 @@ def compare(before: Path, after: Path, md: Path | None, title: str) -> int:
              "each side by `--out` at its commit. A case is identical when the SHA-256 of its JSON (keys sorted) and "
              "of its text report are the same before and after.", "",
              "| case | JSON before | JSON after | text before | text after | identical |", "|---|---|---|---|---|---|"]
-    differ = 0
+    differ = missing = 0
     for case in old:
         a, b = old[case], new.get(case)
-        same = b is not None and a["json_sha256"] == b["json_sha256"] and a["text_sha256"] == b["text_sha256"]
+        if b is None:
+            missing += 1
+            continue
+        same = a["json_sha256"] == b["json_sha256"] and a["text_sha256"] == b["text_sha256"]
         differ += not same
-        lines.append(f"| {case} | {a['json_sha256'][:12]} | {b['json_sha256'][:12] if b else '—'} | "
-                     f"{a['text_sha256'][:12]} | {b['text_sha256'][:12] if b else '—'} | {'yes' if same else 'NO'} |")
-        if b is not None and not same:
+        lines.append(f"| {case} | {a['json_sha256'][:12]} | {b['json_sha256'][:12]} | "
+                     f"{a['text_sha256'][:12]} | {b['text_sha256'][:12]} | {'yes' if same else 'NO'} |")
+        if not same:
             print(f"{case}: {_first_difference(a['json'], b['json'])}")
     extra = sorted(set(new) - set(old))
-    lines += ["", f"{len(old) - differ} of {len(old)} cases identical" + (f"; {len(extra)} new cases" if extra else "") + "."]
+    lines += ["", f"{len(old) - missing - differ} of {len(old) - missing} cases identical"
+              + (f"; {missing} not run after" if missing else "") + (f"; {len(extra)} new cases" if extra else "") + "."]
     print(lines[-1])
     if md:
         md.write_text("\n".join(lines) + "\n")
-    return 1 if differ else 0
+    return 1 if differ or missing else 0
 
 
 def main() -> None:
