@@ -31,6 +31,7 @@ from trainmem.measure.cpu import run_child  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 from trainmem.targets import cpu as cpu_target  # noqa: E402
 from trainmem.targets import cpu_runtime  # noqa: E402
+from trainmem.targets.cpu_info import CpuInfo  # noqa: E402
 from trainmem.trace.run import trace_training  # noqa: E402
 
 FAMILIES = {"convolution": "tests/models.py:tiny_conv", "lstm": "tests/models.py:tiny_lstm",
@@ -53,13 +54,11 @@ SINGLE_LIBRARIES = {"transformers": (("transformers",), ()),
 
 
 def rss_above_tensors(ref: str, runs: int, extra: dict | None = None) -> tuple[int, list[int]]:
-    import torch
-
     setup = TrainingSetup.from_mapping({"batch_size": 1, "optimizer": "adam", **(extra or {}),
                                         **({"input_shape": "8"} if ref.startswith("mlp:") else {})})
     peaks = [run_child(ref, setup, "rss")["peak_rss_bytes"] for _ in range(runs)]
     traced = trace_training(resolve(ref, setup), setup, cpu_target.kernel_ops())
-    stream, _ = cpu_target.device_stream(traced.trace, torch.backends.cpu.get_cpu_capability())
+    stream, _ = cpu_target.device_stream(traced.trace, CpuInfo.this_machine())
     return int(statistics.median(peaks)) - replay_resident(stream), peaks
 
 

@@ -54,16 +54,15 @@ MIN_RATE = 0.002  # templates rarer than this per tensor allocation are dropped 
 
 
 def estimate_stream(ref: str, values: dict):
-    import torch
-
     from trainmem.frontends import resolve
     from trainmem.setup import TrainingSetup
     from trainmem.targets import cpu as cpu_target
+    from trainmem.targets.cpu_info import CpuInfo
     from trainmem.trace.run import trace_training
 
     setup = TrainingSetup.from_mapping(values)
     traced = trace_training(resolve(ref, setup), setup, cpu_target.kernel_ops())
-    return cpu_target.device_stream(traced.trace, torch.backends.cpu.get_cpu_capability())[0]
+    return cpu_target.device_stream(traced.trace, CpuInfo.this_machine())[0]
 
 
 def logged_run(shim: Path, tmp: Path, ref: str, values: dict) -> list[tuple]:

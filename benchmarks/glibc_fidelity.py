@@ -29,6 +29,7 @@ from trainmem.alloc.cpu import GlibcModel, replay_actions, replay_resident  # no
 from trainmem.frontends import resolve  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 from trainmem.targets import cpu as cpu_target  # noqa: E402
+from trainmem.targets.cpu_info import CpuInfo  # noqa: E402
 from trainmem.trace.run import trace_training  # noqa: E402
 
 CASES = [("mlp:1000-100-100-100-100-10", {"batch_size": 2048, "optimizer": "adam", "input_shape": "1000"}),
@@ -117,7 +118,7 @@ def main() -> None:
             tensors = tensor_only(recs)
             setup = TrainingSetup.from_mapping(values)
             traced = trace_training(resolve(ref, setup), setup, cpu_target.kernel_ops())
-            stream, _ = cpu_target.device_stream(traced.trace, torch.backends.cpu.get_cpu_capability())
+            stream, _ = cpu_target.device_stream(traced.trace, CpuInfo.this_machine())
             row = {"model": ref.rsplit("/", 1)[-1], "batch": values["batch_size"],
                    "glibc_tensors": real_peak(replayer, tensors, tmp), "model_tensors": model_peak(tensors),
                    "glibc_all": real_peak(replayer, recs, tmp), "model_all": model_peak(recs),

@@ -19,11 +19,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from kernel_checks import memory_inside, running_peak
 from trainmem.targets import KernelEffect, cpu
+from trainmem.targets.cpu_info import CpuInfo
 from trainmem.trace.events import KernelCall
 from trainmem.trace.recorder import _meta_of
 from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, tree_leaves
 
-_CAP = torch.backends.cpu.get_cpu_capability()
+_CPU = CpuInfo.this_machine()
 
 
 class _Capture(TorchDispatchMode):
@@ -55,7 +56,7 @@ def _compare(op: str, fn) -> tuple[KernelEffect, list[int], list[int]]:
     with mode:
         fake_out = tree_leaves(func(*fake_args, **kwargs))
     call = KernelCall(op, 0, len(fake_out), _meta_of(args), _meta_of(fake_out), tuple(range(len(fake_out))))
-    effect = cpu._RULES[op](call, _CAP) if op in cpu.kernel_ops() else KernelEffect()
+    effect = cpu.rule_for(op)(call, _CPU) if op in cpu.kernel_ops() else KernelEffect()
     sizes = dict(effect.output_nbytes)
     model_out = [sizes.get(i, t.untyped_storage().nbytes()) for i, t in enumerate(fake_out)]
     real_sizes = [t.untyped_storage().nbytes() for t in tree_leaves(real_out)]

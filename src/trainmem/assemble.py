@@ -14,14 +14,14 @@ from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
 from trainmem.targets import cpu as cpu_target
 from trainmem.targets import cpu_runtime
+from trainmem.targets.cpu_info import CpuInfo
 from trainmem.trace.events import Category, Phase
 
 
 def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -> Estimate:
-    import torch
-
-    capability = torch.backends.cpu.get_cpu_capability()
-    stream, fired = cpu_target.device_stream(traced.trace, capability)
+    cpu = CpuInfo.this_machine()
+    capability = cpu.capability
+    stream, fired = cpu_target.device_stream(traced.trace, cpu)
     tensors = replay_tensors(stream)
     breakdown = {str(c): 0 for c in Category}
     for event in tensors.live_at_peak.values():
@@ -50,7 +50,7 @@ def assemble(source, setup: TrainingSetup, device: Device, traced, depth: int) -
         explanation=explain(traced, setup, breakdown), process_parts=process_parts,
         baselines=baselines(traced, setup, tensors.peak_bytes, "tensor peak"),
         coverage={"ops": dict(traced.op_counts), "kernel_rules": fired, "capability": capability,
-                  "threads": torch.get_num_threads()})
+                  "threads": cpu.threads})
 
 
 def heap_replay(stream, runtime_parts: dict[str, int]) -> dict:

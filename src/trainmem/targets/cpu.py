@@ -9,32 +9,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trainmem.targets import DeviceEvent, KernelEffect, onednn_conv, onednn_rnn
+from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace
 
-KernelRule = Callable[[KernelCall, str], KernelEffect]
-_RULES: dict[str, KernelRule] = {}
-
-
-def kernel_rule(op: str):
-    def register(rule: KernelRule) -> KernelRule:
-        if op in _RULES:
-            raise RuntimeError(f"a CPU kernel rule for aten.{op} is already registered")
-        _RULES[op] = rule
-        return rule
-    return register
+KernelRule = Callable[[KernelCall, CpuInfo], KernelEffect]
+_RULES: RuleRegistry[KernelRule] = RuleRegistry("CPU")
+kernel_rule = _RULES.register
 
 
 def kernel_ops() -> frozenset[str]:
-    return frozenset(_RULES)
+    return _RULES.ops()
 
 
 def rule_for(op: str) -> KernelRule:
-    """The registered rule for `op` (the CUDA target reuses the device-independent loss rules)."""
-    return _RULES[op]
+    """The registered rule for `op` (the CUDA target reuses the device-independent loss rules, which
+    read nothing of the CpuInfo)."""
+    return _RULES.rule_for(op)
 
 
 @kernel_rule("mkldnn_rnn_layer")
-def _lstm_workspace(call: KernelCall, capability: str) -> KernelEffect:
+def _lstm_workspace(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """oneDNN's LSTM returns a training workspace (gates and states of every time step) whose size the
     fake kernel reports as 0 (torch/_meta_registrations.py); the real size is the primitive's
     workspace_desc (aten/src/ATen/native/mkldnn/RNN.cpp), computed in targets/onednn_rnn.py."""
@@ -44,12 +39,13 @@ def _lstm_workspace(call: KernelCall, capability: str) -> KernelEffect:
     cell_bytes = args[6].itemsize if isinstance(args[6], TensorMeta) else args[0].itemsize
     nbytes = onednn_rnn.lstm_workspace_bytes(seq_len, batch, input_size, hidden_size, bool(bidirectional),
                                              args[0].itemsize, cell_bytes)
-    before, after = onednn_rnn.lstm_forward_transients(seq_len, batch, input_size, hidden_size, args[0].itemsize)
+    before, after = onednn_rnn.lstm_forward_transients(seq_len, batch, input_size, hidden_size, args[0].itemsize,
+                                                       num_threads=cpu.threads)
     return KernelEffect(tuple(before), tuple(after), output_nbytes=((3, nbytes),), rule="oneDNN LSTM workspace and buffers")
 
 
 @kernel_rule("mkldnn_rnn_layer_backward")
-def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
+def _lstm_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """oneDNN's LSTM backward reorders weights and keeps diff states in buffers of its own."""
     inp = call.args[0]
     if not isinstance(inp, TensorMeta):
@@ -63,30 +59,31 @@ def _lstm_backward(call: KernelCall, capability: str) -> KernelEffect:
     before, after = onednn_rnn.lstm_backward_transients(seq_len, batch, input_size, hidden_size, inp.itemsize,
                                grad_output_copied=copied[0], grad_hy_copied=copied[1], grad_cy_copied=copied[2],
                                hx_cx_same_storage=same,
-                               cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None)
+                               cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None,
+                               num_threads=cpu.threads)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN LSTM backward buffers")
 
 
 @kernel_rule("convolution")
-def _conv_forward(call: KernelCall, capability: str) -> KernelEffect:
+def _conv_forward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """ideep reorders plain tensors into blocked layouts around oneDNN convolutions (targets/onednn_conv.py)."""
     inp, weight, bias, stride, padding, dilation, transposed, _out_pad, groups = call.args[:9]
     if not isinstance(inp, TensorMeta) or not call.outputs or call.outputs[0] is None:
         return KernelEffect()
     before, after = onednn_conv.conv_forward_transients(
         inp.shape, weight.shape, call.outputs[0].shape, stride, padding, dilation, groups, transposed,
-        inp.itemsize, capability, has_bias=bias is not None)
+        inp.itemsize, cpu.capability, has_bias=bias is not None, num_threads=cpu.threads)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution reorders")
 
 
 @kernel_rule("convolution_backward")
-def _conv_backward(call: KernelCall, capability: str) -> KernelEffect:
+def _conv_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     grad_output, inp, weight, _bias_sizes, stride, padding, dilation, transposed, _out_pad, groups, mask = call.args[:11]
     if not isinstance(inp, TensorMeta):
         return KernelEffect()
     before, after = onednn_conv.conv_backward_transients(
         grad_output.shape, inp.shape, weight.shape, stride, padding, dilation, groups, transposed, mask,
-        inp.itemsize, capability)
+        inp.itemsize, cpu.capability, num_threads=cpu.threads)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution backward reorders")
 
 
@@ -110,7 +107,7 @@ def _reduced(call: KernelCall, position: int) -> tuple[int, int] | None:
     return _numel(shape), call.outputs[0].itemsize
 
 
-def _structured_loss(call: KernelCall, capability: str) -> KernelEffect:
+def _structured_loss(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """mse_loss and smooth_l1_loss are structured kernels: TORCH_META_FUNC builds a binary TensorIterator
     into the output (broadcast-sized) and then `resize_({})`s it, which shrinks the shape but keeps the
     storage; TORCH_IMPL_FUNC then computes into a second broadcast-sized `loss` and mean_out/sum_out's
@@ -129,7 +126,7 @@ kernel_rule("smooth_l1_loss")(_structured_loss)
 
 
 @kernel_rule("binary_cross_entropy")
-def _bce(call: KernelCall, capability: str) -> KernelEffect:
+def _bce(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """binary_cross_entropy_cpu computes into `at::empty_like(input)` and reduces with
     `loss.resize_as_(loss_reduced).copy_(loss_reduced)`: the 0-dim result keeps the input-sized storage."""
     reduced = _reduced(call, 3)
@@ -139,7 +136,7 @@ def _bce(call: KernelCall, capability: str) -> KernelEffect:
 
 
 @kernel_rule("soft_margin_loss")
-def _soft_margin(call: KernelCall, capability: str) -> KernelEffect:
+def _soft_margin(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """soft_margin_loss_out writes `neg_out(output, input)...` into the output (input-sized), then
     `output.resize_({})` and copies the reduction in: the storage stays input-sized."""
     reduced = _reduced(call, 2)
@@ -149,7 +146,7 @@ def _soft_margin(call: KernelCall, capability: str) -> KernelEffect:
 
 
 @kernel_rule("huber_loss")
-def _huber(call: KernelCall, capability: str) -> KernelEffect:
+def _huber(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """huber_loss computes into `at::empty_like(input)` and returns `apply_loss_reduction(loss)`, a new
     0-dim tensor: the output is small but an input-sized buffer lives across the call."""
     reduced = _reduced(call, 2)
@@ -160,7 +157,7 @@ def _huber(call: KernelCall, capability: str) -> KernelEffect:
 
 
 @kernel_rule("soft_margin_loss_backward")
-def _soft_margin_backward(call: KernelCall, capability: str) -> KernelEffect:
+def _soft_margin_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """soft_margin_loss_backward_out: `z = at::exp(-target * input)` makes three input-sized tensors
     (neg, mul, exp) before the gradient is written, and z lives until the kernel returns."""
     inp = call.args[1]
@@ -172,7 +169,7 @@ def _soft_margin_backward(call: KernelCall, capability: str) -> KernelEffect:
 
 
 @kernel_rule("_embedding_bag_backward")
-def _embedding_bag_backward(call: KernelCall, capability: str) -> KernelEffect:
+def _embedding_bag_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """EmbeddingBag's dense backward (aten/src/ATen/native/EmbeddingBag.cpp: _embedding_bag_backward_symint
     → _embedding_bag_dense_backward_cpu → _embedding_bag_dense_backward_cpu_sum_mean) builds its index
     buffers below the dispatcher. Before the gradient `at::zeros({num_weights, dim})`: indices/offsets
@@ -229,14 +226,14 @@ def _numel(shape) -> int:
     return count
 
 
-def device_stream(trace: Trace, capability: str) -> tuple[list[DeviceEvent], dict[str, int]]:
+def device_stream(trace: Trace, cpu: CpuInfo) -> tuple[list[DeviceEvent], dict[str, int]]:
     """The trace's events with each kernel call's effect spliced in: `before` buffers just ahead of the
     call's first output, `after` buffers just behind its last. Returns the stream and rule counts."""
     calls: dict[int, list[tuple[KernelCall, KernelEffect]]] = {}
     sizes: dict[int, int] = {}
     fired: dict[str, int] = {}
     for call in trace.kernel_calls:
-        effect = _RULES[call.op](call, capability)
+        effect = _RULES.rule_for(call.op)(call, cpu)
         if not (effect.before or effect.after or effect.output_nbytes):
             continue
         fired[effect.rule] = fired.get(effect.rule, 0) + 1

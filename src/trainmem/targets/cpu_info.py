@@ -1,0 +1,29 @@
+"""The two facts about the CPU that the CPU target's kernel rules depend on, read in one place.
+
+oneDNN picks its kernels by instruction set (the capability decides the channel block: 16 on
+AVX512, 8 on AVX2) and sizes its per-thread scratchpads by the thread count, which is PyTorch's
+intra-op thread count (oneDNN's `dnnl_get_max_threads()` under PyTorch's OpenMP runtime). The rules
+take both as an explicit `CpuInfo`, so an estimate for another machine is a different `CpuInfo`,
+not a different process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuInfo:
+    capability: str  # torch.backends.cpu.get_cpu_capability(): "AVX512", "AVX2", "DEFAULT", ...
+    threads: int  # torch.get_num_threads()
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"a CPU runs at least one thread, got threads={self.threads}")
+
+    @classmethod
+    def this_machine(cls) -> CpuInfo:
+        """The running process's capability and intra-op thread count, as its kernels will see them."""
+        import torch
+
+        return cls(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
