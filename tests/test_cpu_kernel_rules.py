@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from kernel_checks import memory_inside, running_peak
 from trainmem.targets import KernelEffect, cpu
 from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import KernelCall
 from trainmem.trace.recorder import _meta_of
 from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, tree_leaves
@@ -169,6 +170,74 @@ def test_embedding_bag_backward_noncontiguous_grad():
 
     effect, _, _ = _compare("_embedding_bag_backward", run)
     assert 256 * 64 * 4 in effect.before
+
+
+def test_registry_refuses_a_second_rule_for_an_op():
+    """Registering another rule for an op the CPU target already has fails where it is registered,
+    and leaves the first rule in place."""
+    before = cpu.rule_for("mse_loss")
+    with pytest.raises(RuntimeError, match="aten.mse_loss is already registered"):
+        cpu.kernel_rule("mse_loss")(lambda call, cpu_info: KernelEffect())
+    assert cpu.rule_for("mse_loss") is before
+    assert "mse_loss" in cpu.kernel_ops()
+
+
+def test_registry_refuses_duplicates_on_its_own():
+    registry = RuleRegistry("test")
+    registry.register("add")(lambda call, cpu_info: KernelEffect())
+    with pytest.raises(RuntimeError, match="aten.add is already registered"):
+        registry.register("add")(lambda call, cpu_info: KernelEffect())
+    assert registry.ops() == frozenset({"add"})
+
+
+def _conv_call(padding: int) -> KernelCall:
+    """The aten.convolution call F.conv2d dispatches, as the recorder would hand it to the rule."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 64, 32, 32, generator=gen), torch.randn(64, 64, 3, 3, generator=gen)
+    func, args, kwargs = _dispatched("convolution", lambda: F.conv2d(x, w, padding=padding))
+    out = func(*args, **kwargs)
+    return KernelCall("convolution", 0, 1, _meta_of(args), _meta_of((out,)), (0,))
+
+
+def test_cpu_info_threads_reach_the_convolution_rule():
+    """The rule sizes oneDNN's per-thread scratch from CpuInfo.threads, not from the running process:
+    a padding-3 3x3 convolution runs gemm, whose im2col columns (64 * 9 * 36 * 36 f32) are per thread."""
+    call = _conv_call(padding=3)
+    columns = 64 * 9 * 36 * 36 * 4
+    peaks = {}
+    for threads in (1, 4):
+        effect = cpu.rule_for("convolution")(call, CpuInfo("AVX512", threads))
+        assert effect.before[0] == threads * columns + 128, effect
+        peaks[threads] = running_peak(effect.before)
+    assert peaks[4] - peaks[1] == 3 * columns
+
+
+def test_cpu_info_capability_reaches_the_convolution_rule():
+    """AVX2 blocks channels by 8, AVX512 by 16: 20 input channels are padded to 24 or 32 in the reorder."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 20, 32, 32, generator=gen), torch.randn(16, 20, 3, 3, generator=gen)
+    func, args, kwargs = _dispatched("convolution", lambda: F.conv2d(x, w, padding=1))
+    call = KernelCall("convolution", 0, 1, _meta_of(args), _meta_of((func(*args, **kwargs),)), (0,))
+    reorders = {capability: cpu.rule_for("convolution")(call, CpuInfo(capability, 2)).before[0]
+                for capability in ("AVX2", "AVX512")}
+    assert reorders == {"AVX2": 8 * 24 * 32 * 32 * 4, "AVX512": 8 * 32 * 32 * 32 * 4}
+
+
+def test_device_stream_splices_the_rules_with_the_given_cpu():
+    """device_stream hands its CpuInfo to every rule: a traced convolution's stream grows with threads."""
+    from conftest import zoo
+    from trainmem.frontends import resolve
+    from trainmem.setup import TrainingSetup
+    from trainmem.trace.run import trace_training
+
+    setup = TrainingSetup.from_mapping({"batch_size": 4, "optimizer": "sgd", "target_shape": "scalar"})
+    traced = trace_training(resolve(zoo("cnn_bn"), setup), setup, cpu.kernel_ops())
+    sizes = {}
+    for threads in (1, 8):
+        stream, fired = cpu.device_stream(traced.trace, CpuInfo("AVX512", threads))
+        assert fired
+        sizes[threads] = sum(event.nbytes for event in stream if event.key < 0 and event.action == "alloc")
+    assert sizes[8] > sizes[1], sizes
 
 
 @pytest.mark.slow

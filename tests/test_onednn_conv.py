@@ -1,4 +1,4 @@
-"""Check `trainmem.targets.onednn_conv` against the real CPU convolution kernels.
+"""Check `trainmem.targets.onednn.conv` against the real CPU convolution kernels.
 
 Each case runs the real op once under ``torch.profiler`` with ``profile_memory=True`` and takes
 the ``[memory]`` events inside the op's time range (``aten::convolution`` for the forward,
@@ -22,17 +22,18 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kernel_checks import memory_inside, running_peak
-from trainmem.targets import onednn_conv
-from trainmem.targets.onednn_conv import (
+from trainmem.targets import onednn
+from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.onednn.conv import (
     conv_backend,
     conv_backward_transients,
     conv_forward_transients,
 )
 
-_CAP = torch.backends.cpu.get_cpu_capability()
+_CPU = CpuInfo.this_machine()
 needs_cpu = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or _CAP not in ("AVX512", "AVX2"),
-    reason=f"rules checked for oneDNN on AVX512/AVX2 CPUs (this one: {_CAP})",
+    not torch.backends.mkldnn.is_available() or _CPU.capability not in ("AVX512", "AVX2"),
+    reason=f"rules checked for oneDNN on AVX512/AVX2 CPUs (this one: {_CPU.capability})",
 )
 
 _DT = {torch.float32: 4, torch.float64: 8}
@@ -114,7 +115,7 @@ def test_forward_peak(name):
     dt = _DT[x.dtype]
     before, after = conv_forward_transients(
         tuple(x.shape), tuple(w.shape), tuple(y.shape), a["stride"], a["padding"],
-        a["dilation"], a["groups"], a["transposed"], dt, _CAP, has_bias=b is not None)
+        a["dilation"], a["groups"], a["transposed"], dt, _CPU, has_bias=b is not None)
     _check_pairs(before, after)
     real = running_peak(events)
     model = _model_peak(before, y.numel() * dt, after)
@@ -138,7 +139,7 @@ def test_backward_peak(name):
     dt = _DT[x.dtype]
     before, after = conv_backward_transients(
         tuple(go.shape), tuple(x.shape), tuple(w.shape), a["stride"], a["padding"],
-        a["dilation"], a["groups"], a["transposed"], mask, dt, _CAP)
+        a["dilation"], a["groups"], a["transposed"], mask, dt, _CPU)
     _check_pairs(before, after)
     outs = sum(t.numel() * t.element_size() for t in grads if t is not None)
     real = running_peak(events)
@@ -159,7 +160,7 @@ def test_backward_grad_input_only():
         "aten::convolution_backward")
     before, after = conv_backward_transients(
         tuple(go.shape), tuple(x.shape), tuple(w.shape), a["stride"], a["padding"],
-        a["dilation"], 1, False, [True, False, False], 4, _CAP)
+        a["dilation"], 1, False, [True, False, False], 4, _CPU)
     _check_pairs(before, after)
     assert _close(_model_peak(before, grads[0].numel() * 4, after), running_peak(events))
 
@@ -176,7 +177,7 @@ def test_backend_matches_aten(name):
                                        a["transposed"], a["output_padding"], a["groups"])
     ours = conv_backend(tuple(x.shape), tuple(w.shape), tuple(y.shape), a["stride"],
                         a["padding"], a["dilation"], a["groups"], a["transposed"],
-                        _DT[x.dtype], _CAP)
+                        _DT[x.dtype], _CPU)
     expected = {"mkldnn": ("Mkldnn", "ConvBackend.???"), "slow2d": ("Slow2d",),
                 "slow3d": ("Slow3d",), "slow_dilated": ("SlowDilated",),
                 "slow_transpose": ("SlowTranspose",)}[ours]
@@ -187,24 +188,37 @@ def test_hand_values_example_from_measurement():
     """Conv2d(16->16, 3x3) on [8,16,96,96], AVX512, fp32: input reorder, weight reorder and the
     blocked output before the output; the blocked output is freed after it."""
     before, after = conv_forward_transients((8, 16, 96, 96), (16, 16, 3, 3), (8, 16, 96, 96),
-                                            1, 1, 1, 1, False, 4, "AVX512", num_threads=2)
+                                            1, 1, 1, 1, False, 4, CpuInfo("AVX512", 2))
     assert before == [4718592, 9216, 4718592, -9216, -4718592]
     assert after == [-4718592]
     # first layer: no input reorder with 3 input channels
     before, after = conv_forward_transients((8, 3, 96, 96), (16, 3, 3, 3), (8, 16, 96, 96),
-                                            1, 1, 1, 1, False, 4, "AVX512", num_threads=2)
+                                            1, 1, 1, 1, False, 4, CpuInfo("AVX512", 2))
     assert before == [1728, 4718592, -1728] and after == [-4718592]
 
 
 def test_unknown_capability_falls_back_to_avx512():
     args = ((8, 16, 32, 32), (16, 16, 3, 3), (8, 16, 32, 32), 1, 1, 1, 1, False, 4)
-    assert (conv_forward_transients(*args, "DEFAULT", num_threads=2)
-            == conv_forward_transients(*args, "AVX512", num_threads=2))
+    assert (conv_forward_transients(*args, CpuInfo("DEFAULT", 2))
+            == conv_forward_transients(*args, CpuInfo("AVX512", 2)))
 
 
-def test_module_does_not_import_torch_at_top_level():
-    tree = ast.parse(Path(onednn_conv.__file__).read_text())
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
-            assert not any(n.split(".")[0] == "torch" for n in names)
+def test_threads_reach_the_scratchpad():
+    """A 3x3 conv with padding 3 (not below the kernel extent) is refused by the jit kernels and runs
+    gemm, whose scratchpad is per-thread im2col columns, C_in * 9 * 36 * 36 f32 for each thread,
+    booked once (+128 bytes)."""
+    args = ((8, 64, 32, 32), (64, 64, 3, 3), (8, 64, 36, 36), 1, 3, 1, 1, False, 4)
+    columns = 64 * 9 * 36 * 36 * 4
+    for threads in (1, 2, 7):
+        before, _ = conv_forward_transients(*args, CpuInfo("AVX512", threads))
+        assert before[0] == threads * columns + 128, (threads, before)
+
+
+def test_modules_do_not_import_torch_at_top_level():
+    package = Path(onednn.__file__).parent
+    for module in sorted(package.glob("*.py")):
+        tree = ast.parse(module.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
+                assert not any(name.split(".")[0] == "torch" for name in names), module.name

@@ -1,4 +1,4 @@
-"""Check `trainmem.targets.onednn_rnn` against the real `aten.mkldnn_rnn_layer` workspace.
+"""Check `trainmem.targets.onednn.rnn_workspace` and `rnn_transients` against the real `aten.mkldnn_rnn_layer`.
 
 The real op is only run on CPU builds with oneDNN. bfloat16 cases are skipped where oneDNN has
 no bf16 support on this CPU.
@@ -11,14 +11,19 @@ import pytest
 import torch
 
 from kernel_checks import memory_inside, running_peak
-from trainmem.targets.onednn_rnn import (
-    get_good_ld,
+from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.onednn.rnn_transients import (
     lstm_backward_transients,
     lstm_forward_transients,
-    lstm_module_workspace_bytes,
     lstm_scratchpad_bytes,
+)
+from trainmem.targets.onednn.rnn_workspace import (
+    get_good_ld,
+    lstm_module_workspace_bytes,
     lstm_workspace_bytes,
 )
+
+_CPU = CpuInfo.this_machine()
 
 _HAS_MKLDNN = torch.backends.mkldnn.is_available()
 _HAS_BF16 = _HAS_MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -134,7 +139,7 @@ def test_transients_reproduce_profiled_sequence():
     """nn.LSTM(128, 256, num_layers=2, batch_first=True) on [8, 64, 128] fp32, profiled with
     torch 2.13 / oneDNN 3.12: layer 0 forward and layer 1 backward (grad_output copied from the
     batch_first transpose, grad_hy / grad_cy undefined)."""
-    before, after = lstm_forward_transients(64, 8, 128, 256, 4)
+    before, after = lstm_forward_transients(64, 8, 128, 256, 4, cpu=_CPU)
     outputs = [524288, 8192, 8192, 8220672]
     real = [524288, 8192, 8192, 4096, 8220672, 532480, 1064960, 2159160, -2159160, -1064960,
             -532480, -4096]
@@ -142,7 +147,7 @@ def test_transients_reproduce_profiled_sequence():
         x for x in real if x > 0 and x not in outputs)
     assert running_peak(before + outputs + after) == running_peak(real)
 
-    before, after = lstm_backward_transients(64, 8, 256, 256, 4)
+    before, after = lstm_backward_transients(64, 8, 256, 256, 4, cpu=_CPU)
     assert before == [524288, 8192, 8192, 4096]
     assert after == [1114112, 1114112, 1064960, 1064960, 4096, 2159160, -2159160, -4096,
                      -1064960, -1064960, -1114112, -1114112, -4096, -8192, -8192, -524288]
@@ -151,18 +156,20 @@ def test_transients_reproduce_profiled_sequence():
 @pytest.mark.parametrize("T,B,I,H,s", [(1, 1, 1, 1, 4), (7, 3, 31, 33, 2), (64, 8, 256, 256, 4),
                                        (5, 1, 64, 64, 2), (3, 200, 17, 40, 4)])
 def test_transients_balance(T, B, I, H, s):
-    for before, after in (lstm_forward_transients(T, B, I, H, s, num_threads=3),
-                          lstm_backward_transients(T, B, I, H, s, num_threads=3)):
+    for before, after in (lstm_forward_transients(T, B, I, H, s, cpu=CpuInfo("AVX512", 3)),
+                          lstm_backward_transients(T, B, I, H, s, cpu=CpuInfo("AVX512", 3))):
         assert sum(before) + sum(after) == 0
         assert all(x > 0 for x in before)
 
 
 def test_scratchpad_f32_ignores_threads_bf16_does_not():
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, num_threads=1) == 2159160
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, num_threads=64) == 2159160
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, CpuInfo("AVX512", 1)) == 2159160
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, CpuInfo("AVX512", 64)) == 2159160
     # bf16 brgemm: 40-byte batch elements per thread (and transposition buffers in backward)
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, num_threads=2) == 62280
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, backward=True, num_threads=2) == 53688
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2)) == 62280
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2), backward=True) == 53688
+    # one more thread, two more 40-byte batch elements (max_K_Block 2 per thread)
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 3)) == 62280 + 2 * 40
 
 
 def _real_in_op(T, B, I, H, dtype, reverse, grads, share):
@@ -228,8 +235,8 @@ def test_transients_match_real_in_oprunning_peak(T, B, I, H, dtype, reverse, gra
         T, B, I, H, dtype, reverse, grads, share)
     s = torch.tensor([], dtype=dtype).element_size()
     for real, outs, (before, after) in (
-        (fwd_real, fwd_outs, lstm_forward_transients(T, B, I, H, s)),
-        (bwd_real, bwd_outs, lstm_backward_transients(T, B, I, H, s, **flags)),
+        (fwd_real, fwd_outs, lstm_forward_transients(T, B, I, H, s, cpu=_CPU)),
+        (bwd_real, bwd_outs, lstm_backward_transients(T, B, I, H, s, cpu=_CPU, **flags)),
     ):
         assert sum(before) + sum(after) == 0
         real_peak, model_peak = running_peak(real), running_peak(before + outs + after)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainmem.targets import DeviceEvent, KernelEffect, onednn_conv, onednn_rnn
+from trainmem.targets import DeviceEvent, KernelEffect
 from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.onednn import conv as onednn_conv
+from trainmem.targets.onednn import rnn_transients, rnn_workspace
 from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace
 
@@ -32,15 +34,15 @@ def rule_for(op: str) -> KernelRule:
 def _lstm_workspace(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """oneDNN's LSTM returns a training workspace (gates and states of every time step) whose size the
     fake kernel reports as 0 (torch/_meta_registrations.py); the real size is the primitive's
-    workspace_desc (aten/src/ATen/native/mkldnn/RNN.cpp), computed in targets/onednn_rnn.py."""
+    workspace_desc (aten/src/ATen/native/mkldnn/RNN.cpp), computed in targets/onednn/rnn_workspace.py."""
     args = call.args
     # mkldnn_rnn has already made the input time-major, whatever batch_first says
     (seq_len, batch, input_size), hidden_size, bidirectional = args[0].shape, args[10], args[13]
     cell_bytes = args[6].itemsize if isinstance(args[6], TensorMeta) else args[0].itemsize
-    nbytes = onednn_rnn.lstm_workspace_bytes(seq_len, batch, input_size, hidden_size, bool(bidirectional),
-                                             args[0].itemsize, cell_bytes)
-    before, after = onednn_rnn.lstm_forward_transients(seq_len, batch, input_size, hidden_size, args[0].itemsize,
-                                                       num_threads=cpu.threads)
+    nbytes = rnn_workspace.lstm_workspace_bytes(seq_len, batch, input_size, hidden_size, bool(bidirectional),
+                                                args[0].itemsize, cell_bytes)
+    before, after = rnn_transients.lstm_forward_transients(seq_len, batch, input_size, hidden_size, args[0].itemsize,
+                                                           cpu=cpu)
     return KernelEffect(tuple(before), tuple(after), output_nbytes=((3, nbytes),), rule="oneDNN LSTM workspace and buffers")
 
 
@@ -54,25 +56,24 @@ def _lstm_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     hidden_size = call.args[1].shape[0] // 4
     hx, cx, grads = call.args[5], call.args[6], call.args[10:13]
     # the kernel copies a grad that is missing (zeros_like) or not contiguous (.contiguous())
-    copied = [not isinstance(g, TensorMeta) or not g.contiguous for g in grads]
+    copied = [not isinstance(grad, TensorMeta) or not grad.contiguous for grad in grads]
     same = isinstance(hx, TensorMeta) and isinstance(cx, TensorMeta) and hx.storage_key == cx.storage_key
-    before, after = onednn_rnn.lstm_backward_transients(seq_len, batch, input_size, hidden_size, inp.itemsize,
-                               grad_output_copied=copied[0], grad_hy_copied=copied[1], grad_cy_copied=copied[2],
-                               hx_cx_same_storage=same,
-                               cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None,
-                               num_threads=cpu.threads)
+    before, after = rnn_transients.lstm_backward_transients(
+        seq_len, batch, input_size, hidden_size, inp.itemsize, cpu=cpu,
+        grad_output_copied=copied[0], grad_hy_copied=copied[1], grad_cy_copied=copied[2], hx_cx_same_storage=same,
+        cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN LSTM backward buffers")
 
 
 @kernel_rule("convolution")
 def _conv_forward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
-    """ideep reorders plain tensors into blocked layouts around oneDNN convolutions (targets/onednn_conv.py)."""
+    """ideep reorders plain tensors into blocked layouts around oneDNN convolutions (targets/onednn/conv.py)."""
     inp, weight, bias, stride, padding, dilation, transposed, _out_pad, groups = call.args[:9]
     if not isinstance(inp, TensorMeta) or not call.outputs or call.outputs[0] is None:
         return KernelEffect()
     before, after = onednn_conv.conv_forward_transients(
         inp.shape, weight.shape, call.outputs[0].shape, stride, padding, dilation, groups, transposed,
-        inp.itemsize, cpu.capability, has_bias=bias is not None, num_threads=cpu.threads)
+        inp.itemsize, cpu, has_bias=bias is not None)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution reorders")
 
 
@@ -83,7 +84,7 @@ def _conv_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
         return KernelEffect()
     before, after = onednn_conv.conv_backward_transients(
         grad_output.shape, inp.shape, weight.shape, stride, padding, dilation, groups, transposed, mask,
-        inp.itemsize, cpu.capability, num_threads=cpu.threads)
+        inp.itemsize, cpu)
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution backward reorders")
 
 
@@ -103,7 +104,7 @@ def _reduced(call: KernelCall, position: int) -> tuple[int, int] | None:
         other = list(target.shape)
         width = max(len(shape), len(other))
         shape, other = [1] * (width - len(shape)) + shape, [1] * (width - len(other)) + other
-        shape = [max(a, b) for a, b in zip(shape, other)]
+        shape = [max(mine, theirs) for mine, theirs in zip(shape, other)]
     return _numel(shape), call.outputs[0].itemsize
 
 
@@ -181,26 +182,29 @@ def _embedding_bag_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     grad, indices, offsets, offset2bag = call.args[:4]
     mode, sparse = call.args[8], call.args[9]
     weights = call.args[10] if len(call.args) > 10 else None
-    if sparse or not all(isinstance(t, TensorMeta) for t in (grad, indices, offsets, offset2bag)):
+    if sparse or not all(isinstance(tensor, TensorMeta) for tensor in (grad, indices, offsets, offset2bag)):
         return KernelEffect()
     if mode == 2:  # `grad_.contiguous()` comes first on every path
         copy = 0 if grad.contiguous else _numel(grad.shape) * grad.itemsize
         return _embedding_bag_max_backward(call, copy)
-    n = _numel(indices.shape)
+    count = _numel(indices.shape)
     # promoteIndicesAndOffsets: one int32 and one int64 → both int64 (a copy of the int32 one)
-    promoted = [_numel(t.shape) * 8 for t in (indices, offsets) if t.itemsize == 4 and 8 in (indices.itemsize, offsets.itemsize)]
+    promoted = [_numel(tensor.shape) * 8 for tensor in (indices, offsets)
+                if tensor.itemsize == 4 and 8 in (indices.itemsize, offsets.itemsize)]
     index_bytes = 8 if promoted else indices.itemsize
     kept = list(promoted)
     before = list(promoted)
-    if n and _numel(offset2bag.shape) == 0:  # rebuilt from offsets, storage kept n + 1 long
-        before += [(n + 1) * index_bytes, (n + 1) * index_bytes, -(n + 1) * index_bytes]
-        kept.append((n + 1) * index_bytes)
+    if count and _numel(offset2bag.shape) == 0:  # rebuilt from offsets, storage kept count + 1 long
+        before += [(count + 1) * index_bytes, (count + 1) * index_bytes, -(count + 1) * index_bytes]
+        kept.append((count + 1) * index_bytes)
     if not grad.contiguous:
         before.append(_numel(grad.shape) * grad.itemsize)
         kept.append(before[-1])
-    sort = [n * index_bytes, n * 8, n * 8, -n * 8, n * index_bytes]  # values, positions, scratch; offset2bag reordered
-    reordered = [n * weights.itemsize] if isinstance(weights, TensorMeta) else []
-    after = sort + reordered + [-b for b in reordered] + [-n * index_bytes, -n * 8, -n * index_bytes] + [-b for b in reversed(kept)]
+    # sorted values, int64 positions, the sort's int64 scratch; offset2bag reordered
+    sort = [count * index_bytes, count * 8, count * 8, -count * 8, count * index_bytes]
+    reordered = [count * weights.itemsize] if isinstance(weights, TensorMeta) else []
+    after = (sort + reordered + [-nbytes for nbytes in reordered]
+             + [-count * index_bytes, -count * 8, -count * index_bytes] + [-nbytes for nbytes in reversed(kept)])
     return KernelEffect(tuple(before), tuple(after), rule="EmbeddingBag backward index buffers")
 
 
@@ -210,7 +214,7 @@ def _embedding_bag_max_backward(call: KernelCall, grad_copy: int) -> KernelEffec
     feature an index_add_ whose strided index is copied contiguous. Every bag is taken as non-empty:
     the most rows these buffers can have."""
     grad, bag_size, max_indices = call.args[0], call.args[4], call.args[5]
-    if not all(isinstance(t, TensorMeta) for t in (grad, bag_size, max_indices)):
+    if not all(isinstance(tensor, TensorMeta) for tensor in (grad, bag_size, max_indices)):
         return KernelEffect()
     rows = _numel(bag_size.shape) * 8
     picked = _numel(max_indices.shape) * max_indices.itemsize
@@ -280,7 +284,7 @@ def _transients(effect: KernelEffect, call: KernelCall, trace: Trace, keys) -> t
                 live.append((next(keys), delta))
                 emit(out, "alloc", delta, live[-1][0])
                 continue
-            matches = [i for i, (_, size) in enumerate(live) if size == -delta]
+            matches = [position for position, (_, size) in enumerate(live) if size == -delta]
             remaining = -delta
             while remaining > 0 and live:
                 key, size = live.pop(matches[-1] if matches else -1)

@@ -15,6 +15,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from trainmem.targets.cpu_info import CpuInfo
+
 DATA = Path(__file__).parent / "data" / "cpu_runtime.json"
 
 # op families whose first use maps more library code or JIT buffers; names as the dispatcher sees them
@@ -48,7 +50,8 @@ def import_set_key(libraries) -> str:
     return "+".join(sorted(libraries))
 
 
-def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -> RuntimeFloor:
+def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
+                  cpu: CpuInfo | None = None) -> RuntimeFloor:
     """The floor, the kernel families the trace used, and the libraries the model reference brings
     into the process (transformers for hf:, peft and transformers for --lora, torchvision and timm for
     their references), each as measured by calibrate_cpu.py.
@@ -58,7 +61,10 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -
     do not add up: `import torch, torchvision` maps 164 MiB more than `import torch`, `import torch,
     peft` 214 MiB, both together also 214 MiB (torch 2.14.1, this project's vision environment). The
     calibration therefore measures each set of libraries a reference can bring as one increment; the
-    per-library sum is a fallback for a set it did not measure, and the report says so."""
+    per-library sum is a fallback for a set it did not measure, and the report says so.
+
+    `cpu` (default: this machine) is compared with the calibration's capability and thread count: a
+    floor measured with other ones is reported as an assumption."""
     import torch
 
     data = load()
@@ -82,7 +88,8 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset()) -
                                "separate increments are added, which counts what they share twice"
                                + ("" if len(known) == len(libraries) else
                                   f"; no increment measured for {', '.join(sorted(set(libraries) - set(known)))}"))
-    here = (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    cpu = cpu or CpuInfo.this_machine()
+    here = (torch.__version__, cpu.capability, cpu.threads)
     if here != (data["torch"], data["capability"], data["threads"]):
         assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "
                            "was measured elsewhere and may differ by tens of MiB")
