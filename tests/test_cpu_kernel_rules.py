@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from kernel_checks import memory_inside, running_peak
 from trainmem.targets import KernelEffect, cpu
 from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.onednn.scratchpad import PAGE_BYTES, book, div_up, round_up
 from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import KernelCall
 from trainmem.trace.recorder import _meta_of
@@ -188,6 +189,21 @@ def test_registry_refuses_duplicates_on_its_own():
     with pytest.raises(RuntimeError, match="aten.add is already registered"):
         registry.register("add")(lambda call, cpu_info: KernelEffect())
     assert registry.ops() == frozenset({"add"})
+
+
+def test_cpu_info_reads_this_process_once_and_refuses_no_threads():
+    here = CpuInfo.this_machine()
+    assert here == CpuInfo(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    with pytest.raises(ValueError, match="at least one thread"):
+        CpuInfo("AVX512", 0)
+
+
+def test_scratchpad_booking():
+    """registry_t::book: an empty entry costs nothing, others their size + max(alignment, 128)."""
+    assert book(0) == 0
+    assert book(1) == 129
+    assert book(1000, PAGE_BYTES) == 1000 + 4096
+    assert round_up(17, 16) == 32 and round_up(32, 16) == 32 and div_up(17, 16) == 2
 
 
 def _conv_call(padding: int) -> KernelCall:
