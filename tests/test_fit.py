@@ -1,6 +1,7 @@
 """`trainmem fit`: the largest batch whose high estimate stays under capacity × (1 − margin), the default
 margin read from the measured error tables, and the answer stating its headroom."""
 
+import dataclasses
 import importlib
 import json
 import math
@@ -124,15 +125,16 @@ def test_fit_keeps_the_margin():
 
 
 def _estimates_with_spread(monkeypatch, spread: int) -> None:
-    """fit's estimates, each with a high figure `spread` above the expected one."""
-    real = fitmod.estimate
+    """fit's estimates, each with a high figure `spread` above the expected one: whole estimates (the
+    exhaustive search, the remedies) and replays of a traced or predicted run (the batch search)."""
+    for name in ("estimate", "assemble_traced"):
+        real = getattr(fitmod, name)
 
-    def with_spread(*args, **kwargs):
-        est = real(*args, **kwargs)
-        est.process_high = est.process_bytes + spread
-        return est
+        def with_spread(*args, _real=real, **kwargs):
+            est = _real(*args, **kwargs)
+            return dataclasses.replace(est, process_high=est.process_bytes + spread)
 
-    monkeypatch.setattr(fitmod, "estimate", with_spread)
+        monkeypatch.setattr(fitmod, name, with_spread)
 
 
 def test_fit_compares_the_high_estimate(monkeypatch):
@@ -181,3 +183,99 @@ def test_cli_bad_margin_is_one_line(capsys, bad):
     code = main(["fit", MLP, "--input-shape", "256", "--device", SMALL_GPU, f"--margin={bad}"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--margin" in err
+
+
+@pytest.fixture
+def fresh():
+    """Each search as in a process of its own. FakeTensorMode caches its dispatch process-wide, and an op
+    met again with the same shapes records fewer internal ops (detach, copy_) in coverage.ops: a search
+    run after another at the same batch sizes would differ there, and only there."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def search(*args, **kwargs):
+        FakeTensorMode.cache_clear()
+        return fit(*args, **kwargs)
+
+    return search
+
+
+def _same_answer(new, old) -> None:
+    assert (new.best, new.first_miss, new.tried) == (old.best, old.first_miss, old.tried)
+    for mine, theirs in ((new.best_estimate, old.best_estimate), (new.miss_estimate, old.miss_estimate)):
+        assert (mine and mine.to_dict()) == (theirs and theirs.to_dict())
+    assert str(new).splitlines()[4:] == str(old).splitlines()[4:]  # all but the line saying how
+
+
+@pytest.mark.parametrize("model, values, device, margin", [
+    (MLP, {"input_shape": "256"}, SMALL_GPU, 0.2),  # batch 1 specialises: the pair is (2, 4)
+    ("tests/models.py:tiny_attention", {"precision": "bf16-mixed"}, "custom:capacity=420MiB,cc=8.0,context=287MB", None),
+    ("tests/models.py:tiny_lstm", {"optimizer": "adam"}, SMALL_GPU, 0.1),
+])
+def test_batch_search_answers_as_the_exhaustive_search(fresh, model, values, device, margin):
+    """Two traces, the candidates predicted, the answer confirmed by a real trace: the same candidates,
+    figures, answer and estimates as tracing every candidate."""
+    new = fresh(model, device=device, margin=margin, **values)
+    old = fresh(model, device=device, margin=margin, exhaustive=True, **values)
+    _same_answer(new, old)
+    assert new.search["predicted"] and new.best in new.search["traced"] and len(new.search["traced"]) <= 4
+    assert "confirmed by a real trace at batch" in new.search["how"]
+    assert old.search["traced"] == sorted(v for v, *_ in old.tried)
+
+
+GUARDED = """
+class Guarded(nn.Module):
+    # above batch 8 it keeps a wide copy of its input alive for backward
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(256, 256)
+    def forward(self, x):
+        if x.shape[0] > 8:
+            x = (x.repeat(1, 64) * 2)[:, :256]
+        return self.layer(x)
+
+def factory():
+    return Guarded(), lambda batch: (torch.randn(batch, 256),)
+"""
+
+
+def test_a_wrong_prediction_falls_back_to_tracing_every_candidate(fresh, tmp_factory):
+    """Traces at 1/2 (or 2/4) cannot see a branch taken above batch 8: the confirmation trace does, and the
+    answer is then the exhaustive search's."""
+    model = tmp_factory(GUARDED)
+    new = fresh(model, SETUP, SMALL_GPU, margin=0.0)
+    old = fresh(model, SETUP, SMALL_GPU, margin=0.0, exhaustive=True)
+    _same_answer(new, old)
+    assert new.best > 8 and "differs from its prediction" in new.search["how"] and not new.search["predicted"]
+    assert "candidates every candidate traced" in str(new)
+
+
+def test_setup_as_keywords_like_estimate():
+    positional = fit(MLP, SETUP, SMALL_GPU, margin=0.2)
+    keywords = fit(MLP, device=SMALL_GPU, margin=0.2, input_shape="256")
+    mixed = fit(MLP, setup=TrainingSetup.from_mapping({"input_shape": "256", "optimizer": "adam"}),
+                device=SMALL_GPU, margin=0.2, optimizer="sgd")
+    assert (keywords.best, keywords.tried) == (positional.best, positional.tried)
+    assert mixed.best_estimate.setup.optimizer == "sgd"
+    with pytest.raises(SetupError, match="setup keys"):
+        fit(MLP, device=SMALL_GPU, input_shap="256")
+
+
+POOLED = """
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(100, 64), nn.Linear(64, 4)
+    def forward(self, ids):
+        return self.head(self.embed(ids).mean(dim=1))
+
+def factory():
+    return Pooled()
+"""
+
+
+def test_the_sequence_search_traces_every_candidate(tmp_factory):
+    setup = TrainingSetup.from_mapping({"input_shape": "8", "input_dtype": "int64", "input_max": 100})
+    result = fit(tmp_factory(POOLED), setup, SMALL_GPU, sequence=True, limit=64, margin=0.2)
+    assert result.best == 64 and result.first_miss is None
+    assert result.search["how"] == "every candidate traced" and not result.search["predicted"]
+    assert result.search["traced"] == sorted(v for v, *_ in result.tried)

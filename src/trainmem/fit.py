@@ -1,24 +1,33 @@
 """`trainmem fit`: the largest batch (or sequence length) whose high estimate stays under the device's
 capacity less a safety margin.
 
-Each candidate is a full estimate: memory is not affine in the batch (the allocator rounds and
-splits blocks, workspaces and the CUDA context are fixed), so the search doubles until a candidate
-does not fit, then bisects between the last fit and the first miss. A candidate fits when its high
+Memory is not affine in the batch (the allocator rounds and splits blocks, workspaces and the CUDA
+context are fixed), so the search estimates candidates one by one: it doubles until a candidate does
+not fit, then bisects between the last fit and the first miss. A candidate fits when its high
 estimate (`process_bytes_high`: the upper end of what real runs of the setup show) is at most
 `capacity × (1 − margin)`. The margin covers what the high estimate has still been seen to miss: its
 default is the worst low error measured for the counter fit compares (DEFAULT_MARGIN below). When
 even 1 does not fit, the usual remedies are estimated rather than guessed: checkpointing and mixed
 precision by tracing again with them, an 8-bit optimizer and sharding by rule on the traced breakdown.
+
+What *is* affine in the batch is the trace: the same ops, allocations and frees, each size a constant
+plus a multiple of the batch. So the batch search traces twice (ScaledBatches), predicts every other
+candidate's trace from those two (trace/batch_scaling.py) and replays only the allocator on it; the
+answer's batch is then traced for real and must equal its prediction, else every candidate is traced
+as before (`exhaustive=True` asks for that from the start). The answer is the exhaustive search's:
+the same candidates in the same order, each with the estimate its real trace gives. The sequence
+search traces every candidate (attention makes sizes quadratic in the sequence length).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 from trainmem.errors import SetupError
-from trainmem.estimate import Estimate, estimate
+from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace
+from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
 from trainmem.units import format_bytes
 
@@ -94,6 +103,8 @@ class FitResult:
     capacity: int
     margin: Margin = DEFAULT_MARGIN_GPU
     compared: str = "process_bytes_high"
+    # how the candidates were estimated: the batch sizes traced, those predicted from them, and why
+    search: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def budget(self) -> int:
@@ -109,6 +120,8 @@ class FitResult:
         lines = [f"trainmem fit — {self.device_name} ({format_bytes(self.capacity)}), searching the {self.dimension}",
                  f"  a candidate fits when {self.compared} ≤ {format_bytes(self.budget)}, "
                  f"keeping a {self.margin.fraction:.0%} margin", f"  margin from {self.margin.source}"]
+        if self.search:
+            lines.append(f"  candidates {self.search['how']}")
         for value, _, nbytes, fits in self.tried:
             lines.append(f"  {self.dimension} {value:>8,}: {format_bytes(nbytes):>11s}  {'fits' if fits else 'does not fit'}")
         return "\n".join(lines + [""] + (self._answer() if self.best is not None else self._remedies()))
@@ -150,7 +163,7 @@ class FitResult:
                 "best_estimate": self.best_estimate.to_dict() if self.best_estimate else None,
                 "tried": [{"value": v, "process_bytes": b, "process_bytes_high": h, "fits": f}
                           for v, b, h, f in self.tried],
-                "remedies": [dataclasses.asdict(r) for r in self.remedies]}
+                "remedies": [dataclasses.asdict(r) for r in self.remedies], "search": dict(self.search)}
 
 
 def _is_hf(model: Any) -> bool:
@@ -173,13 +186,29 @@ def within(est: Estimate, budget: int) -> bool:
     return est.process_bytes_high <= budget and est.fits_override is not False
 
 
-def fit(model: Any, setup: TrainingSetup, device: str, *, sequence: bool = False, limit: int = 1 << 24,
-        margin: float | None = None, **options: Any) -> FitResult:
+TARGET_OPTIONS = ("cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark")
+
+
+def fit(model: Any, setup: TrainingSetup | None = None, device: str = "cpu", *, sequence: bool = False,
+        limit: int = 1 << 24, margin: float | None = None, depth: int = 2, exhaustive: bool = False,
+        cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
+        module_loading: str | None = None, cudnn_benchmark: bool | None = None, **setup_values: Any) -> FitResult:
     """Search the batch size (or, with `sequence`, the sequence length: --seq-len of an hf: model, else the
     first input's first dimension) on `device`, keeping `margin` (a fraction of the capacity; default: the
-    measured worst low error for the device's kind) free. An hf: model's search stops at its position limit."""
+    measured worst low error for the device's kind) free. An hf: model's search stops at its position limit.
+
+    The setup is given as in estimate(): a TrainingSetup, setup values as keywords (batch_size is what is
+    searched; input_shape="1024", optimizer="adamw", …), or both; the target options are estimate()'s.
+    The batch search traces twice and predicts the other candidates (module docstring); `exhaustive` traces
+    every candidate, as the sequence search always does."""
     from trainmem.devices import get_device
 
+    if setup is None:
+        setup = TrainingSetup.from_mapping(setup_values, where="fit()")
+    elif setup_values:
+        setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="fit()")
+    options = dict(depth=depth, cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
+                   module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
     hf = _is_hf(model)
     target = get_device(device)
     kept = resolve_margin(margin, target.kind)
@@ -192,27 +221,44 @@ def fit(model: Any, setup: TrainingSetup, device: str, *, sequence: bool = False
                          "got none", where="--max-seq")
     result = FitResult("sequence length" if sequence else "batch size", None, None, 1, None, [], [],
                        target.name, target.capacity_bytes, kept, compared_figure(target.kind))
-    cache: dict[int, Estimate] = {}
-
-    def attempt(value: int) -> bool:
-        if value not in cache:
-            cache[value] = estimate(model, setup=_with_value(setup, value, sequence, hf), device=device, **options)
-            est = cache[value]
-            result.tried.append((value, est.process_bytes, est.process_bytes_high, within(est, result.budget)))
-        return within(cache[value], result.budget)
-
-    if not attempt(1):
-        result.miss_estimate = cache[1]
-        result.remedies = remedies(model, setup, device, cache[1], options)
+    if sequence or exhaustive:
+        candidates: _Candidates = _EveryCandidateTraced(model, setup, device, sequence, hf, options)
+    else:
+        candidates = ScaledBatches(model, setup, device, options, limit)
+    found = _search(candidates.estimate, limit, result.budget)
+    if not candidates.confirm(found.best, found.first_miss):  # a prediction was wrong: trace every candidate
+        found = _search(candidates.estimate, limit, result.budget)
+    result.search = candidates.summary()
+    result.tried = [(value, est.process_bytes, est.process_bytes_high, within(est, result.budget))
+                    for value, est in found.estimates.items()]
+    if found.best is None:
+        result.miss_estimate = found.estimates[1]
+        result.remedies = remedies(model, setup, device, found.estimates[1], options)
         return result
-    result.best, result.first_miss = _search(attempt, limit)
-    result.best_estimate, result.miss_estimate = cache[result.best], cache.get(result.first_miss)
+    result.best, result.first_miss = found.best, found.first_miss
+    result.best_estimate, result.miss_estimate = found.estimates[found.best], found.estimates.get(found.first_miss)
     result.tried.sort()
     return result
 
 
-def _search(attempt, limit: int) -> tuple[int, int | None]:
+@dataclasses.dataclass(frozen=True)
+class Found:
+    best: int | None  # the last value that fit (None: not even 1)
+    first_miss: int | None  # the first that did not (None: the limit fits)
+    estimates: dict[int, Estimate]  # every value tried, in the order tried
+
+
+def _search(estimate_at: Callable[[int], Estimate], limit: int, budget: int) -> Found:
     """Double from 1 until a value does not fit (or the limit does), then bisect: (last fit, first miss)."""
+    estimates: dict[int, Estimate] = {}
+
+    def attempt(value: int) -> bool:
+        if value not in estimates:
+            estimates[value] = estimate_at(value)
+        return within(estimates[value], budget)
+
+    if not attempt(1):
+        return Found(None, 1, estimates)
     good, bad = 1, None
     while bad is None and good < limit:
         candidate = min(good * 2, limit)
@@ -223,7 +269,119 @@ def _search(attempt, limit: int) -> tuple[int, int | None]:
     while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
         good, bad = (middle, bad) if attempt(middle) else (good, middle)
-    return good, bad
+    return Found(good, bad, estimates)
+
+
+class _Candidates:
+    """Where the search's estimates come from."""
+
+    def estimate(self, value: int) -> Estimate:
+        raise NotImplementedError
+
+    def confirm(self, best: int | None, first_miss: int | None) -> bool:
+        """False when an estimate the answer rests on proved wrong: the search must run again."""
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _EveryCandidateTraced(_Candidates):
+    """Today's search: a whole estimate (trace and replay) per candidate."""
+
+    def __init__(self, model: Any, setup: TrainingSetup, device: str, sequence: bool, hf: bool,
+                 options: dict[str, Any]) -> None:
+        self.model, self.setup, self.device, self.sequence, self.hf, self.options = \
+            model, setup, device, sequence, hf, options
+        self.traced: list[int] = []
+
+    def estimate(self, value: int) -> Estimate:
+        self.traced.append(value)
+        return estimate(self.model, setup=_with_value(self.setup, value, self.sequence, self.hf), device=self.device,
+                        **self.options)
+
+    def summary(self) -> dict[str, Any]:
+        return {"traced": sorted(self.traced), "predicted": [], "how": "every candidate traced"}
+
+
+class ScaledBatches(_Candidates):
+    """Batch sizes from two real traces: trace the training step at two batch sizes, match the two traces
+    value by value (trace/batch_scaling.py), and give any other batch its predicted trace, which the
+    allocator replays as it would a real one. The pair is (1, 2), both candidates the search tries first;
+    when batch 1 traces another stream (a size-1 dimension counts as contiguous, so a copy may be
+    skipped; an RNN kernel may take another path), (2, 4), and batch 1 keeps its own real trace.
+
+    Two traces fit any line: `confirm` traces the answer for real and compares it with its prediction,
+    value for value. Equal, the answer stands (three traces on one line, and the answer's estimate is
+    a real trace's); different, or streams that do not match at all, and every candidate is traced."""
+
+    def __init__(self, model: Any, setup: TrainingSetup, device: str, options: dict[str, Any], limit: int) -> None:
+        target_options = {k: v for k, v in options.items() if k in TARGET_OPTIONS}
+        self.setup, self.limit = setup, limit
+        self.plan = plan(model, setup, device, options.get("depth", 2), **target_options)
+        self.real: dict[int, Any] = {}  # batch -> its real TraceResult
+        self.assembled: dict[int, Estimate] = {}  # batch -> the estimate of its real trace
+        self.predicted: dict[int, Estimate] = {}  # batch -> the estimate of its predicted trace
+        self.scaling: BatchScaling | None = None
+        self.why_traced: str | None = None  # why predictions stopped (None: they are in use)
+        self.confirmed_at: int | None = None
+
+    def _setup_at(self, batch: int) -> TrainingSetup:
+        return dataclasses.replace(self.setup, batch_size=batch)
+
+    def _real(self, batch: int) -> Any:
+        if batch not in self.real:
+            self.real[batch] = trace(self.plan, self._setup_at(batch))
+        return self.real[batch]
+
+    def _scaling(self) -> BatchScaling | None:
+        if self.scaling is None and self.why_traced is None:
+            pairs = [(first, second) for first, second in ((1, 2), (2, 4)) if second <= self.limit]
+            why = [f"the limit {self.limit} leaves no two batch sizes to match"]
+            for first, second in pairs:
+                try:
+                    self.scaling = BatchScaling(first, self._real(first), second, self._real(second))
+                    break
+                except StreamsDiffer as differ:
+                    why.append(f"traces at batch {first} and {second} differ ({differ})")
+            if self.scaling is None:
+                self.why_traced = "; ".join(why[1:] or why)
+        return self.scaling
+
+    def estimate(self, batch: int) -> Estimate:
+        scaling = self._scaling() if batch > 1 else None
+        if batch not in self.real and scaling is not None:
+            try:
+                predicted = scaling.at(batch)
+            except Unpredictable:
+                predicted = None
+            if predicted is not None:
+                self.predicted[batch] = assemble_traced(self.plan, self._setup_at(batch), predicted)
+                return self.predicted[batch]
+        if batch not in self.assembled:
+            self.assembled[batch] = assemble_traced(self.plan, self._setup_at(batch), self._real(batch))
+        return self.assembled[batch]
+
+    def confirm(self, best: int | None, first_miss: int | None) -> bool:
+        """Trace the answer's batch (the first miss when the best was traced already) and compare."""
+        point = next((value for value in (best, first_miss) if value in self.predicted), None)
+        if point is None:
+            return True
+        if self.scaling.matches(point, self._real(point)):
+            self.confirmed_at = point  # its estimate is the prediction's: the same trace, replayed alike
+            self.assembled[point] = self.predicted.pop(point)
+            return True
+        self.why_traced = f"the real trace at batch {point} differs from its prediction"
+        self.scaling, self.predicted = None, {}
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        if self.scaling is not None:
+            how = (f"predicted from the traces at batch {self.scaling.first_batch} and {self.scaling.second_batch}"
+                   + (f", confirmed by a real trace at batch {self.confirmed_at}" if self.confirmed_at else ""))
+        else:
+            how = f"every candidate traced: {self.why_traced}" if self.why_traced else "traced (batch 1 only)"
+        return {"traced": sorted(self.real), "predicted": sorted(self.predicted), "how": how}
 
 
 def remedies(model: Any, setup: TrainingSetup, device: str, base: Estimate, options: dict) -> list[Remedy]:
@@ -255,3 +413,7 @@ def remedies(model: Any, setup: TrainingSetup, device: str, base: Estimate, opti
                           f"by rule: parameters, gradients and optimizer state at the peak ÷ {SHARDING_WORLD}; "
                           "gathered layers and communication buffers not counted", base.process_bytes_high - saved))
     return out
+
+
+def _plain(setup: TrainingSetup) -> dict[str, Any]:
+    return {f.name: getattr(setup, f.name) for f in dataclasses.fields(setup)}
