@@ -121,7 +121,7 @@ def test_reserved_counts_whole_segments():
 def test_allocator_settings_reach_the_replay():
     kw = dict(batch_size=2, input_shape="64", device="a100-40gb")
     expandable = estimate("mlp:64-64", alloc_conf="expandable_segments:True", **kw)
-    assert expandable.allocator["settings"] == "expandable_segments=True"
+    assert expandable.allocator.settings == "expandable_segments=True"
     assert expandable.reserved_bytes % (2 * 2**20) == 0  # mapped page by page (2 MiB small, 20 MiB large)
     from trainmem.errors import SetupError
     with pytest.raises(SetupError, match="alloc-conf"):
@@ -196,7 +196,7 @@ class _OpDtypes(TorchDispatchMode):
 def test_every_cuda_rule_names_a_test_that_exists():
     from pathlib import Path
 
-    from trainmem.targets.cuda import RULES
+    from trainmem.targets.cuda_rules import RULES
     root = Path(__file__).resolve().parents[1]
     for rule in RULES:
         if not rule.test:

@@ -17,9 +17,9 @@ def test_seed_mlp_matches_the_issue():
     assert data["model"]["parameters"] == 131410
     assert data["breakdown"]["parameters"] == 525640
     assert data["breakdown"]["optimizer_state"] == 1051280  # 2 moments × 131,410 × 4 B, alive at the peak
-    activations = next(r for r in est.explanation["rows"] if r["what"] == "activations")
-    assert "1,820 values" in activations["formula"]
-    assert activations["hand_bytes"] == 1820 * 256 * 4
+    activations = next(r for r in est.explanation.rows if r.what == "activations")
+    assert "1,820 values" in activations.formula
+    assert activations.hand_bytes == 1820 * 256 * 4
 
 
 @pytest.mark.parametrize("optimizer,buffers", [("adamw", 2), ("adam", 2), ("momentum", 1), ("rmsprop", 1),
@@ -50,7 +50,7 @@ def test_fp16_mixed_keeps_fp32_master_weights_and_fp16_activations():
     mixed = trainmem.estimate(f"mlp:{D}-{D}-{D}-4", batch_size=32, optimizer="adam", precision="fp16-mixed")
     assert mixed.breakdown["parameters"] == fp32.breakdown["parameters"]  # master weights stay fp32
     assert mixed.breakdown["optimizer_state"] == fp32.breakdown["optimizer_state"]
-    assert mixed.explanation["saved_by_op"].get("relu", 0) == fp32.explanation["saved_by_op"]["relu"] // 2
+    assert mixed.explanation.saved_by_op.get("relu", 0) == fp32.explanation.saved_by_op["relu"] // 2
 
 
 def test_pure_bf16_halves_model_states():
@@ -65,7 +65,7 @@ def test_tied_weights_stay_tied():
 
     est = trainmem.estimate(zoo("tiny_gpt"), batch_size=1, optimizer="sgd")
     # 2000×256 token embedding shared with the LM head is counted once
-    assert est.parameters == sum(m["parameters"] for m in est.modules)
+    assert est.parameters == sum(m.parameters for m in est.modules)
     assert est.breakdown["parameters"] == est.parameters * 4
 
 
@@ -74,7 +74,7 @@ def test_checkpointing_saves_activations():
 
     plain = trainmem.estimate(zoo("tiny_gpt"), batch_size=4, optimizer="sgd")
     ckpt = trainmem.estimate(zoo("tiny_gpt"), batch_size=4, optimizer="sgd", checkpointing=True)
-    assert ckpt.explanation["saved_activation_bytes"] < plain.explanation["saved_activation_bytes"] / 2
+    assert ckpt.explanation.saved_activation_bytes < plain.explanation.saved_activation_bytes / 2
     assert any("checkpointing wraps 4 blocks" in w for w in ckpt.warnings)
 
 
@@ -104,7 +104,7 @@ def test_checkpointing_a_cnn_checkpoints_its_stage_blocks():
     assert [name for name, _ in find_blocks(Net())] == ["features.0.0", "features.0.1", "features.1.0", "classifier.1"]
     plain = trainmem.estimate(Net(), batch_size=8, optimizer="sgd", input_shape="3,32,32")
     ckpt = trainmem.estimate(Net(), batch_size=8, optimizer="sgd", input_shape="3,32,32", checkpointing=True)
-    assert ckpt.explanation["saved_activation_bytes"] < plain.explanation["saved_activation_bytes"]
+    assert ckpt.explanation.saved_activation_bytes < plain.explanation.saved_activation_bytes
 
 
 def test_grad_accum_keeps_one_gradient_set():
@@ -128,7 +128,7 @@ def test_rules_of_thumb_for_the_seed_mlp():
     """131,410 fp32 parameters; per sample 1,000 inputs and 810 leaf-layer outputs (4×(100 linear + 100
     relu) + 10), batch 256."""
     est = trainmem.estimate("mlp:1000-100-100-100-100-10", batch_size=256, optimizer="adam", input_shape="1000")
-    rules = {row["rule"]: row["bytes"] for row in est.baselines}
+    rules = {row.rule: row.bytes for row in est.baselines}
     assert rules["checkpoint size × 2"] == 2 * 131_410 * 4
     assert rules["16 bytes per parameter (mixed-precision Adam)"] == 16 * 131_410
     assert rules["torchinfo-style (input + 2 × layer outputs + parameters)"] == (

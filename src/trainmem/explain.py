@@ -3,6 +3,7 @@ each difference named. Formulas explain; the trace computes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Any
@@ -14,6 +15,30 @@ from trainmem.trace.events import Category, Phase
 STATE_BUFFERS = {Optimizer.SGD: (), Optimizer.MOMENTUM: ("momentum_buffer",),
                  Optimizer.ADAM: ("exp_avg", "exp_avg_sq"), Optimizer.ADAMW: ("exp_avg", "exp_avg_sq"),
                  Optimizer.RMSPROP: ("square_avg",), Optimizer.ADAGRAD: ("sum",), Optimizer.LION: ("exp_avg",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class HandRow:
+    """One line of the hand arithmetic: what, the formula, its bytes, and what the trace found."""
+
+    what: str
+    formula: str
+    hand_bytes: int
+    traced_bytes: int
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    rows: tuple[HandRow, ...]
+    saved_activation_bytes: int  # activations (and the batch) alive when the last step's backward begins
+    saved_by_op: dict[str, int]  # the same, by the op that made them, largest first
+    differences: tuple[str, ...]  # what the hand arithmetic leaves out, named
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [dataclasses.asdict(row) for row in self.rows],
+                "saved_activation_bytes": self.saved_activation_bytes, "saved_by_op": dict(self.saved_by_op),
+                "differences": list(self.differences)}
 
 
 def optimizer_state_hand(setup: TrainingSetup, trainable: int, shapes: list[tuple[int, ...]],
@@ -55,7 +80,8 @@ def saved_at_backward_start(traced) -> tuple[int, Counter]:
     return sum(by_op.values()), by_op
 
 
-def explain(traced, setup: TrainingSetup, breakdown: dict[str, int], device_kind: str = "cpu") -> dict[str, Any]:
+def explain(traced, setup: TrainingSetup, breakdown: dict[str, int], runtime_words: str) -> Explanation:
+    """The hand arithmetic beside the trace; `runtime_words` says what the target's `runtime` holds."""
     value_bytes = 2 if setup.precision == Precision.BF16 else 4
     params, trainable = traced.parameters, traced.trainable_parameters
     state_formula, state_bytes = optimizer_state_hand(setup, trainable, traced.trainable_shapes, value_bytes)
@@ -80,9 +106,8 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int], device_kind
             hand_values * batch * value_bytes, saved_bytes,
             "traced: tensors autograd keeps from forward to backward, by op: " + ", ".join(
                 f"{op} {n:,} B" for op, n in saved_by_op.most_common(6))))
-    return {"rows": rows, "saved_activation_bytes": saved_bytes,
-            "saved_by_op": dict(saved_by_op.most_common()),
-            "differences": _differences(breakdown, saved_by_op, setup, device_kind)}
+    return Explanation(tuple(rows), saved_bytes, dict(saved_by_op.most_common()),
+                       tuple(_differences(breakdown, saved_by_op, setup, runtime_words)))
 
 
 def _traced_input_values(traced, batch: int) -> int:
@@ -91,12 +116,12 @@ def _traced_input_values(traced, batch: int) -> int:
                if record.phase == Phase.INPUTS and record.step == 0) // batch
 
 
-def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> dict[str, Any]:
-    return {"what": name, "formula": formula, "hand_bytes": hand, "traced_bytes": traced, "note": note}
+def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> HandRow:
+    return HandRow(name, formula, hand, traced, note)
 
 
 def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup,
-                 device_kind: str = "cpu") -> list[str]:
+                 runtime_words: str) -> list[str]:
     notes = []
     if breakdown.get("inputs"):
         notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (batches and targets the {setup.loop} loop holds: "
@@ -107,10 +132,7 @@ def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: Trainin
     if breakdown.get("optimizer_scalars"):
         notes.append(f"optimizer scalars: {breakdown['optimizer_scalars']:,} B (step counters, GradScaler scale)")
     if breakdown.get("runtime"):
-        what = ("cuBLAS workspaces, and what the caching allocator charges beyond each request: 512-byte "
-                "rounding, blocks too small to split" if device_kind == "cuda"
-                else "kernel-internal buffers and 64-byte allocation rounding")
-        notes.append(f"runtime: {breakdown['runtime']:,} B ({what})")
+        notes.append(f"runtime: {breakdown['runtime']:,} B ({runtime_words})")
     if "relu" in saved_by_op or "threshold_backward" in saved_by_op:
         notes.append("ReLU keeps its output; the next Linear keeps the same tensor as its input (one storage)")
     if "_log_softmax" in saved_by_op:

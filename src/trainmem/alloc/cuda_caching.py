@@ -178,6 +178,20 @@ class SegmentInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class SegmentSummary:
+    """What torch.cuda.memory_snapshot() lists, summed: its segments and their bytes by pool."""
+
+    segments: int
+    large_bytes: int
+    small_bytes: int
+
+    @classmethod
+    def of(cls, snapshot: list[SegmentInfo]) -> SegmentSummary:
+        return cls(len(snapshot), sum(s.total_size for s in snapshot if s.segment_type == "large"),
+                   sum(s.total_size for s in snapshot if s.segment_type == "small"))
+
+
+@dataclasses.dataclass(frozen=True)
 class Fragmentation:
     """Reserved minus allocated at the allocated peak and at the reserved peak (end of a malloc)."""
 
@@ -319,6 +333,15 @@ class CudaCachingAllocator:
         of an expandable segment, with its blocks in address order."""
         heads = [b for b in (*self._free_at.values(), *self.active.values()) if not (b.prev and b.prev.mapped)]
         return sorted((self._segment_info(head) for head in heads), key=lambda s: s.address)
+
+    def segment_summary(self) -> SegmentSummary:
+        """SegmentSummary.of(self.snapshot()) without walking the blocks: each cudaMalloc'd segment is one
+        snapshot segment of its whole size, so the stats give it. Expandable segments list each
+        contiguous mapped range apart, so with them the snapshot is walked."""
+        if self._segments:
+            return SegmentSummary.of(self.snapshot())
+        reserved = self.stats["reserved_bytes"]
+        return SegmentSummary(self.num_segments, reserved["large_pool"].current, reserved["small_pool"].current)
 
     # ---- malloc steps
 

@@ -68,6 +68,8 @@ def _ops():
     import torch
     import torch.nn.functional as F
 
+    from trainmem.trace.torch_private import rnn_kernels
+
     def gemm(x, a):
         a_, b, c = x[0], x[1], x[2] if len(x) > 2 else None
         if a.get("transA"):
@@ -194,10 +196,10 @@ def _ops():
             bidirectional = directions == 2
             if kind == "LSTM":
                 c0 = x[6] if len(x) > 6 and x[6] is not None else zeros
-                out, h_n, c_n = torch._VF.lstm(inputs, (h0, c0), weights, bias is not None, 1, 0.0, True,
-                                               bidirectional, False)
+                out, h_n, c_n = rnn_kernels().lstm(inputs, (h0, c0), weights, bias is not None, 1, 0.0, True,
+                                                   bidirectional, False)
             else:
-                out, h_n = torch._VF.gru(inputs, h0, weights, bias is not None, 1, 0.0, True, bidirectional, False)
+                out, h_n = rnn_kernels().gru(inputs, h0, weights, bias is not None, 1, 0.0, True, bidirectional, False)
             y = out.view(out.shape[0], out.shape[1], directions, hidden).transpose(1, 2)
             return (y, h_n, c_n) if kind == "LSTM" else (y, h_n)
         return run

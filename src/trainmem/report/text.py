@@ -52,10 +52,10 @@ LOOP_WORDS = {  # trace/loops.py has the code each loop stands for
 
 def _lean_loop(est) -> list[str]:
     lean = est.lean_loop
-    if not lean or lean["saving_bytes"] <= 0:
+    if not lean or lean.saving_bytes <= 0:
         return []
-    return [f"  The loop's references cost {format_bytes(lean['saving_bytes'])} here: `del outputs` before backward and "
-            f"`del loss, inputs` after it (--loop lean) would peak at {format_bytes(lean['allocated_bytes'])}."]
+    return [f"  The loop's references cost {format_bytes(lean.saving_bytes)} here: `del outputs` before backward and "
+            f"`del loss, inputs` after it (--loop lean) would peak at {format_bytes(lean.allocated_bytes)}."]
 
 
 def render_text(est) -> str:
@@ -101,26 +101,26 @@ def render_text(est) -> str:
     if est.allocator:
         a = est.allocator
         out += ["", "Caching allocator",
-                f"  reserved but not allocated: {format_bytes(a['fragmentation_at_allocated_peak'])} at the allocated peak, "
-                f"{format_bytes(a['fragmentation_at_reserved_peak'])} at the reserved peak",
-                f"  segments at the allocated peak: {a['segments_at_peak']} "
-                f"(large {format_bytes(a['large_segment_bytes_at_peak'])}, small {format_bytes(a['small_segment_bytes_at_peak'])})"]
+                f"  reserved but not allocated: {format_bytes(a.fragmentation_at_allocated_peak)} at the allocated peak, "
+                f"{format_bytes(a.fragmentation_at_reserved_peak)} at the reserved peak",
+                f"  segments at the allocated peak: {a.segments_at_peak} "
+                f"(large {format_bytes(a.large_segment_bytes_at_peak)}, small {format_bytes(a.small_segment_bytes_at_peak)})"]
     out += ["", "Per module"]
     out += _table([["module", "params", "saved activations", "at peak"]] + [
-        [m["module"], f"{m['parameters']:,}", format_bytes(m["activation_bytes"]), format_bytes(m["bytes_at_peak"])]
+        [m.module, f"{m.parameters:,}", format_bytes(m.activation_bytes), format_bytes(m.bytes_at_peak)]
         for m in est.modules], "lrrr")
     out += ["", "How this adds up (by hand → traced)"]
-    for row in est.explanation["rows"]:
-        out.append(f"  {row['what']}: {row['formula']} = {row['hand_bytes']:,} B → traced {row['traced_bytes']:,} B")
-        if row["note"]:
-            out.append(f"      {row['note']}")
-    out += [f"  · {note}" for note in est.explanation["differences"]]
+    for row in est.explanation.rows:
+        out.append(f"  {row.what}: {row.formula} = {row.hand_bytes:,} B → traced {row.traced_bytes:,} B")
+        if row.note:
+            out.append(f"      {row.note}")
+    out += [f"  · {note}" for note in est.explanation.differences]
     if est.baselines:
-        out += ["", f"Rules of thumb beside this estimate (vs {est.baselines[0]['vs']})"]
+        out += ["", f"Rules of thumb beside this estimate (vs {est.baselines[0].vs})"]
         for row in est.baselines:
-            gap = row["relative_to_estimate"]
-            out.append(f"  {row['rule']}: {format_bytes(row['bytes'])}"
-                       + (f" ({gap:+.0%})" if gap is not None else "") + f" — {row['why']}")
+            gap = row.relative_to_estimate
+            out.append(f"  {row.rule}: {format_bytes(row.bytes)}"
+                       + (f" ({gap:+.0%})" if gap is not None else "") + f" — {row.why}")
     if est.warnings:
         out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
     return "\n".join(out)

@@ -1,15 +1,23 @@
-"""What the target's kernels and runtime allocate beyond the trace.
+"""Targets: a device behind one interface (`Target`), and the values a target produces. No torch.
 
-A target turns a Trace (what the dispatcher saw) into the device's event stream: the same storages,
-plus buffers that kernels allocate below the dispatcher (scratch, layout reorders, workspaces), plus
-size corrections where the fake kernel's output differs from the real one (oneDNN's LSTM workspace).
+A target turns a Trace (what the dispatcher saw) into the device's event stream (`DeviceStream`): the
+same storages, plus buffers that kernels allocate below the dispatcher (scratch, layout reorders,
+workspaces), plus size corrections where the fake kernel's output differs from the real one (oneDNN's
+LSTM workspace); it names its allocator model (alloc/replay.py) and says what the process holds
+besides the allocator (`ProcessMemory`).
+
+- cpu_target.CpuTarget: kernel rules in cpu.py (oneDNN in onednn/), the runtime floor in cpu_runtime.py;
+- cuda_target.CudaTarget: the stream in cuda.py (cuDNN workspaces in cudnn.py), the CUDA context and
+  library images in cuda_runtime.py, every CUDA rule with its source and test in cuda_rules.py.
+`target_for(device, setup, **options)` picks one; nothing else asks what the device is.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
-from trainmem.trace.events import Category, Phase
+from trainmem.trace.events import Category, Phase, Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,3 +42,77 @@ class KernelEffect:
     after: tuple[int, ...] = ()
     output_nbytes: tuple[tuple[int, int], ...] = ()  # (output index, real nbytes)
     rule: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceStream:
+    """What a target derives from a trace: the event stream its allocator sees, and what it did."""
+
+    events: list[DeviceEvent]  # the point estimate's stream
+    rules: dict[str, int]  # kernel rule → times applied
+    gaps: tuple[str, ...] = ()  # what the target knows it does not size
+    events_high: list[DeviceEvent] | None = None  # the high estimate's stream, where uncertain buffers differ
+    managed_peak: int = 0  # peak bytes of storages outside the allocator (CUDA managed memory)
+    libraries: dict[str, bool] = dataclasses.field(default_factory=dict)  # library → loaded by this run
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessMemory:
+    """What the process holds at the peak beyond the allocator's stream, by the target's runtime."""
+
+    parts: dict[str, int]  # process_parts: name → bytes; process_bytes is their sum
+    high: int | None  # process_bytes_high (None: no spread modelled)
+    leading_warnings: list[str]  # said before the trace's own warnings (a run that fails says so first)
+    warnings: list[str]  # the runtime's assumptions, after the trace's warnings
+    coverage: dict[str, Any]  # what the target adds to `coverage` after ops and kernel_rules
+
+
+class Target(Protocol):
+    """A device behind one interface (DESIGN.md "Seams"): the orchestrator asks it, never "is this CUDA?".
+
+    The words and roundings a report needs from the target are attributes: `allocated_name` (what
+    the allocated peak is called), `runtime_words` (what `runtime` in the breakdown holds),
+    `module_rounding` (bytes a live block counts for in the per-module table) and
+    `checkpoint_lists_blocks` (whether the checkpointing warning names the wrapped blocks)."""
+
+    allocated_name: str
+    runtime_words: str
+    checkpoint_lists_blocks: bool
+
+    def module_rounding(self, nbytes: int) -> int: ...
+
+    def kernel_ops(self) -> frozenset[str]:
+        """Ops whose calls the trace records for this target's kernel rules."""
+        ...
+
+    def trace_semantics(self) -> Any:
+        """What the target switches into the trace (trace.run.TraceSemantics), or None."""
+        ...
+
+    def device_stream(self, trace: Trace) -> DeviceStream: ...
+
+    def allocator(self) -> Any:
+        """Its allocator model (alloc.replay.Allocator)."""
+        ...
+
+    def allocator_settings(self) -> str | None:
+        """A caching allocator's settings as the report states them; None for an allocator without any."""
+        ...
+
+    def process_memory(self, source: Any, setup: Any, traced: Any, stream: DeviceStream,
+                       replayed: Any) -> ProcessMemory:
+        """What the process holds besides the allocator's figures, and the assumptions behind it."""
+        ...
+
+
+def target_for(device: Any, setup: Any, **options: Any) -> Target:
+    """The target for a device (devices.Device), its options checked: the one place that maps a device
+    kind to its target. Options (cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark)
+    are the CUDA target's; the CPU target refuses them."""
+    if device.kind == "cuda":
+        from trainmem.targets.cuda_target import CudaTarget
+
+        return CudaTarget.create(device, setup, **options)
+    from trainmem.targets.cpu_target import CpuTarget
+
+    return CpuTarget.create(device, setup, **options)

@@ -95,8 +95,8 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
         return type(value)(_cast(v, dtype) for v in value)
     if not _eligible(value) or value.dtype == dtype:
         return value
-    cacheable = (_STATE.dtype is not None and dtype == _STATE.dtype and value.dtype == torch.float32 and value.requires_grad
-                 and value.is_leaf and not value._is_view())
+    cacheable = (_STATE.dtype is not None and dtype == _STATE.dtype and value.dtype == torch.float32
+                 and value.requires_grad and value.is_leaf and not torch_private.is_view(value))
     if cacheable and id(value) in _STATE.cache:
         return _STATE.cache[id(value)][1]
     cast = value.to(dtype)
@@ -124,7 +124,8 @@ def _first_tensor_eligible(args: tuple) -> bool:
 
 def _kernel(name: str, policy: str | None):
     op = _overload(name)
-    dtype_index = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype" and not a.kwarg_only), None)
+    arguments = torch_private.schema_arguments(op)
+    dtype_index = next((i for i, a in enumerate(arguments) if a.name == "dtype" and not a.kwarg_only), None)
 
     def run(*args, **kwargs):
         if policy is None:  # CPU autocasts this op, CUDA does not: on to the next key, casts inside still apply
@@ -174,7 +175,7 @@ def cuda_autocast_kernels():
                 library.impl(name, _kernel(name, CUDA_POLICY.get(name)), "AutocastCPU")
         yield
     finally:
-        library._destroy()
+        torch_private.destroy_library(library)
         _STATE.dtype, _STATE.cache = None, {}
 
 

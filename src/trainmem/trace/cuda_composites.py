@@ -19,6 +19,7 @@ choice (scaled_dot_product_attention is in autocast_mode.cpp's lower_precision_f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections import Counter
@@ -26,6 +27,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
+from trainmem.device_catalog import flash_attention_for
 from trainmem.trace import torch_private
 
 FLASH = "flash"
@@ -35,9 +37,20 @@ MATH = "math"
 
 @dataclasses.dataclass(frozen=True)
 class CudaFacts:
-    """What the trace needs to know about the GPU: its compute capability."""
+    """What the trace needs to know about the GPU (its compute capability), and what the CUDA target
+    switches into the trace for it (trace.run.TraceSemantics): CUDA's autocast lists, the attention
+    backend CUDA picks, CUDA's dropout, and CUDA's optimizer default."""
 
     compute_capability: tuple[int, int]
+    cuda_semantics: bool = True
+
+    @contextlib.contextmanager
+    def switched_in(self):
+        from trainmem.trace.cuda_autocast import cuda_autocast_kernels
+
+        attention = CudaAttention(self)
+        with cuda_autocast_kernels(), attention, cuda_dropout():
+            yield attention
 
 
 def _flash_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, cc: tuple[int, int], gqa: bool,
@@ -45,7 +58,7 @@ def _flash_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, cc: tuple
     """sdp_utils.cpp can_use_flash_attention: sm80–sm121, fp16/bf16, no explicit mask, 4-D inputs,
     equal head dims of at most 256, a causal mask only on square inputs, and on sm86–89 and sm120–121
     no head dim in (192, 224], or above 192 with dropout, when training."""
-    if not (8, 0) <= cc <= (12, 1) or q.dim() != 4 or mask is not None:
+    if not flash_attention_for(cc) or q.dim() != 4 or mask is not None:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
         return False
@@ -167,7 +180,7 @@ class _CompositeOverride:
             self._library.impl(self.op, self.kernel, "CompositeImplicitAutograd")
 
     def __exit__(self, *exc) -> None:
-        self._library._destroy()
+        torch_private.destroy_library(self._library)
 
 
 def cuda_dropout() -> _CompositeOverride:

@@ -8,10 +8,8 @@ of building under FakeTensorMode (modules that deepcopy a layer give each copy i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -19,47 +17,26 @@ from trainmem.errors import TrainmemError
 from trainmem.frontends import ModelSource
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import step as training
-from trainmem.trace.events import Category, Phase, Trace
+from trainmem.trace.events import Category, Phase
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
-from trainmem.trace.cuda_composites import CudaFacts
-from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode
+from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode, module_tensor_tables
+from trainmem.trace.traced import TraceResult
 
 
-@contextlib.contextmanager
-def _cuda_semantics(cuda: CudaFacts | None):
-    """CUDA's autocast lists and attention backend for the length of the trace (nothing for the CPU)."""
-    if cuda is None:
-        yield None
-        return
-    from trainmem.trace.cuda_autocast import cuda_autocast_kernels
-    from trainmem.trace.cuda_composites import CudaAttention, cuda_dropout
-
-    attention = CudaAttention(cuda)
-    with cuda_autocast_kernels(), attention, cuda_dropout():
-        yield attention
+class TraceNotes(Protocol):
+    def summary(self) -> list[str]: ...
 
 
-@dataclasses.dataclass
-class TraceResult:
-    trace: Trace
-    parameters: int
-    trainable_parameters: int
-    module_parameters: dict[str, int]  # module path -> parameter elements (own, not recursive)
-    op_counts: Counter
-    warnings: list[str]
-    checkpointed: list[str]
-    model_name: str
-    output_elements: dict[str, int]  # module -> output elements of its first forward (whole batch)
-    parameter_modules: set[str]  # module paths that own parameters
-    trainable_shapes: list[tuple[int, ...]]  # shape of each trainable parameter (tied ones once)
-    leaf_modules: set[str]  # modules without children (the layers a torchinfo-style summary lists)
-    buffer_bytes: int  # the model's buffers
-    input_bytes: int  # one batch as the first step made it
-    quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), counted as the model counts them
-    adapter_parameters: int = 0  # parameters LoRA added (included in `parameters`)
-    quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
-    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
+class TraceSemantics(Protocol):
+    """What a target switches into the trace beyond the CPU's own kernels (the CUDA target: its autocast
+    lists, attention backend and dropout; trace/cuda_composites.py CudaFacts)."""
+
+    cuda_semantics: bool  # trace.step.prepare: CUDA's optimizer default and autocast regions
+
+    def switched_in(self) -> contextlib.AbstractContextManager[TraceNotes]:
+        """Entered around the trace; what it yields says, after the trace, what it chose."""
+        ...
 
 
 def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
@@ -68,7 +45,7 @@ def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = N
     `model.to()` would try to swap fake tensors in place, which fails for tied weights."""
     replaced: dict[int, torch.Tensor] = {}
     for module in model.modules():
-        for table in (module._parameters, module._buffers):
+        for table in module_tensor_tables(module):
             for name, tensor in table.items():
                 if tensor is None:
                     continue
@@ -141,9 +118,10 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list
 
 
 def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset(),
-                   cuda: CudaFacts | None = None) -> TraceResult:
-    """Trace two training steps. With `cuda`, the trace follows what a CUDA run does differently
-    (autocast lists, attention backend, optimizer default); see trace/cuda_autocast.py, cuda_composites.py."""
+                   semantics: TraceSemantics | None = None) -> TraceResult:
+    """Trace two training steps, recording the calls of `kernel_ops` for the target's kernel rules. With
+    `semantics` (the target's), the trace follows what that device's run does differently; for CUDA
+    (autocast lists, attention backend, optimizer default) see trace/cuda_autocast.py, cuda_composites.py."""
     from trainmem.trace import finetune
     from trainmem.trace.resolved import BatchProbe, resolved_setup
 
@@ -157,9 +135,11 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     recorder = TraceRecorder(tracker, kernel_ops)
     observer = _RecordingObserver(recorder, model)
     try:
-        with fake_mode, tracker, recorder, _cuda_semantics(cuda) as attention:
+        switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
+        with fake_mode, tracker, recorder, switched as notes:
             materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
-            prepared = training.prepare(model, make_batch, loss_fn, setup, source, cuda_semantics=cuda is not None)
+            prepared = training.prepare(model, make_batch, loss_fn, setup, source,
+                                        cuda_semantics=semantics is not None and semantics.cuda_semantics)
             prepared.make_batch = probe = BatchProbe(prepared.make_batch)
             recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
             recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
@@ -179,11 +159,15 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         recorder.closed = True
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
     owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
-    return TraceResult(recorder.trace, facts[0], facts[1], facts[2], recorder.op_counts,
-                       list(source.notes) + finetune_notes + recorder.rules.warnings() + (attention.summary() if attention is not None else []),
-                       prepared.checkpointed, type(model).__name__,
-                       tracker.output_elements, owners, facts[3],
-                       {name for name, m in model.named_modules() if not any(True for _ in m.children())},
-                       sum(b.numel() * b.element_size() for b in model.buffers()),
-                       sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
-                       resolved=resolved, **counts)
+    parameters, trainable, per_module, trainable_shapes = facts
+    return TraceResult(
+        trace=recorder.trace, parameters=parameters, trainable_parameters=trainable, module_parameters=per_module,
+        op_counts=recorder.op_counts,
+        warnings=(list(source.notes) + finetune_notes + recorder.rules.warnings()
+                  + (notes.summary() if notes is not None else [])),
+        checkpointed=prepared.checkpointed, model_name=type(model).__name__,
+        output_elements=tracker.output_elements, parameter_modules=owners, trainable_shapes=trainable_shapes,
+        leaf_modules={name for name, m in model.named_modules() if not any(True for _ in m.children())},
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        input_bytes=sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
+        resolved=resolved, **counts)

@@ -23,6 +23,32 @@ FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 FAKE_LIMITATIONS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
 
+def module_tensor_tables(module: torch.nn.Module) -> tuple[dict, dict]:
+    """A module's own parameter and buffer tables (name → tensor or None), to replace entries in place:
+    `_parameters` and `_buffers` are what register_parameter/register_buffer fill."""
+    return module._parameters, module._buffers
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """Whether the tensor is a view of another's storage (autocast's cast cache skips views)."""
+    return tensor._is_view()
+
+
+def schema_arguments(op) -> list:
+    """An OpOverload's schema arguments (name, kwarg_only), from its private `_schema`."""
+    return op._schema.arguments
+
+
+def destroy_library(library: torch.library.Library) -> None:
+    """Remove the kernels a torch.library.Library registered (torch has no public unregister)."""
+    library._destroy()
+
+
+def rnn_kernels():
+    """torch._VF, the ATen entry points of nn.LSTM / nn.GRU: `.lstm(...)` and `.gru(...)`."""
+    return torch._VF
+
+
 def current_autograd_node():
     """The autograd Node executing now in backward, or None (in forward)."""
     return torch._C._current_autograd_node()

@@ -1,0 +1,158 @@
+"""One replay of a target's event stream through an allocator model, one result.
+
+An allocator is an object with `replay(events) -> ReplayResult`; the estimate reads everything it
+reports about the allocator from that result: where the allocated peak is, what is alive there, the
+peaks, the memory_snapshot() at the peak (summed), and whether the run ran out of memory. No torch.
+
+- `CpuTensorAllocator`: c10's CPU allocator (64-byte posix_memalign, caches nothing; alloc/cpu.py).
+- `CudaAllocator`: PyTorch's caching allocator (alloc/cuda_caching.py) on a card with `capacity` bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from trainmem.alloc import cpu as cpu_alloc
+from trainmem.alloc import small_objects
+from trainmem.alloc.cuda_caching import (CudaCachingAllocator, CudaOutOfMemoryError, Fragmentation, SegmentSummary,
+                                         replay as cuda_replay, round_size)
+from trainmem.alloc.cuda_config import AllocatorConfig
+from trainmem.targets import DeviceEvent
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayResult:
+    peak_index: int  # the stream event after which the allocated peak was first reached
+    live: Mapping[int, DeviceEvent]  # key -> alloc event of each block alive there
+    allocated: int  # the allocated peak (CUDA: max_memory_allocated; CPU: live bytes, 64-B aligned)
+    reserved: int | None  # max_memory_reserved; None for an allocator that caches nothing
+    tensor_peak: int  # live tensor bytes at their own peak, as the allocator's user sees them
+    segments: SegmentSummary | None = None  # torch.cuda.memory_snapshot() at the allocated peak, summed
+    fragmentation: Fragmentation | None = None  # reserved - allocated at the allocated and reserved peaks
+    out_of_memory: str | None = None  # the simulated OOM; the figures are then the whole run's on a card
+                                      # large enough for it
+
+
+class Allocator(Protocol):
+    def replay(self, events: Sequence[DeviceEvent]) -> ReplayResult: ...
+
+    def charged(self, nbytes: int) -> int:
+        """The bytes a request of `nbytes` is counted as in its category of the breakdown; what the
+        allocator holds beyond that (alignment, blocks kept whole) is the breakdown's `runtime`."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTensorAllocator:
+    """c10's CPU allocator: each request rounded to 64 B, nothing cached. The breakdown counts each
+    request as asked; the alignment slack goes to `runtime`."""
+
+    def replay(self, events: Sequence[DeviceEvent]) -> ReplayResult:
+        tensors = cpu_alloc.replay_tensors(list(events))
+        return ReplayResult(tensors.peak_index, tensors.live_at_peak, tensors.peak_bytes, None, tensors.peak_bytes)
+
+    def charged(self, nbytes: int) -> int:
+        return nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaAllocator:
+    """PyTorch's caching allocator with `config`, on a card where cudaMalloc may hand out `capacity`
+    bytes (None: unlimited). The breakdown counts each request at its 512-byte rounding."""
+
+    config: AllocatorConfig
+    capacity: int | None = None
+
+    def charged(self, nbytes: int) -> int:
+        return round_size(nbytes, self.config)
+
+    def replay(self, events: Sequence[DeviceEvent]) -> ReplayResult:
+        result = self._replay(events, self.capacity)
+        if result.out_of_memory is None:
+            return result
+        # a run that fails still reports the whole run's figures, as if the card were large enough: those
+        # come from a replay without the capacity (the failed replay stopped at the failing request)
+        whole = self._replay(events, None)
+        return dataclasses.replace(whole, out_of_memory=result.out_of_memory)
+
+    def _replay(self, events: Sequence[DeviceEvent], capacity: int | None) -> ReplayResult:
+        """One pass. The live set at the allocated peak is rebuilt at the end from the live set then, by
+        undoing the changes made since the peak; the segments at the peak are summed when the state
+        first leaves the peak (a non-empty malloc always raises `allocated`, every block being at least
+        512 B, so the peak state lasts until the next free or empty request, or the end)."""
+        allocator = CudaCachingAllocator(self.config, capacity)
+        live: dict[int, DeviceEvent] = {}
+        since_peak: list[tuple[int, DeviceEvent | None]] = []  # (key, what it held before) since the peak
+        sizes: dict[int, int] = {}
+        best, peak_index, requested, tensor_peak = -1, 0, 0, 0
+        segments, retries, pending = SegmentSummary(0, 0, 0), 0, False
+        for index, event in enumerate(events):
+            if pending and not (event.action == "alloc" and event.nbytes > 0):
+                segments, retries, pending = allocator.segment_summary(), allocator.counters["num_alloc_retries"], False
+            if event.action == "alloc":
+                try:
+                    allocator.malloc(event.key, event.nbytes)
+                except CudaOutOfMemoryError as error:
+                    return ReplayResult(peak_index, {}, allocator.peak_allocated_bytes, allocator.peak_reserved_bytes,
+                                        tensor_peak, out_of_memory=f"{error} (at {event.phase}, op {event.op})")
+                since_peak.append((event.key, live.get(event.key)))
+                live[event.key] = event
+                sizes[event.key] = event.nbytes
+                requested += event.nbytes
+                tensor_peak = max(tensor_peak, requested)
+                if allocator.allocated_bytes > best:
+                    best, peak_index, pending = allocator.allocated_bytes, index, True
+                    since_peak.clear()
+            else:
+                if event.key in live:
+                    since_peak.append((event.key, live.pop(event.key)))
+                if event.key in sizes:
+                    allocator.free(event.key)
+                    requested -= sizes.pop(event.key)
+        if pending:
+            segments, retries = allocator.segment_summary(), allocator.counters["num_alloc_retries"]
+        if retries or allocator.allowed is not None:
+            segments = _segments_without_capacity(events, self.config, peak_index)
+        return ReplayResult(peak_index, _undo(live, since_peak), allocator.peak_allocated_bytes,
+                            allocator.peak_reserved_bytes, tensor_peak, segments, allocator.fragmentation)
+
+
+def _undo(live: dict[int, DeviceEvent], changes: list[tuple[int, DeviceEvent | None]]) -> dict[int, DeviceEvent]:
+    """The live set before `changes` (key, what it held before each change) were made to `live`."""
+    before = dict(live)
+    for key, held in reversed(changes):
+        if held is None:
+            before.pop(key, None)
+        else:
+            before[key] = held
+    return before
+
+
+def _segments_without_capacity(events: Sequence[DeviceEvent], config: AllocatorConfig, index: int) -> SegmentSummary:
+    """Kept for identity with earlier releases (a follow-up should drop it): where the card's capacity
+    made the allocator release its cache before the peak (or a memory fraction limits it), the segments
+    reported are the ones a card without that limit would show, replayed up to the peak. Everywhere
+    else the two are the same state and the single replay's own figures are used."""
+    return SegmentSummary.of(cuda_replay(list(events[: index + 1]), config).snapshot())
+
+
+@dataclasses.dataclass(frozen=True)
+class HeapReplay:
+    """glibc's resident heap for a CPU run: the tensor stream with the runtime's small objects
+    interleaved as malloc logs of real runs show (alloc/small_objects.py), replayed as expected and
+    with every freed chunk pinned (the objects' placement changes from run to run)."""
+
+    resident: int
+    pinned: int
+    objects: int  # small objects interleaved
+    defaulted_ops: dict[str, int]  # op kinds without a small-object row (their phase's average is used)
+    table: dict  # targets/data/cpu_small_objects.json: its source and run-to-run spread
+
+
+def glibc_heap(events: Sequence[DeviceEvent]) -> HeapReplay:
+    interleaved = small_objects.interleave(events)
+    return HeapReplay(cpu_alloc.replay_actions(interleaved.actions),
+                      cpu_alloc.replay_actions(interleaved.actions, pinned=True),
+                      interleaved.objects, interleaved.defaulted_ops, small_objects.load_table())

@@ -1,0 +1,84 @@
+"""The one orchestrator: model reference + setup → plan (source, target) → trace → assemble → Estimate.
+It never asks what the device is; the target answers (targets/__init__.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainmem.devices import Device, get_device
+from trainmem.estimate.result import Estimate, LeanLoop
+from trainmem.setup import Loop, TrainingSetup
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What an estimate needs besides the setup: the model's source, the target device and its target
+    (options checked), and the module depth of the report. `plan()` checks everything before tracing."""
+
+    source: Any  # frontends.ModelSource
+    device: Device
+    depth: int
+    options: dict[str, Any]  # the target's: cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark
+    target: Any  # targets.Target, built from the device and the options
+
+
+def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "cpu", depth: int = 2,
+             cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
+             module_loading: str | None = None, cudnn_benchmark: bool | None = None,
+             compare_loop: bool = False, **setup_values: Any) -> Estimate:
+    """Estimate training memory for `model` (a reference string or an nn.Module).
+
+    Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
+    input_shape="1000", …), the same names as the CLI flags and TOML keys. For a GPU `device`,
+    `cuda_context` overrides the catalog's CUDA-context bytes and `alloc_conf` is a
+    PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
+    `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
+    With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
+    deleting the loop's references early would save (`lean_loop`)."""
+    if setup is None:
+        setup = TrainingSetup.from_mapping(setup_values, where="estimate()")
+    elif setup_values:
+        setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
+    options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
+                   module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
+    if compare_loop and setup.loop != Loop.LEAN:
+        return _with_lean_loop(estimate(model, setup=setup, device=device, depth=depth, **options),
+                               estimate(model, setup=dataclasses.replace(setup, loop=Loop.LEAN), device=device,
+                                        depth=depth, **options))
+    chosen = plan(model, setup, device, depth, **options)
+    return assemble_traced(chosen, setup, trace(chosen, setup))
+
+
+def plan(model: Any, setup: TrainingSetup, device: str = "cpu", depth: int = 2, **options: Any) -> Plan:
+    """Resolve the model and the target and check the target's options, without tracing."""
+    from trainmem.frontends import resolve
+    from trainmem.targets import target_for
+
+    target_device = get_device(device)
+    target = target_for(target_device, setup, **options)
+    return Plan(resolve(model, setup), target_device, depth, options, target)
+
+
+def trace(chosen: Plan, setup: TrainingSetup):
+    """Trace the training run of `setup` for the plan's target (trace.run.TraceResult)."""
+    from trainmem.trace.run import trace_training
+
+    return trace_training(chosen.source, setup, chosen.target.kernel_ops(), chosen.target.trace_semantics())
+
+
+def assemble_traced(chosen: Plan, setup: TrainingSetup, traced: Any) -> Estimate:
+    """The device stream, the allocator's replay and the report facts of a traced run."""
+    from trainmem.estimate.assemble import assemble
+
+    return assemble(chosen.source, setup, chosen.device, chosen.target, traced, chosen.depth)
+
+
+def _with_lean_loop(est: Estimate, lean: Estimate) -> Estimate:
+    """What the lean loop (`del outputs` before backward, `del loss, inputs` after it) would need."""
+    return dataclasses.replace(est, lean_loop=LeanLoop(str(Loop.LEAN), lean.allocated_bytes, lean.process_bytes,
+                                                       est.allocated_bytes - lean.allocated_bytes))
+
+
+def _plain(setup: TrainingSetup) -> dict[str, Any]:
+    return {f.name: getattr(setup, f.name) for f in dataclasses.fields(setup)}

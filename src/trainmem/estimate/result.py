@@ -1,0 +1,134 @@
+"""The answer, as frozen values: `Estimate` and its typed rows. `to_dict()` gives the JSON of DESIGN.md
+(the keys scripts rely on), `str()` the terminal report. No torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainmem.baselines import Baseline
+from trainmem.devices import Device
+from trainmem.explain import Explanation
+from trainmem.setup import TrainingSetup
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleRow:
+    """One module (to the report's depth): its parameters, the activations it saved for backward in
+    the last step, and the bytes it owns at the peak."""
+
+    module: str  # "(model)" for the root
+    parameters: int
+    activation_bytes: int
+    bytes_at_peak: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorSummary:
+    """A caching allocator's state at its peaks: what it reserved beyond what it allocated, and its
+    segments at the allocated peak as torch.cuda.memory_snapshot() would list them."""
+
+    fragmentation_at_allocated_peak: int
+    fragmentation_at_reserved_peak: int
+    segments_at_peak: int
+    large_segment_bytes_at_peak: int
+    small_segment_bytes_at_peak: int
+    settings: str
+    out_of_memory: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeanLoop:
+    """The same setup in the lean loop (`del outputs` before backward, `del loss, inputs` after it)."""
+
+    loop: str
+    allocated_bytes: int
+    process_bytes: int
+    saving_bytes: int  # this estimate's allocated bytes minus the lean loop's
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The answer: peaks, what is alive at the peak, where it happens, and why.
+    Prints itself as the terminal report; `to_dict()` gives the JSON of DESIGN.md."""
+
+    model_name: str
+    setup: TrainingSetup
+    device: Device
+    parameters: int  # the model's own, as its card counts them (LoRA's adapters apart)
+    trainable_parameters: int
+    tensor_bytes: int
+    process_bytes: int
+    breakdown: dict[str, int]
+    peak_phase: str
+    peak_module: str
+    peak_op: str
+    peak_step: int
+    modules: tuple[ModuleRow, ...]
+    warnings: tuple[str, ...]
+    explanation: Explanation
+    process_parts: dict[str, int]
+    coverage: dict[str, Any]
+    allocated: int | None = None  # CUDA: max_memory_allocated (None on the CPU: the tensor peak)
+    reserved: int | None = None  # CUDA: max_memory_reserved (the CPU allocator caches nothing)
+    allocator: AllocatorSummary | None = None  # a caching allocator's fragmentation and segments
+    fits_override: bool | None = None  # False when the simulated allocator ran out of memory
+    baselines: tuple[Baseline, ...] = ()  # rules of thumb beside us
+    # the upper end of what real runs of this setup show (run-to-run spread, uncertain runtime facts);
+    # None: no spread is modelled, the point estimate is the high end too
+    process_high: int | None = None
+    quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), included in `parameters`
+    adapter_parameters: int = 0  # parameters LoRA adds to the model, not included in `parameters`
+    quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values the trace used
+    lean_loop: LeanLoop | None = None  # with compare_loop: the lean loop's figures (None: not compared)
+
+    @property
+    def process_bytes_high(self) -> int:
+        return max(self.process_bytes, self.process_high or 0)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.tensor_bytes if self.allocated is None else self.allocated
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        return self.reserved
+
+    @property
+    def fits(self) -> bool:
+        return self.process_bytes <= self.device.capacity_bytes and self.fits_override is not False
+
+    def to_dict(self) -> dict[str, Any]:
+        from trainmem import __version__
+
+        return {
+            "trainmem_version": __version__,
+            "model": {"name": self.model_name, "parameters": self.parameters,
+                      "trainable_parameters": self.trainable_parameters,
+                      "adapter_parameters": self.adapter_parameters,
+                      "quantized_parameters": self.quantized_parameters,
+                      "quantized_storage_bytes": self.quantized_storage_bytes},
+            "setup": {**self.setup.to_dict(), "resolved": self.resolved},
+            **({"lean_loop": dataclasses.asdict(self.lean_loop)} if self.lean_loop else {}),
+            "device": self.device.to_dict(),
+            "peak": {"tensor_bytes": self.tensor_bytes, "allocated_bytes": self.allocated_bytes,
+                     "reserved_bytes": self.reserved_bytes, "process_bytes": self.process_bytes,
+                     "process_bytes_high": self.process_bytes_high,
+                     "phase": self.peak_phase, "module": self.peak_module, "op": self.peak_op,
+                     "step": self.peak_step},
+            "breakdown": dict(self.breakdown),
+            "process": dict(self.process_parts),
+            "fits": self.fits,
+            "modules": [dataclasses.asdict(row) for row in self.modules],
+            "explanation": self.explanation.to_dict(),
+            "coverage": self.coverage,
+            "baselines": [dataclasses.asdict(row) for row in self.baselines],
+            **({"allocator": dataclasses.asdict(self.allocator)} if self.allocator else {}),
+            "warnings": list(self.warnings),
+        }
+
+    def __str__(self) -> str:
+        from trainmem.report.text import render_text
+
+        return render_text(self)

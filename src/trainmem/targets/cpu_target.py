@@ -1,0 +1,84 @@
+"""The CPU target behind the Target interface: the CPU kernel rules' stream (targets/cpu.py), c10's CPU
+allocator for the tensor peak, and the process's peak RSS (the runtime's floor, targets/cpu_runtime.py,
+plus glibc's resident heap for the tensors and the runtime's small objects, alloc/replay.py glibc_heap)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainmem.alloc.cpu import aligned
+from trainmem.alloc.replay import CpuTensorAllocator, HeapReplay, glibc_heap
+from trainmem.errors import SetupError
+from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime
+from trainmem.targets import cpu as cpu_kernels
+from trainmem.targets.cpu_info import CpuInfo
+from trainmem.trace.events import Trace
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTarget:
+    cpu: CpuInfo  # the instruction set and thread count the kernel rules follow
+
+    allocated_name = "tensor peak"
+    runtime_words = "kernel-internal buffers and 64-byte allocation rounding"
+    checkpoint_lists_blocks = True  # the checkpointing warning names the first wrapped blocks
+
+    @classmethod
+    def create(cls, device, setup, **options) -> CpuTarget:
+        """The CPU this process runs on; the CUDA target's options are refused."""
+        if any(value is not None for value in options.values()):
+            raise SetupError("expected --cuda-context, --alloc-conf, --cuda-version, --module-loading and "
+                             "--cudnn-benchmark only with a GPU --device, got --device cpu", where="--device")
+        return cls(CpuInfo.this_machine())
+
+    def module_rounding(self, nbytes: int) -> int:
+        return aligned(nbytes)  # c10's 64-byte posix_memalign
+
+    def kernel_ops(self) -> frozenset[str]:
+        return cpu_kernels.kernel_ops()
+
+    def trace_semantics(self) -> None:
+        return None  # the trace runs the CPU's own kernels already
+
+    def device_stream(self, trace: Trace) -> DeviceStream:
+        events, fired = cpu_kernels.device_stream(trace, self.cpu)
+        return DeviceStream(events, fired)
+
+    def allocator(self) -> CpuTensorAllocator:
+        return CpuTensorAllocator()
+
+    def allocator_settings(self) -> None:
+        return None
+
+    def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
+        # peft imports transformers itself, so LoRA brings both into the process
+        libraries = frozenset(source.libraries) | ({"peft", "transformers"} if setup.lora_spec() else set())
+        runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries, self.cpu)
+        heap = glibc_heap(stream.events)
+        floor = sum(runtime.parts.values())
+        spread = heap.table["spread"]
+        high = max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"])))
+        warnings = runtime.assumptions + _heap_assumptions(heap, high) + [
+            f"CPU kernel rule '{rule}' applied ×{count} (buffers below the dispatcher, {self.cpu.capability})"
+            for rule, count in sorted(stream.rules.items())]
+        return ProcessMemory({**runtime.parts, "tensor_heap_resident": heap.resident}, high, [], warnings,
+                             {"capability": self.cpu.capability, "threads": self.cpu.threads})
+
+
+def _heap_assumptions(heap: HeapReplay, high: int) -> list[str]:
+    source, spread = heap.table["source"], heap.table["spread"]
+    assumptions = [f"peak RSS replays the tensor allocations with {heap.objects:,} runtime small objects "
+                   "(TensorImpls, autograd nodes, oneDNN descriptors) interleaved as malloc logs of real runs show "
+                   f"(targets/data/cpu_small_objects.json, torch {source['torch']}, {source['date']}); they pin "
+                   "freed tensor chunks inside glibc's heap",
+                   f"where the objects fall changes from run to run: process_bytes_high {high / 2**20:.0f} MiB is the "
+                   f"larger of the process with every freed heap chunk pinned (heap {heap.pinned / 2**20:.0f} MiB "
+                   f"against {heap.resident / 2**20:.0f} MiB expected) and the expected process plus the largest "
+                   f"run-to-run spread above the median measured on the calibration models "
+                   f"(+{spread['above_median']:.1%}, targets/data/cpu_small_objects.json 'spread')"]
+    if heap.defaulted_ops:
+        ops = sorted(heap.defaulted_ops, key=lambda k: -heap.defaulted_ops[k])
+        assumptions.append(f"no small-object row for {len(ops)} op kinds ({', '.join(ops[:5])}"
+                           f"{' …' if len(ops) > 5 else ''}): their phase's average is used")
+    return assumptions
+

@@ -1,0 +1,34 @@
+"""What tracing a training run yields (trace/run.py for PyTorch), in types that need no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from trainmem.trace.events import Trace
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceResult:
+    """A traced run as the assembler reads it: the Trace and the model's facts the report needs.
+    Built by keyword; a recorder for another framework builds the same value."""
+
+    trace: Trace
+    parameters: int
+    trainable_parameters: int
+    module_parameters: dict[str, int]  # module path -> parameter elements (own, not recursive)
+    op_counts: Counter
+    warnings: list[str]
+    checkpointed: list[str]
+    model_name: str
+    output_elements: dict[str, int]  # module -> output elements of its first forward (whole batch)
+    parameter_modules: set[str]  # module paths that own parameters
+    trainable_shapes: list[tuple[int, ...]]  # shape of each trainable parameter (tied ones once)
+    leaf_modules: set[str]  # modules without children (the layers a torchinfo-style summary lists)
+    buffer_bytes: int  # the model's buffers
+    input_bytes: int  # one batch as the first step made it
+    quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), counted as the model counts them
+    adapter_parameters: int = 0  # parameters LoRA added (included in `parameters`)
+    quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
