@@ -134,6 +134,23 @@ def test_sizes_follow_a_line_and_nothing_else():
         BatchScaling(1, _holder([_event(8)]), 2, _holder([_event(8), _event(8)]))
 
 
+def test_batch_1_flags_are_batch_2s():
+    """A (1, n) transpose is contiguous at batch 1 only: from the pair (1, 2) the flag is batch 2's for every
+    batch above 1; from any other pair a differing flag is another stream."""
+    def call(contiguous: bool, batch: int):
+        holder = _holder([_event(8 * batch)])
+        holder.trace.kernel_calls = [KernelCall("mm", 0, 1, (TensorMeta((batch, 8), 4, "float32", contiguous),), (), ())]
+        return holder
+
+    predicted = BatchScaling(1, call(True, 1), 2, call(False, 2)).at(5)
+    assert predicted.trace.kernel_calls[0].args[0] == TensorMeta((5, 8), 4, "float32", False)
+    assert predicted.trace.events[0].nbytes == 40
+    with pytest.raises(Unpredictable):
+        BatchScaling(1, call(True, 1), 2, call(False, 2)).at(1)
+    with pytest.raises(StreamsDiffer, match="True against False"):
+        BatchScaling(2, call(True, 2), 4, call(False, 4))
+
+
 def test_storage_keys_keep_only_their_pattern():
     """A kernel call's storage keys are ids that change from run to run: numbered by first appearance,
     two traces whose calls share storage alike compare equal, and unlike do not."""

@@ -74,12 +74,17 @@ def resolve_margin(margin: float | None, device_kind: str) -> Margin:
     return Margin(value, "--margin")
 
 
+def budget_of(capacity: int, margin: Margin) -> int:
+    """What a candidate's high estimate may reach: the capacity less the margin."""
+    return int(capacity * (1.0 - margin.fraction))
+
+
 def compared_figure(device_kind: str) -> str:
     counter = "nvidia-smi" if device_kind == "cuda" else "peak RSS"
     return f"process_bytes_high (the high estimate of {counter})"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Remedy:
     what: str
     process_bytes: int  # the expected figure with the change
@@ -90,7 +95,7 @@ class Remedy:
         return base - self.process_bytes_high
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class FitResult:
     dimension: str  # "batch size" or "sequence length"
     best: int | None  # the largest value that fits; None when even 1 does not
@@ -108,8 +113,7 @@ class FitResult:
 
     @property
     def budget(self) -> int:
-        """What a candidate's high estimate may reach: the capacity less the margin."""
-        return int(self.capacity * (1.0 - self.margin.fraction))
+        return budget_of(self.capacity, self.margin)
 
     @property
     def headroom(self) -> int | None:
@@ -219,26 +223,24 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: str = "cpu", *, 
     elif sequence and (not setup.inputs or not setup.inputs[0].shape):
         raise SetupError("expected --input-shape whose first dimension is the sequence length with --max-seq, "
                          "got none", where="--max-seq")
-    result = FitResult("sequence length" if sequence else "batch size", None, None, 1, None, [], [],
-                       target.name, target.capacity_bytes, kept, compared_figure(target.kind))
+    budget = budget_of(target.capacity_bytes, kept)
     if sequence or exhaustive:
         candidates: _Candidates = _EveryCandidateTraced(model, setup, device, sequence, hf, options)
     else:
         candidates = ScaledBatches(model, setup, device, options, limit)
-    found = _search(candidates.estimate, limit, result.budget)
+    found = _search(candidates.estimate, limit, budget)
     if not candidates.confirm(found.best, found.first_miss):  # a prediction was wrong: trace every candidate
-        found = _search(candidates.estimate, limit, result.budget)
-    result.search = candidates.summary()
-    result.tried = [(value, est.process_bytes, est.process_bytes_high, within(est, result.budget))
-                    for value, est in found.estimates.items()]
+        found = _search(candidates.estimate, limit, budget)
+    tried = [(value, est.process_bytes, est.process_bytes_high, within(est, budget))
+             for value, est in found.estimates.items()]
+    answer = dict(dimension="sequence length" if sequence else "batch size", device_name=target.name,
+                  capacity=target.capacity_bytes, margin=kept, compared=compared_figure(target.kind),
+                  search=candidates.summary())
     if found.best is None:
-        result.miss_estimate = found.estimates[1]
-        result.remedies = remedies(model, setup, device, found.estimates[1], options)
-        return result
-    result.best, result.first_miss = found.best, found.first_miss
-    result.best_estimate, result.miss_estimate = found.estimates[found.best], found.estimates.get(found.first_miss)
-    result.tried.sort()
-    return result
+        return FitResult(best=None, best_estimate=None, first_miss=1, miss_estimate=found.estimates[1], tried=tried,
+                         remedies=remedies(model, setup, device, found.estimates[1], options), **answer)
+    return FitResult(best=found.best, best_estimate=found.estimates[found.best], first_miss=found.first_miss,
+                     miss_estimate=found.estimates.get(found.first_miss), tried=sorted(tried), remedies=[], **answer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,9 +309,10 @@ class _EveryCandidateTraced(_Candidates):
 class ScaledBatches(_Candidates):
     """Batch sizes from two real traces: trace the training step at two batch sizes, match the two traces
     value by value (trace/batch_scaling.py), and give any other batch its predicted trace, which the
-    allocator replays as it would a real one. The pair is (1, 2), both candidates the search tries first;
-    when batch 1 traces another stream (a size-1 dimension counts as contiguous, so a copy may be
-    skipped; an RNN kernel may take another path), (2, 4), and batch 1 keeps its own real trace.
+    allocator replays as it would a real one. The pair is (1, 2), both candidates the search tries first
+    (a contiguity flag batch 1 sets alone is batch 2's for the rest: BatchScaling); when batch 1 traces
+    another stream (an op skipped because a size-1 dimension needs no copy, an RNN kernel's other path),
+    (2, 4). Batch 1 always keeps its own real trace.
 
     Two traces fit any line: `confirm` traces the answer for real and compares it with its prediction,
     value for value. Equal, the answer stands (three traces on one line, and the answer's estimate is

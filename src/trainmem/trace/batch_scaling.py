@@ -137,11 +137,14 @@ def _immutable(value: Any) -> bool:
     return not isinstance(value, (list, dict, set)) and type(value).__module__.startswith("torch")  # dtype, device
 
 
-def _pair(first: Any, second: Any, span: int) -> _Node:
-    """The node that gives `first` at offset 0 and `second` at offset `span`."""
+def _pair(first: Any, second: Any, span: int, flags_from_second: bool = False) -> _Node:
+    """The node that gives `first` at offset 0 and `second` at offset `span`; with `flags_from_second`, a
+    bool that differs is taken from `second` for every batch (see BatchScaling)."""
     kind = type(first)
     if kind is not type(second):
         raise StreamsDiffer(f"{kind.__name__} {first!r} against {type(second).__name__} {second!r}")
+    if kind is bool and flags_from_second:
+        return _Same(second)
     if kind is int:
         if first == second:
             return _Same(first)
@@ -157,7 +160,7 @@ def _pair(first: Any, second: Any, span: int) -> _Node:
         items = []
         for index, (a, b) in enumerate(zip(first, second)):
             try:
-                items.append(_pair(a, b, span))
+                items.append(_pair(a, b, span, flags_from_second))
             except StreamsDiffer as differ:
                 raise differ.inside(f"[{index}]") from None
         return _Sequence(kind, items)
@@ -168,7 +171,7 @@ def _pair(first: Any, second: Any, span: int) -> _Node:
         values = []
         for key in first:
             try:
-                values.append(_pair(first[key], second[key], span))
+                values.append(_pair(first[key], second[key], span, flags_from_second))
             except StreamsDiffer as differ:
                 raise differ.inside(f"[{key!r}]") from None
         return _Mapping(kind, list(first), values)
@@ -180,7 +183,8 @@ def _pair(first: Any, second: Any, span: int) -> _Node:
         fields = []
         for field in dataclasses.fields(first):
             try:
-                fields.append(_pair(getattr(first, field.name), getattr(second, field.name), span))
+                fields.append(_pair(getattr(first, field.name), getattr(second, field.name), span,
+                                  flags_from_second))
             except StreamsDiffer as differ:
                 raise differ.inside(field.name) from None
         return _Record(kind, fields)
@@ -211,19 +215,26 @@ def _numbered(call: KernelCall) -> KernelCall:
 
 
 class BatchScaling:
-    """Traces at any batch size from traces at two (`first_batch` < `second_batch`) of the same setup."""
+    """Traces at any batch size from traces at two (`first_batch` < `second_batch`) of the same setup.
+
+    Batch 1 is a size-1 dimension, and a size-1 dimension's stride does not count: a transposed (1, n)
+    activation is contiguous at batch 1 and not above. When the first batch is 1, a flag (a bool: the
+    kernel calls' `contiguous`) that differs is taken from the second trace for every batch; the
+    prediction is for batches above 1, and batch 1 keeps its own trace."""
 
     def __init__(self, first_batch: int, first: Any, second_batch: int, second: Any) -> None:
         if not 0 < first_batch < second_batch:
             raise ValueError(f"expected two batch sizes 0 < b₁ < b₂, got {first_batch} and {second_batch}")
         self.first_batch, self.second_batch = first_batch, second_batch
         try:
-            self._root = _pair(canonical(first), canonical(second), second_batch - first_batch)
+            self._root = _pair(canonical(first), canonical(second), second_batch - first_batch, first_batch == 1)
         except StreamsDiffer as differ:
             raise differ.inside(f"batch {first_batch} against {second_batch}") from None
 
     def at(self, batch: int) -> Any:
         """The TraceResult predicted for `batch` (Unpredictable when a size would be negative there)."""
+        if batch < self.second_batch and self.first_batch == 1:
+            raise Unpredictable(f"batch {batch}: the flags are batch {self.second_batch}'s")
         return self._root.at(batch - self.first_batch)
 
     def matches(self, batch: int, traced: Any) -> bool:
