@@ -71,7 +71,6 @@ def test_freed_chunks_coalesce_and_are_reused():
 
 # ---- runtime small objects interleaved with the tensors (alloc/small_objects.py) ----------------------
 
-import dataclasses  # noqa: E402
 
 from trainmem.alloc.cpu import replay_actions  # noqa: E402
 from trainmem.alloc.small_objects import Action, interleave, load_table  # noqa: E402
@@ -99,7 +98,7 @@ def test_transient_object_is_freed_at_once_before_the_next_tensor_event():
     assert [(a.action, a.key, a.transient) for a in actions[:4]] == [
         ("alloc", 1, False), ("alloc", ("object", 1), True), ("alloc", ("object", 2), False), ("alloc", 2, False)]
     # one transient action replays as its malloc followed by its free
-    spelled = [b for a in actions for b in ([dataclasses.replace(a, transient=False), Action("free", a.key)]
+    spelled = [b for a in actions for b in ([Action(a.action, a.key, a.nbytes, a.aligned, False), Action("free", a.key)]
                                             if a.transient else [a])]
     assert replay_actions(actions) == replay_actions(spelled)
 
