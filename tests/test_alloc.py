@@ -71,7 +71,6 @@ def test_freed_chunks_coalesce_and_are_reused():
 
 # ---- runtime small objects interleaved with the tensors (alloc/small_objects.py) ----------------------
 
-
 from trainmem.alloc.cpu import replay_actions  # noqa: E402
 from trainmem.alloc.small_objects import Action, interleave, load_table  # noqa: E402
 
