@@ -51,13 +51,15 @@ def run_one(case: list[str], way: str, batch: int | None) -> dict:
     args = build_parser().parse_args(["fit", *case])
     setup = setup_from_args(args)
     spent = _clock_the_steps()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if way.startswith("estimate"):  # estimate_cli: as `trainmem estimate` runs it, the lean loop traced too
         est = estimate(args.model, setup=dataclasses.replace(setup, batch_size=batch), device=args.device,
                        compare_loop=way == "estimate_cli")
-        return {"seconds": time.perf_counter() - started, "process_bytes_high": est.process_bytes_high, **spent}
+        return {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+                "process_bytes_high": est.process_bytes_high, **spent}
     result = fit(args.model, setup, args.device, margin=args.margin, exhaustive=way == "exhaustive")
-    return {"seconds": time.perf_counter() - started, "best": result.best, "first_miss": result.first_miss,
+    return {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+            "best": result.best, "first_miss": result.first_miss,
             "tried": result.tried, "best_estimate": _digest(result.best_estimate),
             "miss_estimate": _digest(result.miss_estimate), "search": result.search, "text": str(result), **spent}
 
@@ -108,12 +110,15 @@ def compare(case: list[str]) -> dict:
           f"{old['first_miss']}, identical {row['identical']}; search {new['seconds']:.1f} s (tracing "
           f"{new['tracing_s']:.1f}, replaying {new['replaying_s']:.1f}), exhaustive {old['seconds']:.1f} s, one "
           f"estimate {one['seconds']:.1f} s (tracing {one['tracing_s']:.1f}, replaying {one['replaying_s']:.1f}), "
-          f"with the lean loop {cli['seconds']:.1f} s; {new['search']['how']}", flush=True)
+          f"with the lean loop {cli['seconds']:.1f} s; CPU s {new['cpu_seconds']:.1f} / {one['cpu_seconds']:.1f}; "
+          f"{new['search']['how']}", flush=True)
     return row
 
 
 def _answer(result: dict) -> str:
-    return "none fits" if result["best"] is None else f"{result['best']:,} / {result['first_miss'] or '—'}"
+    if result["best"] is None:
+        return "none fits"
+    return f"{result['best']:,} / " + ("—" if result["first_miss"] is None else f"{result['first_miss']:,}")
 
 
 def report(rows: list[dict]) -> str:
@@ -134,17 +139,20 @@ def report(rows: list[dict]) -> str:
              "`assemble_traced`); the rest is resolving the model (the first trace in a process also warms "
              "FakeTensorMode's dispatch cache). One estimate is `estimate()` at the answer's batch (batch 1 when "
              "none fits); `trainmem estimate` traces the lean loop as well (`compare_loop`), the last seconds "
-             "column. When batch 1 does not fit, both searches trace the remedies (two more traces).", "",
+             "column. When batch 1 does not fit, both searches trace the remedies (two more traces). The "
+             "machine may be shared: *CPU s* (the process's own CPU time, `time.process_time()`) moves less with "
+             "the load than wall seconds, and its ratio is the one to read.", "",
              "| case | exhaustive: best / first miss | batch search: best / first miss | identical | exhaustive s "
              "| batch search s (tracing + replaying) | one estimate s (tracing + replaying) | search ÷ estimate "
-             "| traced batch sizes (candidates) | `trainmem estimate` s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU s: search / estimate (÷) | traced batch sizes (candidates) | `trainmem estimate` s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         new, old, one, cli = row["search"], row["exhaustive"], row["estimate"], row["estimate_cli"]
         parts.append(f"| `{' '.join(row['case'])}` | {_answer(old)} | {_answer(new)} | "
                      f"{'yes' if row['identical'] else 'NO'} | {old['seconds']:.1f} | {new['seconds']:.1f} "
                      f"({new['tracing_s']:.1f} + {new['replaying_s']:.1f}) | {one['seconds']:.1f} "
                      f"({one['tracing_s']:.1f} + {one['replaying_s']:.1f}) | {new['seconds'] / one['seconds']:.2f}× | "
+                     f"{new['cpu_seconds']:.1f} / {one['cpu_seconds']:.1f} ({new['cpu_seconds'] / one['cpu_seconds']:.2f}×) | "
                      f"{', '.join(map(str, new['search']['traced']))} ({len(new['tried'])}) | {cli['seconds']:.1f} |")
     parts.append("")
     for row in rows:

@@ -247,7 +247,7 @@ def test_a_wrong_prediction_falls_back_to_tracing_every_candidate(fresh, tmp_fac
     old = fresh(model, SETUP, SMALL_GPU, margin=0.0, exhaustive=True)
     _same_answer(new, old)
     assert new.best > 8 and "differs from its prediction" in new.search["how"] and not new.search["predicted"]
-    assert "candidates every candidate traced" in str(new)
+    assert "candidates traced, each one: the real trace at batch" in str(new)
 
 
 def test_setup_as_keywords_like_estimate():
@@ -278,5 +278,5 @@ def test_the_sequence_search_traces_every_candidate(tmp_factory):
     setup = TrainingSetup.from_mapping({"input_shape": "8", "input_dtype": "int64", "input_max": 100})
     result = fit(tmp_factory(POOLED), setup, SMALL_GPU, sequence=True, limit=64, margin=0.2)
     assert result.best == 64 and result.first_miss is None
-    assert result.search["how"] == "every candidate traced" and not result.search["predicted"]
+    assert result.search["how"] == "traced, each one" and not result.search["predicted"]
     assert result.search["traced"] == sorted(v for v, *_ in result.tried)

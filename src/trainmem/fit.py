@@ -303,7 +303,7 @@ class _EveryCandidateTraced(_Candidates):
                         **self.options)
 
     def summary(self) -> dict[str, Any]:
-        return {"traced": sorted(self.traced), "predicted": [], "how": "every candidate traced"}
+        return {"traced": sorted(self.traced), "predicted": [], "how": "traced, each one"}
 
 
 class ScaledBatches(_Candidates):
@@ -383,7 +383,7 @@ class ScaledBatches(_Candidates):
             how = (f"predicted from the traces at batch {self.scaling.first_batch} and {self.scaling.second_batch}"
                    + (f", confirmed by a real trace at batch {self.confirmed_at}" if self.confirmed_at else ""))
         else:
-            how = f"every candidate traced: {self.why_traced}" if self.why_traced else "traced (batch 1 only)"
+            how = f"traced, each one: {self.why_traced}" if self.why_traced else "traced (batch 1 only)"
         return {"traced": sorted(self.real), "predicted": sorted(self.predicted), "how": how}
 
 

@@ -41,7 +41,8 @@ class StreamsDiffer(Exception):
 
 
 class Unpredictable(Exception):
-    """A size the line gives for this batch is negative: the line does not reach that far."""
+    """No prediction for this batch: a size the line gives there is negative (the line does not reach that
+    far), or it is batch 1 of the pair (1, 2), whose flags the prediction does not keep."""
 
 
 # values kept as they are when equal in both traces: immutable, so one object serves every batch
