@@ -1,16 +1,29 @@
-"""How long an estimate takes, and how much memory the estimating process needs.
+"""How long an estimate takes, how much memory the estimating process needs, and what the trace's own
+bookkeeping costs per op above FakeTensorMode's.
 
-Runs each command N times as a fresh process (wall clock; peak RSS from wait4's rusage, as
-`/usr/bin/time -v` reports it) and writes the medians to benchmarks/results/speed.md.
+Each command runs N times as a fresh process (wall clock; peak RSS from wait4's rusage, as
+`/usr/bin/time -v` reports it); the table gives medians (min–max). Ratios (the seed MLP call against
+`import torch`, `fit` against one estimate) compare medians measured in the same run, since this
+machine's speed drifts with its load.
 
-    python benchmarks/speed.py [--runs 5]
-Targets: the 1.3B GPT-style estimate in < 20 s with < 1 GiB peak RSS; the seed MLP CLI call < 3 s (issue #3);
-a 70B model from its configuration in < 1 min (issue #5).
+The per-op table runs the same training steps in this process twice, alternately: under FakeTensorMode
+alone (the steps trainmem runs, with an observer that does nothing) and as trainmem traces them
+(FakeTensorMode, the recorder above it, the module tracker and the recording observer: trace/run.py).
+It counts the ops the recorder saw (every dispatch, `prim.device` queries included) and divides each
+CPU time (process_time: this process only, less sensitive to other processes than wall time) by it;
+the recorder's overhead is the difference. Both include building the model on fake tensors.
+
+    python benchmarks/speed.py [--runs 5]      # about 15 minutes on 2 cores
+Targets: the 1.3B GPT-style estimate in < 4 s with < 1 GiB peak RSS; the seed MLP CLI call < 3 s and at
+most 1.7 × `import torch`; a 2-layer bidirectional GRU on 200-token sequences, batch 64, in < 10 s;
+a 70B model from its configuration in < 1 min; the recorder's overhead under 25 % of FakeTensorMode's
+own per-op cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import statistics
@@ -20,20 +33,54 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINMEM = [sys.executable, "-m", "trainmem"]
+GPT_1B3 = f"{ROOT}/tests/models.py:gpt_1b3"
+# benchmarks/fit_examples.py's GPT setup on an 80 GB card, and one estimate of it at batch 1
+GPT_FIT = [GPT_1B3, "--input-shape", "1024", "--input-dtype", "int64", "--input-max", "50257",
+           "--optimizer", "adamw", "--precision", "bf16-mixed", "--device", "a100-80gb"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    command: list[str]
+    wall_target: float | None = None  # seconds
+    rss_target: int | None = None  # bytes
+    max_runs: int | None = None  # fewer fresh processes for the long ones
+
+
+SEED_MLP = "seed MLP (whole CLI call)"
+IMPORT_TORCH = "import torch alone (for scale)"
+FIT_GPT = "fit: GPT-style 1.3B on a100-80gb (benchmarks/fit_examples.py)"
+ONE_GPT = "one estimate of that setup at batch 1"
 CASES = [
-    ("seed MLP (whole CLI call)", TRAINMEM + ["estimate", "mlp:1000-100-100-100-100-10", "--input-shape", "1000",
-                                              "--batch-size", "256", "--optimizer", "adam"], 3.0, None),
-    ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed",
-     TRAINMEM + ["estimate", f"{ROOT}/tests/models.py:gpt_1b3", "--batch-size", "8", "--optimizer", "adamw",
-                 "--precision", "bf16-mixed"], 20.0, 2**30),
-    ("Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, bf16-mixed, on h100-80gb",
-     TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
-                 "--precision", "bf16-mixed", "--device", "h100-80gb"], 60.0, None),
-    ("BERT-base masked LM on a100-40gb (the GPU calibration point)",
-     TRAINMEM + ["estimate", "hf:bert-base-uncased", "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw",
-                 "--device", "a100-40gb"], None, None),
-    ("import torch alone (for scale)", [sys.executable, "-c", "import torch"], None, None),
+    Case(SEED_MLP, TRAINMEM + ["estimate", "mlp:1000-100-100-100-100-10", "--input-shape", "1000",
+                               "--batch-size", "256", "--optimizer", "adam"], 3.0),
+    Case(IMPORT_TORCH, [sys.executable, "-c", "import torch"]),
+    Case("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed",
+         TRAINMEM + ["estimate", GPT_1B3, "--batch-size", "8", "--optimizer", "adamw", "--precision", "bf16-mixed"],
+         4.0, 2**30),
+    Case("2-layer bidirectional GRU, seq 200, batch 64, Adam (benchmarks/speed_models.py:bigru_seq200)",
+         TRAINMEM + ["estimate", f"{ROOT}/benchmarks/speed_models.py:bigru_seq200", "--batch-size", "64",
+                     "--optimizer", "adam"], 10.0, max_runs=3),
+    Case("Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, bf16-mixed, on h100-80gb",
+         TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
+                     "--precision", "bf16-mixed", "--device", "h100-80gb"], 60.0, max_runs=3),
+    Case("BERT-base masked LM on a100-40gb (the GPU calibration point)",
+         TRAINMEM + ["estimate", "hf:bert-base-uncased", "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw",
+                     "--device", "a100-40gb"], max_runs=3),
+    Case(FIT_GPT, TRAINMEM + ["fit", *GPT_FIT], max_runs=3),
+    Case(ONE_GPT, TRAINMEM + ["estimate", *GPT_FIT, "--batch-size", "1"], max_runs=3),
 ]
+# (label, model reference, setup values) for the per-op table
+PER_OP = [
+    ("seed MLP, batch 256, Adam", "mlp:1000-100-100-100-100-10",
+     {"input_shape": "1000", "batch_size": 256, "optimizer": "adam"}),
+    ("2-layer bidirectional GRU, seq 64, batch 64, Adam", f"{ROOT}/tests/models.py:bigru",
+     {"batch_size": 64, "optimizer": "adam"}),
+    ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed", GPT_1B3,
+     {"batch_size": 8, "optimizer": "adamw", "precision": "bf16-mixed"}),
+]
+RECORDER_TARGET = 0.25  # the recorder's own cost per op, as a fraction of FakeTensorMode's
 
 
 def run_once(command: list[str]) -> tuple[float, int]:
@@ -51,24 +98,99 @@ def run_once(command: list[str]) -> tuple[float, int]:
     return time.perf_counter() - started, usage.ru_maxrss * 1024
 
 
+def _fake_only_steps(model_ref: str, setup) -> None:
+    """The training steps trainmem traces, under FakeTensorMode alone: no recorder, no module tracker,
+    an observer that does nothing (trace/run.py trace_training without its bookkeeping)."""
+    import torch
+
+    from trainmem.frontends import resolve
+    from trainmem.setup import Precision
+    from trainmem.trace import step as training
+    from trainmem.trace.run import materialize_fake
+    from trainmem.trace.torch_private import FakeTensorMode
+
+    source = resolve(model_ref, setup)
+    with torch.device("meta"):
+        model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
+        prepared = training.prepare(model, make_batch, loss_fn, setup, source)
+        training.run_steps(prepared, setup, training.Observer())
+
+
+def _traced_steps(model_ref: str, setup) -> int:
+    """The same steps as trainmem traces them; the number of ops the recorder saw."""
+    from trainmem.frontends import resolve
+    from trainmem.targets import cpu as cpu_kernels
+    from trainmem.trace.run import trace_training
+
+    traced = trace_training(resolve(model_ref, setup), setup, cpu_kernels.kernel_ops())
+    return sum(traced.op_counts.values())
+
+
+def per_op_costs(runs: int) -> list[str]:
+    """CPU µs per op under FakeTensorMode alone and traced; the recorder's overhead and its share."""
+    from trainmem.setup import TrainingSetup
+
+    lines = ["| training steps (2, inline loop) | ops | FakeTensorMode alone µs/op | traced µs/op "
+             "| recorder's own µs/op | recorder / FakeTensorMode | target | met |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+    for label, model_ref, values in PER_OP:
+        setup = TrainingSetup.from_mapping(values, where="speed.py")
+        ops = _traced_steps(model_ref, setup)  # warms both: imports, meta kernels, FakeTensorMode's cache
+        _fake_only_steps(model_ref, setup)
+        alone, traced = [], []
+        for _ in range(runs):
+            started = time.process_time()
+            _fake_only_steps(model_ref, setup)
+            alone.append(time.process_time() - started)
+            started = time.process_time()
+            assert _traced_steps(model_ref, setup) == ops
+            traced.append(time.process_time() - started)
+        fake_cost, traced_cost = statistics.median(alone) / ops, statistics.median(traced) / ops
+        share = (traced_cost - fake_cost) / fake_cost
+        lines.append(f"| {label} | {ops:,} | {fake_cost * 1e6:.1f} | {traced_cost * 1e6:.1f} | "
+                     f"{(traced_cost - fake_cost) * 1e6:.1f} | {share:.0%} | < {RECORDER_TARGET:.0%} | "
+                     f"{'yes' if share < RECORDER_TARGET else 'no'} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    started = time.perf_counter()
     lines = ["# Speed of an estimate", "",
              f"Generated {datetime.date.today()} by `python benchmarks/speed.py --runs {args.runs}` on "
-             f"{os.cpu_count()} cores; medians (min–max) of {args.runs} fresh processes.", "",
-             "| what | wall s | peak RSS MiB | target | met |", "|---|---:|---:|---|---|"]
-    for name, command, wall_target, rss_target in CASES:
-        results = [run_once(command) for _ in range(args.runs)]
+             f"{os.cpu_count()} cores; medians (min–max) of fresh processes (the run count is in each row).", "",
+             "| what | runs | wall s | peak RSS MiB | target | met |", "|---|---:|---:|---:|---|---|"]
+    medians: dict[str, float] = {}
+    for case in CASES:
+        runs = min(args.runs, case.max_runs or args.runs)
+        results = [run_once(case.command) for _ in range(runs)]
         walls, rss = [r[0] for r in results], [r[1] for r in results]
         wall, peak = statistics.median(walls), statistics.median(rss)
-        target = " ".join(filter(None, [f"< {wall_target:.0f} s" if wall_target else "",
-                                        f"< {rss_target / 2**30:.0f} GiB" if rss_target else ""])) or "—"
-        met = "—" if not (wall_target or rss_target) else (
-            "yes" if (not wall_target or wall < wall_target) and (not rss_target or peak < rss_target) else "no")
-        lines.append(f"| {name} | {wall:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {peak / 2**20:.0f} | {target} | {met} |")
+        medians[case.name] = wall
+        target = " ".join(filter(None, [f"< {case.wall_target:.0f} s" if case.wall_target else "",
+                                        f"< {case.rss_target / 2**30:.0f} GiB" if case.rss_target else ""])) or "—"
+        met = "—" if not (case.wall_target or case.rss_target) else (
+            "yes" if (not case.wall_target or wall < case.wall_target)
+            and (not case.rss_target or peak < case.rss_target) else "no")
+        lines.append(f"| {case.name} | {runs} | {wall:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {peak / 2**20:.0f} | "
+                     f"{target} | {met} |")
         print(lines[-1], flush=True)
+    mlp_ratio = medians[SEED_MLP] / medians[IMPORT_TORCH]
+    fit_ratio = medians[FIT_GPT] / medians[ONE_GPT]
+    lines += ["", f"The seed MLP call takes {mlp_ratio:.2f} × `import torch` (target ≤ 1.7: "
+              f"{'met' if mlp_ratio <= 1.7 else 'not met'}). `trainmem fit` on the 1.3B model takes "
+              f"{fit_ratio:.1f} × one estimate of the same setup.", "",
+              "## The recorder's cost per op", "",
+              "CPU time of the same two training steps in one process, alternately under FakeTensorMode alone and "
+              f"as trainmem traces them; medians of {args.runs} of each, divided by the ops the recorder saw "
+              "(every dispatch, `prim.device` queries included).", ""]
+    lines += per_op_costs(args.runs)
+    lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes."]
     (ROOT / "benchmarks/results/speed.md").write_text("\n".join(lines) + "\n")
 
 

@@ -4,7 +4,21 @@ forward created the autograd node now executing.
 Backward attribution works through autograd sequence numbers: a node created in forward keeps the
 sequence number of the forward op that made it, and `torch._C._current_autograd_node()` names the
 node running in backward. Outputs seen by the dispatch mode get their `grad_fn` only after the mode
-returns (autograd sets it above us), so they are noted and resolved at the next op.
+returns (autograd sets it above us), so they are noted and resolved at the next dispatch.
+
+What each dispatch costs does not grow with the trace (it used to: every output that never gets a
+grad_fn, such as a GRU's detached time steps, was looked at again on every dispatch until its module
+returned). A noted output now waits (is looked at on every dispatch) only until its own op has
+returned: autograd sets an output's grad_fn inside the op's autograd kernel, whose only dispatches after
+ours are device queries (`prim.device`, asked while it records each output's metadata), so the next
+dispatch of any other op comes after that kernel returned. An output still without a grad_fn then is
+*settled*: only an in-place op on its storage can give it one (autograd rebases its history), and that
+op is dispatched here with the storage among the arguments it writes, so the settled outputs of that
+storage wait again. Outputs made with grad disabled keep waiting until their module returns, as all did
+before: an autograd.Function gives the outputs of its forward their grad_fn when the forward returns.
+Outputs are looked at in the order they were noted, so the first module to claim a sequence number keeps
+it, as a rescan of all of them at every dispatch has it; tests/test_trace_cost.py checks both against
+such a rescan and counts the work, benchmarks/speed.py measures the recorder's cost per op.
 """
 
 from __future__ import annotations
@@ -15,16 +29,24 @@ from typing import Any
 import torch
 from trainmem.trace.torch_private import current_autograd_node, sequence_nr, tree_leaves
 
+# (note order, the output, the module that made it, whether it waits until its module returns, the op
+# call that made it: outputs of one call share this number)
+_Noted = tuple[int, weakref.ref, str, bool, int]
+
 
 class ModuleTracker:
     def __init__(self, model: torch.nn.Module) -> None:
         self._names = {id(m): name for name, m in model.named_modules()}
         self._by_name = {name: m for name, m in model.named_modules()}
         self._stack: list[str] = []
-        self._pending: list[tuple[weakref.ref, str]] = []
+        self._waiting: list[_Noted] = []  # looked at on every dispatch, in note order
+        self._settled: dict[int, list[_Noted]] = {}  # id(storage) -> outputs without grad_fn after their op
+        self._noted = 0  # outputs noted so far: each one's place in the note order
+        self._calls = 0  # op calls whose outputs were noted: the latest one's outputs may still be getting grad_fns
         self._by_sequence_nr: dict[int, str] = {}
         self._handles: list[Any] = []
         self.output_elements: dict[str, int] = {}  # module -> elements of its first forward's output
+        self.outputs_looked_at = 0  # how many times an output's grad_fn was read (tests/test_trace_cost.py)
 
     def __enter__(self) -> ModuleTracker:
         hooks = torch.nn.modules.module
@@ -47,8 +69,9 @@ class ModuleTracker:
             name = self._stack[-1]
             if name not in self.output_elements:
                 self.output_elements[name] = sum(t.numel() for t in tree_leaves(output) if isinstance(t, torch.Tensor))
-            self.resolve_pending()
-            self._pending.clear()  # what has no grad_fn by now never gets one
+            self._resolve(self._waiting)
+            self._waiting.clear()  # what has no grad_fn by now never gets one
+            self._settled.clear()
             self._stack.pop()
 
     def current_module(self) -> torch.nn.Module | None:
@@ -66,19 +89,61 @@ class ModuleTracker:
     def note_outputs(self, out: Any) -> None:
         if self._stack:
             name = self._stack[-1]
-            self._pending.extend((weakref.ref(t), name) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            until_module_returns = not torch.is_grad_enabled()  # inside an autograd.Function's forward, say
+            self._calls += 1
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self._waiting.append((self._noted, weakref.ref(tensor), name, until_module_returns, self._calls))
+                    self._noted += 1
 
     def resolve_pending(self) -> None:
-        """Map the grad_fn of noted outputs to their module. An output may get its grad_fn only after
-        a few more dispatches (autograd kernels call `prim.device` before they set it): keep those."""
+        """Map the grad_fn of waiting outputs to their module; keep those without one waiting (an output
+        may get its grad_fn only after a few more dispatches: autograd kernels ask `prim.device` first).
+        Autograd gives the outputs of the op in progress their grad_fn one after the other, in output
+        order (set_history), asking each one's device first: past the first of them without a grad_fn,
+        the rest have none yet and are not looked at (an op with n outputs would cost n² otherwise)."""
+        if self._waiting:
+            self._waiting = self._resolve(self._waiting, in_order_call=self._calls)
+
+    def before_op(self, written_storages: list[int]) -> None:
+        """At the dispatch of an op other than a device query: the ops before it have returned, so what
+        they made without a grad_fn settles; outputs on a storage this op writes wait again."""
+        if self._waiting:
+            waiting = []
+            for noted in self._resolve(self._waiting):
+                if noted[3]:
+                    waiting.append(noted)
+                else:
+                    self._settle(noted)
+            self._waiting = waiting
+        if written_storages and self._settled:
+            woken = [noted for key in written_storages for noted in self._settled.pop(key, ())]
+            if woken:
+                self._waiting = sorted(self._waiting + woken)
+
+    def _resolve(self, noted_outputs: list[_Noted], in_order_call: int = 0) -> list[_Noted]:
+        """Record the module of each output's grad_fn; return the live ones that have none (in order).
+        Outputs of call `in_order_call` after the first of them without a grad_fn are kept unread."""
         unresolved = []
-        for ref, name in self._pending:
-            tensor = ref()
+        unread_call = 0
+        for noted in noted_outputs:
+            if noted[4] == unread_call:
+                unresolved.append(noted)
+                continue
+            self.outputs_looked_at += 1
+            tensor = noted[1]()
             if tensor is None:
                 continue
             grad_fn = tensor.grad_fn
             if grad_fn is not None:
-                self._by_sequence_nr.setdefault(sequence_nr(grad_fn), name)
+                self._by_sequence_nr.setdefault(sequence_nr(grad_fn), noted[2])
             else:
-                unresolved.append((ref, name))
-        self._pending = unresolved
+                unresolved.append(noted)
+                if noted[4] == in_order_call:
+                    unread_call = in_order_call
+        return unresolved
+
+    def _settle(self, noted: _Noted) -> None:
+        tensor = noted[1]()
+        if tensor is not None:  # keyed by the storage it has now (set_ may have changed it)
+            self._settled.setdefault(id(tensor.untyped_storage()), []).append(noted)

@@ -1,5 +1,5 @@
 """The recorder: a TorchDispatchMode that sees every op's outputs and turns new storages into
-alloc events, and a weakref finalizer on each storage that turns its death into a free event.
+alloc events, and a weak reference on each storage whose callback turns its death into a free event.
 
 It sits *above* FakeTensorMode (entered after it), so `func(*args)` below returns fake tensors:
 shapes, dtypes and storages exist, bytes do not. Autograd runs above both modes, so saved tensors
@@ -8,6 +8,7 @@ stay alive exactly as long as autograd keeps them, and free events come in the r
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import Counter
 from typing import Any
@@ -18,7 +19,7 @@ from trainmem.errors import TraceError
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.rules import DataDependentRules
-from trainmem.trace.torch_private import TorchDispatchMode, tree_leaves
+from trainmem.trace.torch_private import TorchDispatchMode, schema_arguments, tree_leaves
 
 _PROVISIONAL = {
     Phase.INIT: Category.PARAMETERS, Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS,
@@ -41,6 +42,51 @@ def _meta_of(values: Any) -> tuple:
     return tuple(out)
 
 
+_DEVICE_QUERY = torch.ops.prim.device.default
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpFacts:
+    """What the recorder needs to know of an op, worked out at its first call."""
+
+    name: str  # 'add' for aten.add.Tensor: the key of op_counts and of the kernel rules
+    written: tuple[int | str, ...]  # where the arguments it writes in place are: position, or keyword name
+    recorded_call: bool  # the target's kernel rules want to see its calls
+
+
+def _op_facts(func: Any, kernel_ops: frozenset[str]) -> _OpFacts:
+    name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+    try:
+        arguments = schema_arguments(func)
+    except AttributeError:  # not an OpOverload (a higher-order operator): it writes nothing we track
+        arguments = []
+    written: list[int | str] = []
+    for position, argument in enumerate(arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.append(argument.name if argument.kwarg_only else position)
+    return _OpFacts(name, tuple(written), name in kernel_ops)
+
+
+def _written_storages(facts: _OpFacts, args: tuple, kwargs: dict) -> list[int]:
+    """ids of the storages an op writes in place (`self` of add_, `out=`, each tensor of a _foreach_ list)."""
+    keys = []
+    for where in facts.written:
+        value = kwargs.get(where) if isinstance(where, str) else (args[where] if where < len(args) else None)
+        for tensor in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(tensor, torch.Tensor):
+                keys.append(id(tensor.untyped_storage()))
+    return keys
+
+
+def _tensor_leaves(out: Any) -> list:
+    """tree_leaves of an op's output, without the pytree walk for the usual shapes (a tensor, a flat tuple)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) in (tuple, list) and all(isinstance(leaf, torch.Tensor) for leaf in out):
+        return list(out)
+    return tree_leaves(out)
+
+
 class TraceRecorder(TorchDispatchMode):
     def __init__(self, modules: ModuleTracker, kernel_ops: frozenset[str] = frozenset()) -> None:
         super().__init__()
@@ -52,23 +98,34 @@ class TraceRecorder(TorchDispatchMode):
         self.rules = DataDependentRules()
         self.op_counts: Counter[str] = Counter()
         self._live: dict[int, tuple[int, int]] = {}  # id(storage) -> (sid, nbytes)
+        self._deaths: dict[int, weakref.ref] = {}  # sid -> the weak reference whose callback frees it
+        self._facts: dict[Any, _OpFacts] = {}
         self.closed = False  # set when the recorded steps end: later deaths are not part of the run
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE_QUERY and hasattr(args[0], "fake_device"):
+            # autograd asking a fake tensor's device, a few times per op: the answer FakeTensorMode's
+            # prim.device handler gives is the tensor's `device` property, and there is no output to record
+            self.op_counts["device"] += 1
+            self.modules.resolve_pending()
+            return args[0].device
         kwargs = kwargs or {}
-        op_name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+        facts = self._facts.get(func)
+        if facts is None:
+            facts = self._facts[func] = _op_facts(func, self.kernel_ops)
+        op_name = facts.name
         self.op_counts[op_name] += 1
-        self.modules.resolve_pending()
+        self.modules.before_op(_written_storages(facts, args, kwargs) if facts.written else [])
         try:
             out = func(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - every failure gets a deliberate rule or a clear error
             out = self.rules.handle(func, args, kwargs, error, self.modules.current(), self.modules.current_module())
         self.rules.observe(op_name, args, out)  # where routing masks come from (trace/rules.py)
         at_seq = len(self.trace.events)
-        sids = [self._track(leaf, op_name) if isinstance(leaf, torch.Tensor) else None for leaf in tree_leaves(out)]
-        if op_name in self.kernel_ops:
+        sids = [self._track(leaf, op_name) if isinstance(leaf, torch.Tensor) else None for leaf in _tensor_leaves(out)]
+        if facts.recorded_call:
             self.trace.kernel_calls.append(KernelCall(op_name, at_seq, len(self.trace.events) - at_seq,
-                                                      _meta_of(args), _meta_of(tree_leaves(out)), tuple(sids)))
+                                                      _meta_of(args), _meta_of(_tensor_leaves(out)), tuple(sids)))
         if self.phase in (Phase.FORWARD, Phase.LOSS):
             self.modules.note_outputs(out)
         return out
@@ -77,19 +134,26 @@ class TraceRecorder(TorchDispatchMode):
         """Register the tensor's storage if it is new; return its sid when this op allocated it."""
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
-        known = self._live.get(id(storage))
+        key = id(storage)
+        known = self._live.get(key)
         if known is not None:
             if known[1] == nbytes:
                 return None
-            self._free(id(storage))  # resized in place (out= ops, resize_): old block gone, new one made
+            self._free(key)  # resized in place (out= ops, resize_): old block gone, new one made
         sid = len(self.trace.storages)
         record = StorageRecord(sid, nbytes, _PROVISIONAL[self.phase], self.phase, self.modules.current(),
                                op_name, self.step, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
         self.trace.storages[sid] = record
-        self._live[id(storage)] = (sid, nbytes)
+        self._live[key] = (sid, nbytes)
         self._emit("alloc", record)
-        weakref.finalize(storage, self._free, id(storage), sid).atexit = False
+        # the storage's death frees it: a weak reference's callback (what weakref.finalize does, without
+        # its registry), kept until it fires
+        self._deaths[sid] = weakref.ref(storage, lambda _, key=key, sid=sid: self._died(key, sid))
         return sid
+
+    def _died(self, key: int, sid: int) -> None:
+        self._deaths.pop(sid, None)
+        self._free(key, sid)
 
     def _free(self, key: int, sid: int | None = None) -> None:
         known = self._live.get(key)
