@@ -13,7 +13,7 @@ It counts the ops the recorder saw (every dispatch, `prim.device` queries includ
 CPU time (process_time: this process only, less sensitive to other processes than wall time) by it;
 the recorder's overhead is the difference. Both include building the model on fake tensors.
 
-    python benchmarks/speed.py [--runs 5]      # about 15 minutes on 2 cores
+    python benchmarks/speed.py [--runs 5] [--long-runs 3]
 Targets: the 1.3B GPT-style estimate in < 4 s with < 1 GiB peak RSS; the seed MLP CLI call < 3 s and at
 most 1.7 × `import torch`; a 2-layer bidirectional GRU on 200-token sequences, batch 64, in < 10 s;
 a 70B model from its configuration in < 1 min; the recorder's overhead under 25 % of FakeTensorMode's
@@ -45,7 +45,7 @@ class Case:
     command: list[str]
     wall_target: float | None = None  # seconds
     rss_target: int | None = None  # bytes
-    max_runs: int | None = None  # fewer fresh processes for the long ones
+    long: bool = False  # run --long-runs times, not --runs
 
 
 SEED_MLP = "seed MLP (whole CLI call)"
@@ -58,18 +58,18 @@ CASES = [
     Case(IMPORT_TORCH, [sys.executable, "-c", "import torch"]),
     Case("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed",
          TRAINMEM + ["estimate", GPT_1B3, "--batch-size", "8", "--optimizer", "adamw", "--precision", "bf16-mixed"],
-         4.0, 2**30),
+         4.0, 2**30, long=True),
     Case("2-layer bidirectional GRU, seq 200, batch 64, Adam (benchmarks/speed_models.py:bigru_seq200)",
          TRAINMEM + ["estimate", f"{ROOT}/benchmarks/speed_models.py:bigru_seq200", "--batch-size", "64",
-                     "--optimizer", "adam"], 10.0, max_runs=3),
+                     "--optimizer", "adam"], 10.0, long=True),
     Case("Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, bf16-mixed, on h100-80gb",
          TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
-                     "--precision", "bf16-mixed", "--device", "h100-80gb"], 60.0, max_runs=3),
+                     "--precision", "bf16-mixed", "--device", "h100-80gb"], 60.0, long=True),
     Case("BERT-base masked LM on a100-40gb (the GPU calibration point)",
          TRAINMEM + ["estimate", "hf:bert-base-uncased", "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw",
-                     "--device", "a100-40gb"], max_runs=3),
-    Case(FIT_GPT, TRAINMEM + ["fit", *GPT_FIT], max_runs=3),
-    Case(ONE_GPT, TRAINMEM + ["estimate", *GPT_FIT, "--batch-size", "1"], max_runs=3),
+                     "--device", "a100-40gb"], long=True),
+    Case(FIT_GPT, TRAINMEM + ["fit", *GPT_FIT], long=True),
+    Case(ONE_GPT, TRAINMEM + ["estimate", *GPT_FIT, "--batch-size", "1"], long=True),
 ]
 # (label, model reference, setup values) for the per-op table
 PER_OP = [
@@ -158,16 +158,18 @@ def per_op_costs(runs: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per short case, and per-op repeats")
+    parser.add_argument("--long-runs", type=int, default=3, help="fresh processes per long case")
     args = parser.parse_args()
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
     lines = ["# Speed of an estimate", "",
-             f"Generated {datetime.date.today()} by `python benchmarks/speed.py --runs {args.runs}` on "
+             f"Generated {datetime.date.today()} by `python benchmarks/speed.py --runs {args.runs} --long-runs "
+             f"{args.long_runs}` on "
              f"{os.cpu_count()} cores; medians (min–max) of fresh processes (the run count is in each row).", "",
              "| what | runs | wall s | peak RSS MiB | target | met |", "|---|---:|---:|---:|---|---|"]
     medians: dict[str, float] = {}
     for case in CASES:
-        runs = min(args.runs, case.max_runs or args.runs)
+        runs = args.long_runs if case.long else args.runs
         results = [run_once(case.command) for _ in range(runs)]
         walls, rss = [r[0] for r in results], [r[1] for r in results]
         wall, peak = statistics.median(walls), statistics.median(rss)
@@ -190,7 +192,8 @@ def main() -> None:
               f"as trainmem traces them; medians of {args.runs} of each, divided by the ops the recorder saw "
               "(every dispatch, `prim.device` queries included).", ""]
     lines += per_op_costs(args.runs)
-    lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes."]
+    lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes; the load average (1 min) "
+              f"was {load_at_start:.1f} at its start and {os.getloadavg()[0]:.1f} at its end, on {os.cpu_count()} cores."]
     (ROOT / "benchmarks/results/speed.md").write_text("\n".join(lines) + "\n")
 
 
