@@ -280,3 +280,10 @@ def test_the_sequence_search_traces_every_candidate(tmp_factory):
     assert result.best == 64 and result.first_miss is None
     assert result.search["how"] == "traced, each one" and not result.search["predicted"]
     assert result.search["traced"] == sorted(v for v, *_ in result.tried)
+
+
+def test_the_pair_is_traced_only_as_far_as_the_search_goes():
+    """Up to batch 2 nothing is predicted: each candidate is traced, and the answer is the exhaustive one."""
+    new = fit(MLP, SETUP, SMALL_GPU, limit=2, margin=0.2)
+    assert (new.best, new.first_miss, new.search["traced"], new.search["predicted"]) == (2, None, [1, 2], [])
+    assert new.search["how"] == "traced, each one (batch 1, 2): nothing left to predict"

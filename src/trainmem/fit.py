@@ -352,7 +352,9 @@ class ScaledBatches(_Candidates):
         return self.scaling
 
     def estimate(self, batch: int) -> Estimate:
-        scaling = self._scaling() if batch > 1 else None
+        # 1 and 2 are traced whatever the pair; the pair is matched when a batch above them is asked for,
+        # so that (2, 4) traces 4 only when the search reaches it
+        scaling = self._scaling() if batch > 2 else None
         if batch not in self.real and scaling is not None:
             try:
                 predicted = scaling.at(batch)
@@ -383,7 +385,8 @@ class ScaledBatches(_Candidates):
             how = (f"predicted from the traces at batch {self.scaling.first_batch} and {self.scaling.second_batch}"
                    + (f", confirmed by a real trace at batch {self.confirmed_at}" if self.confirmed_at else ""))
         else:
-            how = f"traced, each one: {self.why_traced}" if self.why_traced else "traced (batch 1 only)"
+            how = (f"traced, each one: {self.why_traced}" if self.why_traced else
+                   f"traced, each one (batch {', '.join(map(str, sorted(self.real)))}): nothing left to predict")
         return {"traced": sorted(self.real), "predicted": sorted(self.predicted), "how": how}
 
 
