@@ -222,3 +222,47 @@ def test_measure_on_a_gpu_needs_one(capsys):
         pytest.skip("this machine has a GPU")
     code, _, err = run(["measure", "mlp:8-8", "--input-shape", "8", "--device", "cuda"], capsys)
     assert code == 2 and "expected a CUDA GPU on this machine" in err
+
+
+# Hostile and careless input: one line naming the flag, exit 2, before anything is built or traced.
+WIDE = "mlp:99999999999999999999-10"
+DEEP = "mlp:" + "-".join(["16"] * 1002)
+
+
+@pytest.mark.parametrize("args, where", [
+    (["estimate", WIDE], "int64 element count"),  # torch would fail in C++ with pages of frames
+    (["estimate", DEEP], "at most 1,000 layers"),
+    (["estimate", "mlp:10-10", "--input-shape", "3,,4"], "--input-shape"),  # not read as 3,4
+    (["estimate", "mlp:10-10", "--input-shape", "3,"], "--input-shape"),
+    (["estimate", "mlp:10-10", "--max-grad-norm", "-1"], "--max-grad-norm"),
+    (["estimate", "mlp:10-10", "--max-grad-norm", "0"], "--max-grad-norm"),
+    (["estimate", "mlp:10-10", "--max-grad-norm", "nan"], "--max-grad-norm"),
+])
+def test_hostile_input_is_one_line_and_exit_2(args, where, capsys):
+    code, out, err = run(args, capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and where in err and "Traceback" not in err
+    assert len(err) < 300  # a 4,000-character reference is not echoed back whole
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    from trainmem import __version__
+
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"trainmem {__version__}"
+
+
+def test_closed_pipe_is_quiet_and_never_exit_1():
+    """`trainmem devices | head -1`: the reader has gone away when we write; that says nothing about fitting.
+    The pipe's read end is closed before the child starts, so its first write fails whatever the timing."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "trainmem", "devices"], stdout=write_end,
+                              stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == b""

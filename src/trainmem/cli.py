@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from trainmem.errors import TrainmemError
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's number on Linux and macOS, as a shell reports a process it ended
+
+
+def _version() -> str:
+    from trainmem import __version__
+
+    return __version__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +71,7 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainmem", description="How much memory will training take — before you train.")
     parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"trainmem {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_setup_flags(commands.add_parser("estimate", help="estimate training memory"))
     measure = commands.add_parser("measure", help="run the steps for real and compare with the estimate")
@@ -190,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`trainmem … | head -2`): not a verdict on the model, so never exit 1
+        # ("does not fit"); point stdout at /dev/null so the interpreter's final flush stays quiet, and
+        # exit as a process that SIGPIPE ended does in a shell (128 + 13)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
         if debug:
             raise

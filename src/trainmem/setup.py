@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -182,6 +183,9 @@ class TrainingSetup:
             object.__setattr__(self, "target_shape", parse_shape(self.target_shape, "--target-shape", allow_scalar=True))
         if not 0.0 <= float(self.dropout) < 1.0:
             raise expected("a dropout probability in [0, 1)", self.dropout, "--dropout")
+        if self.max_grad_norm is not None and not _positive_finite(self.max_grad_norm):
+            # clip_grad_norm_ scales by max_norm / total_norm: a norm of 0 or less zeroes or flips every gradient
+            raise expected("a positive gradient norm such as 1.0", self.max_grad_norm, "--max-grad-norm")
         for name, enum_type in _ENUM_FIELDS.items():
             if getattr(self, name) is None and name == "loss":
                 continue
@@ -252,6 +256,14 @@ def _to_enum(enum_type: type[enum.StrEnum], value: Any, name: str) -> enum.StrEn
         raise expected(f"{choices}", value, f"--{name.replace('_', '-')}") from None
 
 
+def _positive_finite(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return number > 0 and math.isfinite(number)
+
+
 def _check_positive_int(value: Any, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise expected("a positive integer", value, where)
@@ -263,7 +275,9 @@ def parse_shape(text: str | Sequence[int], where: str = "--input-shape", allow_s
     if allow_scalar and (text == "scalar" or (not isinstance(text, str) and len(text) == 0)):
         return ()
     if isinstance(text, str):
-        parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p != ""]
+        parts = text.replace("x", ",").replace(" ", "").split(",")
+        if "" in parts:  # '3,,4' or '3,': a dimension left out, not a shape to guess
+            raise expected("comma-separated positive integers such as 3,224,224", text, where)
     else:
         parts = list(text)
     try:
