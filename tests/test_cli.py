@@ -266,3 +266,32 @@ def test_closed_pipe_is_quiet_and_never_exit_1():
     finally:
         os.close(write_end)
     assert done.returncode == 141 and done.stderr == b""
+
+
+@pytest.mark.parametrize("layer, said", [
+    # device would build the layer outside the meta device: a 20000 × 20000 Linear is 1.6 GB for real
+    ({"linear": {"out_features": 20000, "device": "cpu"}}, "got 'device'"),
+    ({"linear": {"out_features": 10, "dtype": "float64"}}, "got 'dtype'"),
+    ({"linear": {"out_features": 10, "bias": "maybe"}}, "true or false"),
+    ({"linear": {"out_features": "10"}}, "a number"),
+    ({"lstm": {"hidden_size": 8.5}}, "a number"),
+    ({"lstm": {"hidden_size": 8, "batch_first": False}}, "got 'batch_first'"),
+    ({"conv1d": {"out_channels": 4, "kernel_size": 3, "__class__": "x"}}, "got '__class__'"),
+    ({"conv1d": {"out_channels": 4, "kernel_size": {"a": 1}}}, "a list of numbers"),
+])
+def test_spec_layer_arguments_are_an_allow_list(layer, said, tmp_path, capsys):
+    spec = tmp_path / "net.json"
+    spec.write_text(json.dumps({"input": [20000] if "20000" in str(layer) else [4, 10], "layers": [layer]}))
+    code, out, err = run(["estimate", str(spec)], capsys)
+    assert code == 2 and out == "" and said in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_spec_naming_a_device_allocates_nothing_for_real(tmp_path):
+    """The refusal comes before any layer is built: the process stays near an empty estimate's RSS."""
+    spec = tmp_path / "net.json"
+    spec.write_text(json.dumps({"input": [20000], "layers": [{"linear": {"out_features": 20000, "device": "cpu"}}]}))
+    probe = ("import resource, sys\nfrom trainmem.cli import main\ncode = main(['estimate', sys.argv[1]])\n"
+             "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", probe, str(spec)], capture_output=True, text=True, timeout=120)
+    code, max_rss_kib = map(int, done.stdout.split())
+    assert code == 2 and max_rss_kib < 1_000_000  # the weight alone would be 1.6 GB

@@ -82,6 +82,54 @@ def _layer_table() -> dict[str, tuple[Any, Any]]:
     }
 
 
+# The torch.nn class whose constructor arguments a layer name takes, where the table builds it through a
+# lambda (batchnorm picks 1d/2d/3d by rank with the same arguments; recurrent layers fix batch_first).
+_ARGUMENTS_OF = {"batchnorm": "BatchNorm1d", "lstm": "LSTM", "gru": "GRU", "rnn": "RNN", "softmax": "Softmax"}
+# A spec file is data: it may size a layer, never place or type its tensors. `device` would build the
+# layer outside the meta device, allocating its weights for real; `dtype` is --precision's to decide.
+_NEVER_FROM_A_SPEC = frozenset({"device", "dtype", "batch_first", "_rank"})
+
+
+def _check_arguments(name: str, kwargs: dict[str, Any], index: int, where: str) -> None:
+    """An allow-list: each argument must be one the torch.nn constructor takes, a bool where its default
+    is a bool, a whole number where it is a size, never device or dtype."""
+    import inspect
+
+    nn = _nn()
+    constructor, _ = _layer_table()[name]
+    cls = getattr(nn, _ARGUMENTS_OF.get(name, ""), None) or constructor
+    parameters = dict(inspect.signature(cls.__init__).parameters) if isinstance(cls, type) else {}
+    if name in ("lstm", "gru", "rnn"):  # RNNBase takes its arguments as *args/**kwargs: name them
+        parameters = {key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default) for key, default in
+                      {"input_size": 0, "hidden_size": 0, "num_layers": 1, "bias": True, "dropout": 0.0,
+                       "bidirectional": False, "proj_size": 0, "nonlinearity": "tanh"}.items()}
+    allowed = sorted(set(parameters) - {"self", "args", "kwargs"} - _NEVER_FROM_A_SPEC)
+    for key, value in kwargs.items():
+        if key not in allowed:
+            raise ModelRefError(f"expected layer {index} ({name}) arguments among {', '.join(allowed) or 'none'}, "
+                                f"got {key!r}", where=where)
+        default = parameters[key].default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ModelRefError(f"expected true or false for layer {index} ({name}) argument {key!r}, got {value!r}",
+                                where=where)
+        # sizes (in_features: int, hidden_size) are numbers; others, such as Conv2d's padding, also take text
+        size = default is inspect.Parameter.empty and parameters[key].annotation in (int, "int")
+        if (size or name in ("lstm", "gru", "rnn") and key.endswith("_size")) and (
+                isinstance(value, bool) or not isinstance(value, int)):
+            raise ModelRefError(f"expected a number for layer {index} ({name}) argument {key!r}, got {value!r}",
+                                where=where)
+        if not _plain_value(value):
+            raise ModelRefError(f"expected a number, true/false, text or a list of numbers for layer {index} "
+                                f"({name}) argument {key!r}, got {str(value)[:80]!r}", where=where)
+
+
+def _plain_value(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, str)):
+        return True
+    return isinstance(value, (list, tuple)) and len(value) <= 8 and all(
+        isinstance(item, (int, float)) and not isinstance(item, bool) for item in value)
+
+
 def _parse_entry(entry: Any, index: int, where: str) -> tuple[str, dict[str, Any]]:
     if isinstance(entry, str):
         return entry.lower(), {}
@@ -109,6 +157,7 @@ def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, 
             raise ModelRefError(f"expected a layer type among {', '.join(sorted(table))}, got {name!r} "
                                 f"(layer {index})", where=where)
         constructor, infer = table[name]
+        _check_arguments(name, kwargs, index, where)
         full = {**infer(tuple(probe.shape[1:])), **kwargs}
         try:
             with torch.device("meta"):
