@@ -90,14 +90,12 @@ _ARGUMENTS_OF = {"batchnorm": "BatchNorm1d", "lstm": "LSTM", "gru": "GRU", "rnn"
 _NEVER_FROM_A_SPEC = frozenset({"device", "dtype", "batch_first", "_rank"})
 
 
-def _check_arguments(name: str, kwargs: dict[str, Any], index: int, where: str) -> None:
+def _check_arguments(name: str, constructor: Any, kwargs: dict[str, Any], index: int, where: str) -> None:
     """An allow-list: each argument must be one the torch.nn constructor takes, a bool where its default
     is a bool, a whole number where it is a size, never device or dtype."""
     import inspect
 
-    nn = _nn()
-    constructor, _ = _layer_table()[name]
-    cls = getattr(nn, _ARGUMENTS_OF.get(name, ""), None) or constructor
+    cls = getattr(_nn(), _ARGUMENTS_OF.get(name, ""), None) or constructor
     parameters = dict(inspect.signature(cls.__init__).parameters) if isinstance(cls, type) else {}
     if name in ("lstm", "gru", "rnn"):  # RNNBase takes its arguments as *args/**kwargs: name them
         parameters = {key: inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default) for key, default in
@@ -157,7 +155,7 @@ def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, 
             raise ModelRefError(f"expected a layer type among {', '.join(sorted(table))}, got {name!r} "
                                 f"(layer {index})", where=where)
         constructor, infer = table[name]
-        _check_arguments(name, kwargs, index, where)
+        _check_arguments(name, constructor, kwargs, index, where)
         full = {**infer(tuple(probe.shape[1:])), **kwargs}
         try:
             with torch.device("meta"):
