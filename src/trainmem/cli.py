@@ -161,18 +161,10 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _devices(args: argparse.Namespace) -> int:
-    from trainmem.devices import all_devices
-    from trainmem.units import format_bytes
+    from trainmem.devices import all_devices, format_table
 
     devices = all_devices()
-    if args.format == "json":
-        print(json.dumps([d.to_dict() for d in devices], indent=2))
-    else:
-        for d in devices:
-            extra = "" if d.gpu is None else (f"  bf16 {'yes' if d.gpu.bf16 else 'no'}, flash "
-                                              f"{'yes' if d.gpu.flash_attention else 'no'}, cuBLAS workspace "
-                                              f"{format_bytes(d.gpu.cublas_workspace_bytes)}")
-            print(f"{d.name:12s} {d.kind:5s} {format_bytes(d.capacity_bytes):>12s}  {d.description}{extra}")
+    print(json.dumps([d.to_dict() for d in devices], indent=2) if args.format == "json" else format_table(devices))
     return EXIT_OK
 
 

@@ -75,3 +75,16 @@ def get_device(name: str) -> Device:
         names = ", ".join(d.name for d in all_devices())
         raise expected(f"a device among {names}, or custom:capacity=SIZE,cc=X.Y", name, "--device")
     return gpu_device(spec)
+
+
+def format_table(devices: list[Device]) -> str:
+    """The `trainmem devices` table, one device a line."""
+    from trainmem.units import format_bytes
+
+    lines = []
+    for d in devices:
+        extra = "" if d.gpu is None else (f"  bf16 {'yes' if d.gpu.bf16 else 'no'}, flash "
+                                          f"{'yes' if d.gpu.flash_attention else 'no'}, cuBLAS workspace "
+                                          f"{format_bytes(d.gpu.cublas_workspace_bytes)}")
+        lines.append(f"{d.name:12s} {d.kind:5s} {format_bytes(d.capacity_bytes):>12s}  {d.description}{extra}")
+    return "\n".join(lines)
