@@ -6,6 +6,35 @@ one line and exit 2 (see cli.py). Nothing here imports torch.
 
 from __future__ import annotations
 
+import reprlib
+
+# A value quoted back in an error is there so that the user recognises it, not to reproduce it: an
+# 80-character prefix names any flag value, file name or layer argument a person types, while a
+# 4,000-character reference or an expanded YAML structure would otherwise fill the terminal (and
+# repr() of a huge structure costs as much time and memory as the structure itself).
+QUOTE_LIMIT = 80
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """repr(value) cut to about `limit` characters, saying how long the original was. Containers are
+    summarised by reprlib (a few items of each level), so a billion-element list is never rendered."""
+    if isinstance(value, str):
+        text = repr(value) if len(value) <= limit else repr(value[:limit]) + f" … ({len(value):,} characters)"
+    else:
+        short = reprlib.Repr()
+        short.maxlevel, short.maxstring, short.maxother = 2, limit, limit
+        short.maxlist = short.maxtuple = short.maxdict = short.maxset = 4
+        text = short.repr(value)
+        text = text if len(text) <= limit else text[:limit] + " …"
+    return " ".join(text.split())  # one line, whatever newlines the value held
+
+
+def one_line(text: object, limit: int = 4 * QUOTE_LIMIT) -> str:
+    """The first line of a message from elsewhere (torch, a user's code), cut to `limit` characters."""
+    lines = str(text).strip().splitlines()
+    first = lines[0] if lines else ""
+    return first if len(first) <= limit else first[:limit] + f" … ({len(first):,} characters)"
+
 
 class TrainmemError(Exception):
     """Bad input or a failed trace: one line that names expected / got / where."""
@@ -32,5 +61,5 @@ class MeasureError(TrainmemError):
 
 
 def expected(what: str, got: object, where: str | None = None, cls: type[TrainmemError] = SetupError) -> TrainmemError:
-    """Build the standard 'expected X, got Y' error."""
-    return cls(f"expected {what}, got {got!r}", where=where)
+    """Build the standard 'expected X, got Y' error; Y is quoted short (quote())."""
+    return cls(f"expected {what}, got {quote(got)}", where=where)

@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import ModelRefError
+from trainmem.errors import ModelRefError, one_line, quote
+from trainmem.frontends.mlp import MAX_LAYERS
 from trainmem.setup import InputSpec, Loss
 
 _TOP_KEYS = {"input", "input_dtype", "input_max", "loss", "layers", "name"}
@@ -105,20 +106,20 @@ def _check_arguments(name: str, constructor: Any, kwargs: dict[str, Any], index:
     for key, value in kwargs.items():
         if key not in allowed:
             raise ModelRefError(f"expected layer {index} ({name}) arguments among {', '.join(allowed) or 'none'}, "
-                                f"got {key!r}", where=where)
+                                f"got {quote(key)}", where=where)
         default = parameters[key].default
         if isinstance(default, bool) and not isinstance(value, bool):
-            raise ModelRefError(f"expected true or false for layer {index} ({name}) argument {key!r}, got {value!r}",
+            raise ModelRefError(f"expected true or false for layer {index} ({name}) argument {quote(key)}, got {quote(value)}",
                                 where=where)
         # sizes (in_features: int, hidden_size) are numbers; others, such as Conv2d's padding, also take text
         size = default is inspect.Parameter.empty and parameters[key].annotation in (int, "int")
         if (size or name in ("lstm", "gru", "rnn") and key.endswith("_size")) and (
                 isinstance(value, bool) or not isinstance(value, int)):
-            raise ModelRefError(f"expected a number for layer {index} ({name}) argument {key!r}, got {value!r}",
+            raise ModelRefError(f"expected a number for layer {index} ({name}) argument {quote(key)}, got {quote(value)}",
                                 where=where)
         if not _plain_value(value):
             raise ModelRefError(f"expected a number, true/false, text or a list of numbers for layer {index} "
-                                f"({name}) argument {key!r}, got {str(value)[:80]!r}", where=where)
+                                f"({name}) argument {quote(key)}, got {quote(value)}", where=where)
 
 
 def _plain_value(value: Any) -> bool:
@@ -137,7 +138,7 @@ def _parse_entry(entry: Any, index: int, where: str) -> tuple[str, dict[str, Any
     if isinstance(entry, dict) and len(entry) == 1:
         (name, kwargs), = entry.items()
         return str(name).lower(), dict(kwargs or {})
-    raise ModelRefError(f"expected layer {index} as a name or {{name: {{args}}}}, got {entry!r}", where=where)
+    raise ModelRefError(f"expected layer {index} as a name or {{name: {{args}}}}, got {quote(entry)}", where=where)
 
 
 def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
@@ -152,7 +153,7 @@ def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, 
     for index, entry in enumerate(spec["layers"]):
         name, kwargs = _parse_entry(entry, index, where)
         if name not in table:
-            raise ModelRefError(f"expected a layer type among {', '.join(sorted(table))}, got {name!r} "
+            raise ModelRefError(f"expected a layer type among {', '.join(sorted(table))}, got {quote(name)} "
                                 f"(layer {index})", where=where)
         constructor, infer = table[name]
         _check_arguments(name, constructor, kwargs, index, where)
@@ -161,17 +162,62 @@ def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, 
             with torch.device("meta"):
                 probe = constructor(**dict(full))(probe)
         except Exception as error:  # noqa: BLE001 - shown as one line with the layer named
-            raise ModelRefError(f"layer {index} ({name} {kwargs}) cannot take a sample of shape "
-                                f"{list(probe.shape[1:])}: {type(error).__name__}: {error}", where=where) from None
+            raise ModelRefError(f"layer {index} ({name} {quote(kwargs)}) cannot take a sample of shape "
+                                f"{list(probe.shape[1:])}: {type(error).__name__}: {one_line(error)}",
+                                where=where) from None
         plan.append((name, full))
     return plan
+
+
+# A layer spec is a page a person writes: 1,000 layers at ~60 bytes each is 60 KB. A larger file is
+# not a spec, and reading it whole would be the first step of a memory attack.
+MAX_SPEC_BYTES = 1 << 20
+# Nesting a person writes is spec → layers → layer → arguments → a list of sizes: 5 levels. Deeper
+# nesting is refused while the YAML is composed, before Python recursion could run out.
+MAX_SPEC_DEPTH = 16
+
+
+def _safe_yaml_loader():
+    """PyYAML's SafeLoader without aliases and with bounded nesting. An alias (`*name`) reuses an
+    anchored node; nesting aliases nine deep in 700 bytes expands to 10⁹ list items when the document
+    is turned into Python objects (the "billion laughs"). A spec has no need for them, so the composer
+    refuses the first alias event it sees, before anything is expanded."""
+    import yaml
+
+    class SpecLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"aliases (*name) are not allowed in a layer spec (line {mark.line + 1})")
+            self.depth += 1
+            if self.depth > MAX_SPEC_DEPTH:
+                raise yaml.YAMLError(f"nesting deeper than {MAX_SPEC_DEPTH} levels")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return SpecLoader
+
+
+def _read_text(file: Path, path: str) -> str:
+    with file.open("rb") as handle:
+        data = handle.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise ModelRefError(f"expected a layer spec of at most {MAX_SPEC_BYTES:,} bytes, got a larger file", where=path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelRefError(f"expected a UTF-8 text {file.suffix[1:].upper()} spec, got binary data", where=path) from None
 
 
 def read_spec(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
-        raise ModelRefError(f"expected an existing spec file, got {path!r}", where="MODEL")
-    text = file.read_text()
+        raise ModelRefError(f"expected an existing spec file, got {quote(path)}", where="MODEL")
+    text = _read_text(file, path)
     try:
         if file.suffix.lower() == ".json":
             spec = json.loads(text)
@@ -181,12 +227,12 @@ def read_spec(path: str) -> dict[str, Any]:
             except ImportError:
                 raise ModelRefError("YAML specs need PyYAML: pip install 'trainmem[yaml]' (or use a .json spec)",
                                     where=path) from None
-            spec = yaml.safe_load(text)
-    except (ValueError, Exception) as error:  # json.JSONDecodeError, yaml.YAMLError
-        if isinstance(error, ModelRefError):
-            raise
+            spec = yaml.load(text, Loader=_safe_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except ModelRefError:
+        raise
+    except (ValueError, RecursionError, Exception) as error:  # json.JSONDecodeError, yaml.YAMLError
         raise ModelRefError(f"expected valid {file.suffix[1:].upper()}, got {type(error).__name__}: "
-                            f"{str(error).splitlines()[0]}", where=path) from None
+                            f"{one_line(error)}", where=path) from None
     _check_spec(spec, path)
     return spec
 
@@ -196,12 +242,15 @@ def _check_spec(spec: Any, where: str) -> None:
         raise ModelRefError(f"expected a mapping with 'input' and 'layers', got {type(spec).__name__}", where=where)
     unknown = sorted(set(spec) - _TOP_KEYS)
     if unknown:
-        raise ModelRefError(f"expected keys among {', '.join(sorted(_TOP_KEYS))}, got {unknown[0]!r}", where=where)
+        raise ModelRefError(f"expected keys among {', '.join(sorted(_TOP_KEYS))}, got {quote(unknown[0])}", where=where)
     shape = spec.get("input")
     if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-        raise ModelRefError(f"expected 'input' as a list of positive integers, got {shape!r}", where=where)
+        raise ModelRefError(f"expected 'input' as a list of positive integers, got {quote(shape)}", where=where)
     if not isinstance(spec.get("layers"), list) or not spec["layers"]:
-        raise ModelRefError(f"expected a non-empty 'layers' list, got {spec.get('layers')!r}", where=where)
+        raise ModelRefError(f"expected a non-empty 'layers' list, got {quote(spec.get('layers'))}", where=where)
+    if len(spec["layers"]) > MAX_LAYERS:  # the mlp: reference's bound, for the same reason (frontends/mlp.py)
+        raise ModelRefError(f"expected at most {MAX_LAYERS:,} layers in a spec, got {len(spec['layers']):,}",
+                            where=where)
 
 
 def _default_input(spec: dict[str, Any], plan: list[tuple[str, dict[str, Any]]]) -> InputSpec:
@@ -214,7 +263,7 @@ def _spec_loss(value: Any, where: str) -> Loss:
     try:
         return Loss(str(value).lower())
     except ValueError:
-        raise ModelRefError(f"expected loss among {', '.join(l.value for l in Loss)}, got {value!r}",
+        raise ModelRefError(f"expected loss among {', '.join(l.value for l in Loss)}, got {quote(value)}",
                             where=where) from None
 
 
