@@ -41,6 +41,7 @@ class TrainmemError(Exception):
 
     def __init__(self, message: str, *, where: str | None = None) -> None:
         self.where = where
+        self.message = message
         super().__init__(f"{where}: {message}" if where else message)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import SetupError, expected
+from trainmem.errors import SetupError, expected, one_line
 
 
 class Optimizer(enum.StrEnum):
@@ -192,24 +192,65 @@ class TrainingSetup:
             object.__setattr__(self, name, _to_enum(enum_type, getattr(self, name), name))
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], where: str = "setup") -> TrainingSetup:
-        """Build from plain values (TOML table, JSON, CLI dict); unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names - {"input_shape", "input_dtype", "input_max"})
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "setup",
+                     origins: Mapping[str, str] | None = None) -> TrainingSetup:
+        """Build from plain values (TOML table, JSON, CLI dict); unknown keys are an error. `origins` says
+        where a key's value came from ("run.toml: batch_size"), so that a bad value blames the file and
+        key rather than a flag the user never typed; an API call (`where` "estimate()") names the
+        keyword."""
+        if origins is None and where.endswith("()"):
+            origins = {key: f"{where[:-1]}{key}=…)" for key in values}
+        try:
+            return cls._from_mapping(values, where)
+        except SetupError as error:
+            raise _blame_origin(error, origins or {}) from None
+
+    @classmethod
+    def _from_mapping(cls, values: Mapping[str, Any], where: str) -> TrainingSetup:
+        unknown = sorted(set(values) - SETUP_KEYS)
         if unknown:
-            raise expected(f"setup keys among {', '.join(sorted(names))}", unknown[0], where)
+            raise expected(f"setup keys among {', '.join(sorted(SETUP_KEYS))}", unknown[0], where)
+        names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in names}
         if kwargs.get("qlora"):
             kwargs = {**QLORA_DEFAULTS, **kwargs}
         if kwargs.get("hf_trainer"):
             kwargs = {**HF_TRAINER_DEFAULTS, **kwargs}
+        for flag in ("checkpointing", "qlora", "hf_trainer"):
+            if flag in kwargs and not isinstance(kwargs[flag], bool):
+                raise expected("true or false", kwargs[flag], f"--{flag.replace('_', '-')}")
         if "inputs" not in kwargs and "input_shape" in values:
             kwargs["inputs"] = parse_inputs(values["input_shape"], values.get("input_dtype"), values.get("input_max"))
+        elif "input_dtype" in values or "input_max" in values:
+            raise SetupError("expected input_shape with input_dtype/input_max, got none", where="--input-shape")
         if "inputs" in kwargs:
+            if isinstance(kwargs["inputs"], (str, Mapping)) or not isinstance(kwargs["inputs"], Sequence):
+                raise expected("inputs as a list of {shape, dtype, max_value} tables", kwargs["inputs"], "--input-shape")
             kwargs["inputs"] = tuple(_input_spec(item, where) for item in kwargs["inputs"])
         if "freeze" in kwargs:
-            kwargs["freeze"] = tuple(kwargs["freeze"])
+            freeze = [kwargs["freeze"]] if isinstance(kwargs["freeze"], str) else kwargs["freeze"]
+            if not isinstance(freeze, Sequence) or not all(isinstance(p, str) for p in freeze):
+                raise expected("parameter name patterns (text)", kwargs["freeze"], "--freeze")
+            kwargs["freeze"] = tuple(freeze)
+        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop",
+                     "task", "lora"):
+            if kwargs.get(name) is not None and not isinstance(kwargs[name], (str, enum.Enum)):
+                raise expected("text", kwargs[name], f"--{name.replace('_', '-')}")
+        for name in ("dropout", "max_grad_norm"):
+            value = kwargs.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise expected("a number", value, f"--{name.replace('_', '-')}")
         return cls(**kwargs)
+
+    def flag_for(self, name: str) -> str:
+        """The flag a user gave to get this field's value: --qlora and --hf-trainer fill in several
+        (QLORA_DEFAULTS, HF_TRAINER_DEFAULTS), and an error about the value must name what was typed."""
+        value = getattr(self, name)
+        if self.qlora and name in QLORA_DEFAULTS and str(value) == str(QLORA_DEFAULTS[name]):
+            return f"--qlora (its {name.replace('_', '-')} {value})"
+        if self.hf_trainer and name in HF_TRAINER_DEFAULTS and str(value) == str(HF_TRAINER_DEFAULTS[name]):
+            return f"--hf-trainer (its {name.replace('_', '-')} {value})"
+        return f"--{name.replace('_', '-')}"
 
     def lora_spec(self) -> LoraSpec | None:
         if self.lora is not None:
@@ -218,11 +259,11 @@ class TrainingSetup:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> TrainingSetup:
-        try:
-            values = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise SetupError(f"expected a readable TOML file, got {error}", where=str(path)) from None
-        return cls.from_mapping(values, where=str(path))
+        values = read_setup_file(path)
+        unknown = sorted(set(values) - SETUP_KEYS)
+        if unknown:
+            raise expected(f"setup keys among {', '.join(sorted(SETUP_KEYS))}", unknown[0], str(path))
+        return cls.from_mapping(values, where=str(path), origins={key: f"{path}: {key}" for key in values})
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -234,11 +275,53 @@ class TrainingSetup:
         return out
 
 
+SETUP_KEYS = frozenset({f.name for f in dataclasses.fields(TrainingSetup)} | {"input_shape", "input_dtype", "input_max"})
+
+# A setup file is a dozen keys: 64 KiB is a thousand times that. Larger is not a setup, and tomllib
+# parses the whole text into memory before anything could be checked.
+MAX_SETUP_FILE_BYTES = 64 << 10
+
+
+def read_setup_file(path: str | Path) -> dict[str, Any]:
+    """A --setup TOML file's table: bounded in size, text, valid TOML; each failure one line naming the file."""
+    where = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SETUP_FILE_BYTES + 1)
+    except OSError as error:
+        raise SetupError(f"expected a readable TOML file, got {error.strerror or type(error).__name__}",
+                         where=where) from None
+    if len(data) > MAX_SETUP_FILE_BYTES:
+        raise SetupError(f"expected a setup file of at most {MAX_SETUP_FILE_BYTES:,} bytes, got a larger file", where=where)
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SetupError("expected a UTF-8 TOML file, got binary data", where=where) from None
+    except tomllib.TOMLDecodeError as error:
+        raise SetupError(f"expected valid TOML, got {one_line(error)}", where=where) from None
+    except RecursionError:  # tomllib nests arrays by recursion
+        raise SetupError("expected valid TOML, got arrays nested too deep to read", where=where) from None
+
+
+def _blame_origin(error: SetupError, origins: Mapping[str, str]) -> SetupError:
+    """Re-aim an error raised for a flag ('--batch-size') at where its value came from."""
+    flag = (error.where or "").split(" ")[0]
+    key = flag.removeprefix("--").replace("-", "_")
+    if flag.startswith("--") and key in origins and origins[key] != flag:
+        return type(error)(error.message, where=origins[key])
+    if key.startswith("input_") and "inputs" in origins:
+        return type(error)(error.message, where=origins["inputs"])
+    return error
+
+
 def _input_spec(item: Any, where: str) -> InputSpec:
     if isinstance(item, InputSpec):
         return item
     if isinstance(item, Mapping) and "shape" in item:
-        return InputSpec(parse_shape(item["shape"]), str(item.get("dtype", "float32")), int(item.get("max_value", 2)))
+        max_value = item.get("max_value", 2)
+        if isinstance(max_value, bool) or not isinstance(max_value, int):
+            raise expected("an integer max_value", max_value, "--input-max")
+        return InputSpec(parse_shape(item["shape"]), str(item.get("dtype", "float32")), max_value)
     raise expected("inputs as {shape, dtype, max_value} tables", item, where)
 
 
@@ -269,33 +352,60 @@ def _check_positive_int(value: Any, where: str) -> None:
         raise expected("a positive integer", value, where)
 
 
-def parse_shape(text: str | Sequence[int], where: str = "--input-shape", allow_scalar: bool = False) -> tuple[int, ...]:
-    """'3,224,224' or '3x224x224' or [3, 224, 224] -> (3, 224, 224); with allow_scalar, 'scalar' or
-    [] -> () (one value per sample, such as a class id)."""
-    if allow_scalar and (text == "scalar" or (not isinstance(text, str) and len(text) == 0)):
+def parse_shape(text: str | int | Sequence[int], where: str = "--input-shape",
+                allow_scalar: bool = False) -> tuple[int, ...]:
+    """'3,224,224' or '3x224x224' or [3, 224, 224] or (3, 224, 224) or 10 -> a tuple of positive ints;
+    with allow_scalar, 'scalar' or [] -> () (one value per sample, such as a class id). Bools, floats
+    and text such as '10.5' are refused, never rounded."""
+    example, given = "comma-separated positive integers such as 3,224,224", text
+    if isinstance(text, bool):
+        raise expected(example, text, where)
+    if isinstance(text, int):
+        text = (text,)
+    if allow_scalar and (text == "scalar" or (not isinstance(text, str) and isinstance(text, Sequence) and len(text) == 0)):
         return ()
     if isinstance(text, str):
-        parts = text.replace("x", ",").replace(" ", "").split(",")
+        parts: list[Any] = text.replace("x", ",").replace(" ", "").split(",")
         if "" in parts:  # '3,,4' or '3,': a dimension left out, not a shape to guess
-            raise expected("comma-separated positive integers such as 3,224,224", text, where)
-    else:
+            raise expected(example, given, where)
+    elif isinstance(text, Sequence):
         parts = list(text)
+        if any(isinstance(p, bool) or not isinstance(p, int) for p in parts):
+            raise expected(example, given, where)
+    else:
+        raise expected(example, given, where)
     try:
         shape = tuple(int(p) for p in parts)
     except (TypeError, ValueError):
-        raise expected("comma-separated positive integers such as 3,224,224", text, where) from None
+        raise expected(example, given, where) from None
     if not shape or any(d <= 0 for d in shape):
-        raise expected("comma-separated positive integers such as 3,224,224", text, where)
+        raise expected(example, given, where)
     return shape
 
 
+def _one_shape(value: Any) -> bool:
+    """A single shape (10, '3,224,224', (3, 224, 224)), as opposed to a list of shapes."""
+    if isinstance(value, (str, int)):
+        return True
+    return isinstance(value, Sequence) and len(value) > 0 and all(isinstance(d, int) for d in value)
+
+
 def parse_inputs(shapes: Any, dtypes: Any = None, maxima: Any = None) -> tuple[InputSpec, ...]:
-    """Zip repeated --input-shape / --input-dtype / --input-max values into InputSpecs.
-    A single dtype or max applies to every input."""
-    shapes = [shapes] if isinstance(shapes, str) or (shapes and isinstance(shapes[0], int)) else list(shapes or [])
+    """Zip repeated --input-shape / --input-dtype / --input-max values into InputSpecs. A shape is
+    '3,224,224', 10, (3, 224, 224) or [3, 224, 224]; several are a list of those. A single dtype or
+    max applies to every input."""
+    if shapes is None or (isinstance(shapes, Sequence) and not isinstance(shapes, str) and len(shapes) == 0):
+        raise expected("an input shape such as 3,224,224", shapes, "--input-shape")
+    shapes = [shapes] if _one_shape(shapes) else shapes
+    if not isinstance(shapes, Sequence):
+        raise expected("an input shape such as 3,224,224", shapes, "--input-shape")
+    shapes = list(shapes)
     dtypes = _broadcast(dtypes, len(shapes), "float32", "--input-dtype")
     maxima = _broadcast(maxima, len(shapes), 2, "--input-max")
-    return tuple(InputSpec(parse_shape(s), str(d), int(m)) for s, d, m in zip(shapes, dtypes, maxima))
+    for maximum in maxima:
+        if isinstance(maximum, bool) or not isinstance(maximum, int):
+            raise expected("an integer --input-max", maximum, "--input-max")
+    return tuple(InputSpec(parse_shape(s), str(d), m) for s, d, m in zip(shapes, dtypes, maxima))
 
 
 def _broadcast(values: Any, count: int, default: Any, where: str) -> list[Any]:
