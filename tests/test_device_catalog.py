@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from trainmem.device_catalog import (CATALOG, CUBLAS_DEFAULT_WORKSPACE, CUBLAS_LARGE_WORKSPACE,
-                                     DEFAULT_CONTEXT_BYTES, GpuSpec, find_gpu, parse_custom)
+import json
+import re
+
+from trainmem.cli import main
+from trainmem.device_catalog import (CAPACITY_FROM_DATASHEET, CAPACITY_FROM_GIVEN, CAPACITY_FROM_NVIDIA_SMI,
+                                     CAPACITY_FROM_TORCH, CATALOG, CONTEXT_ASSUMED, CONTEXT_GIVEN, CONTEXT_MEASURED,
+                                     CUBLAS_DEFAULT_WORKSPACE, CUBLAS_LARGE_WORKSPACE, DEFAULT_CONTEXT_BYTES,
+                                     DEFAULT_CONTEXT_MEASURED_ON, GpuSpec, find_gpu, parse_custom)
+from trainmem.devices import GpuProperties, all_devices, format_table, get_device, identify_gpu
 from trainmem.errors import SetupError
+
+MiB = 1024**2
 
 
 def test_constants_match_pytorch_source():
@@ -18,6 +27,13 @@ def test_constants_match_pytorch_source():
 def test_entry_is_sourced_and_consistent(spec: GpuSpec):
     assert spec.capacity_source.strip() and ("github.com" in spec.capacity_source or "http" in spec.capacity_source)
     assert spec.context_source.strip()
+    # the source says how the figure was obtained, and the entry says whether that is a measurement
+    assert spec.capacity_from in (CAPACITY_FROM_NVIDIA_SMI, CAPACITY_FROM_TORCH, CAPACITY_FROM_DATASHEET)
+    said = {CAPACITY_FROM_NVIDIA_SMI: "nvidia-smi", CAPACITY_FROM_TORCH: "torch total_memory",
+            CAPACITY_FROM_DATASHEET: "datasheet, not measured"}[spec.capacity_from]
+    assert spec.capacity_source.startswith(said)
+    assert spec.capacity_measured == (spec.capacity_from != CAPACITY_FROM_DATASHEET)
+    assert spec.context_from == (CONTEXT_MEASURED if spec.name == DEFAULT_CONTEXT_MEASURED_ON else CONTEXT_ASSUMED)
     assert spec.capacity_bytes > 0 and spec.capacity_bytes % 1024**2 == 0
     assert spec.cuda_context_bytes > 0
     major, minor = spec.compute_capability
@@ -91,3 +107,146 @@ def test_a_custom_context_is_used_as_is():
     est = estimate("mlp:8-8", device="custom:capacity=8GiB,cc=8.0,context=100MiB", batch_size=2, input_shape="8")
     assert est.process_parts["cuda_context"] == 100 * 1024**2
     assert est.process_bytes_high == est.process_bytes == est.reserved_bytes + 100 * 1024**2
+
+
+def test_custom_devices_say_their_figures_were_given():
+    spec = parse_custom("custom:capacity=24GiB,cc=8.9,context=300MiB")
+    assert (spec.capacity_from, spec.context_from, spec.capacity_measured) == (CAPACITY_FROM_GIVEN, CONTEXT_GIVEN, False)
+    assert parse_custom("custom:capacity=24GiB,cc=8.9").context_from == CONTEXT_ASSUMED
+
+
+# GPUs clouds rent that the catalog lacked before: (name, capacity in MiB, compute capability, capacity from)
+ADDED = [("h200", 141 * 1024, (9, 0), CAPACITY_FROM_DATASHEET), ("gb200", 186 * 1024, (10, 0), CAPACITY_FROM_DATASHEET),
+         ("h100-nvl", 95830, (9, 0), CAPACITY_FROM_NVIDIA_SMI), ("rtx-6000-ada", 49140, (8, 9), CAPACITY_FROM_NVIDIA_SMI),
+         ("a40", 46068, (8, 6), CAPACITY_FROM_NVIDIA_SMI)]
+
+
+@pytest.mark.parametrize("name, mib, cc, source", ADDED, ids=[row[0] for row in ADDED])
+def test_added_gpus(name, mib, cc, source):
+    spec = find_gpu(name)
+    assert (spec.capacity_bytes, spec.compute_capability, spec.capacity_from) == (mib * MiB, cc, source)
+    assert spec.cublas_workspace_bytes == (CUBLAS_LARGE_WORKSPACE if cc[0] >= 9 else CUBLAS_DEFAULT_WORKSPACE)
+
+
+def test_datasheet_capacities_state_the_assumption():
+    """Only H200 and GB200 rest on a datasheet; their source names the page, the reading as GiB, and that it
+    is not measured, and the JSON says so too."""
+    assert {spec.name for spec in CATALOG if spec.capacity_from == CAPACITY_FROM_DATASHEET} == {"h200", "gb200"}
+    for name in ("h200", "gb200"):
+        source = find_gpu(name).capacity_source
+        assert "not measured" in source and "GiB" in source and "https://www.nvidia.com/" in source
+        listed = get_device(name).to_dict()
+        assert listed["capacity_from"] == "datasheet" and listed["capacity_measured"] is False
+
+
+def test_devices_table_is_aligned_with_a_header():
+    """Every column starts at the same offset on every row, header included; the table names each
+    capacity's source and says what the "from" words mean."""
+    text = format_table(all_devices())
+    rows = text.split("\n\n")[0].splitlines()
+    header, body = rows[0], rows[1:]
+    assert header.split("  ")[0] == "name" and "capacity from" in header and "context from" in header
+    assert [row.split()[0] for row in body] == [device.name for device in all_devices()]
+
+    def starts(line: str) -> list[int]:  # a cell starts after two spaces (cells hold single spaces only)
+        return [0] + [match.end() for match in re.finditer(r"  +", line.rstrip())]
+
+    columns = starts(header)
+    assert all(starts(row) == columns for row in body), "\n".join(rows)
+    for spec in CATALOG:
+        assert spec.capacity_source in text
+    assert "datasheet = NVIDIA's published figure" in text and "assumed = measured on another GPU" in text
+    h200 = next(row for row in body if row.startswith("h200 "))
+    assert "datasheet" in h200 and "141.00 GiB" in h200
+
+
+def test_devices_json_has_integer_bytes_and_sources(capsys):
+    assert main(["devices", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    names = [d["name"] for d in listed]
+    assert {"h200", "gb200", "h100-nvl"} <= set(names)
+    for device in listed:
+        byte_values = [v for k, v in device.items() if k.endswith("_bytes")]
+        assert byte_values and all(type(v) is int for v in byte_values)
+        if device["kind"] == "cuda":
+            assert device["capacity_source"] and device["context_source"]
+            assert device["capacity_from"] in ("nvidia-smi", "torch", "datasheet")
+            assert device["context_from"] in ("measured", "assumed")
+
+
+@pytest.mark.parametrize("name", ["h200", "gb200", "h100-nvl"])
+def test_estimates_run_on_the_added_gpus(name, capsys):
+    code = main(["estimate", "mlp:64-32-8", "--input-shape", "64", "--batch-size", "4", "--device", name,
+                 "--format", "json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["device"]["name"] == name and result["fits"] is True
+    assert result["device"]["capacity_bytes"] == find_gpu(name).capacity_bytes
+    assert result["peak"]["process_bytes"] > result["peak"]["reserved_bytes"] >= result["peak"]["allocated_bytes"] > 0
+
+
+@pytest.mark.parametrize("torch_name, entry", [("NVIDIA H100 80GB HBM3", "h100-80gb"), ("Tesla T4", "t4"),
+                                               ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA H200", "h200"),
+                                               ("NVIDIA GeForce RTX 4090", "rtx4090")])
+def test_a_visible_gpu_is_identified_by_its_name(torch_name, entry):
+    """torch.cuda.get_device_properties().name is nvidia-smi's product name, which each entry records."""
+    spec = identify_gpu(GpuProperties(0, torch_name, 1 * MiB, (9, 0)))
+    assert spec.name == entry
+
+
+def test_a_gpu_the_catalog_lacks_is_described_by_its_properties():
+    """An A100 PCIe or a MIG slice: torch's total_memory is the capacity, its compute capability the rules'."""
+    spec = identify_gpu(GpuProperties(1, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9_961_472_000, (8, 0)))
+    assert (spec.name, spec.capacity_bytes, spec.compute_capability) == ("cuda:1", 9_961_472_000, (8, 0))
+    assert spec.capacity_from == CAPACITY_FROM_TORCH and spec.bf16 and spec.flash_attention
+    assert spec.cublas_workspace_bytes == CUBLAS_DEFAULT_WORKSPACE and "total_memory" in spec.capacity_source
+
+
+def test_cuda_names_this_machines_gpu(monkeypatch):
+    """"cuda", "cuda:N" and torch.device("cuda", N) are this machine's GPU: identified where torch sees one."""
+    import torch
+
+    import trainmem.devices as devices
+
+    seen = []
+
+    def visible(index):
+        seen.append(index)
+        return GpuProperties(index, "NVIDIA L4", 23_580_639_232, (8, 9))
+
+    monkeypatch.setattr(devices, "_visible_gpu", visible)
+    assert get_device("cuda").name == "l4" and get_device(torch.device("cuda", 3)).name == "l4"
+    assert get_device("CUDA:2").gpu is find_gpu("l4")
+    assert seen == [0, 3, 2]
+
+
+def test_cuda_without_a_visible_gpu_asks_for_the_model(monkeypatch):
+    import torch
+
+    import trainmem.devices as devices
+
+    monkeypatch.setattr(devices, "_visible_gpu", lambda index: None)
+    for given in ("cuda", "cuda:1", torch.device("cuda"), torch.device("cuda", 0)):
+        with pytest.raises(SetupError) as info:
+            get_device(given)
+        message = str(info.value)
+        assert message.startswith("--device: expected the GPU model") and "h100-80gb" in message
+        assert "no CUDA GPU is visible" in message and "\n" not in message
+
+
+def test_cuda_on_this_machine():
+    """Without monkeypatching: on this machine (no GPU in the test environment) "cuda" is refused on one line;
+    on a machine with one, it is identified."""
+    import torch
+
+    if torch.cuda.is_available():
+        assert get_device("cuda").kind == "cuda"
+    else:
+        with pytest.raises(SetupError, match="no CUDA GPU is visible"):
+            get_device(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("given", [42, None, 3.5, ["h200"]])
+def test_a_device_of_another_type_is_refused(given):
+    with pytest.raises(SetupError) as info:
+        get_device(given)
+    assert str(info.value).startswith("--device: expected a device") and "torch.device" in str(info.value)

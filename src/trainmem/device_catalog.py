@@ -1,23 +1,31 @@
 """Catalog of GPU targets for `trainmem devices` / `--device NAME`. No torch.
 
-Each entry records the memory the driver reports and where that number comes from.
+Each entry records the memory the driver reports, where that number comes from, and whether it was
+measured (`capacity_from`).
 
-* `capacity_bytes` is the framebuffer total that nvidia-smi prints ("... / 81559MiB"), times 2**20.
-  This is the driver's total for the board. `torch.cuda.get_device_properties().total_memory`
+* `capacity_bytes` is the framebuffer total that nvidia-smi prints ("... / 81559MiB"), times 2**20,
+  wherever a public nvidia-smi paste was found (`capacity_from` "nvidia-smi"). This is the driver's
+  total for the board. `torch.cuda.get_device_properties().total_memory`
   (= `cudaDeviceProp.totalGlobalMem` = `cudaMemGetInfo` total) is a little lower, because the
   driver keeps some memory for itself. For example, an A100-SXM4-40GB shows 40960MiB in nvidia-smi
   but 42,298,834,944 B (40339 MiB) in deviceQuery (bottlerocket-os/bottlerocket#3873), and an
   H100 80GB HBM3 shows 81559MiB in nvidia-smi but total_memory=81089MB in PyTorch. The exact gap
-  depends on the driver.
+  depends on the driver. One entry has torch's figure only ("torch").
+* Where no measured total with a public source was found (H200, GB200), the entry takes NVIDIA's
+  datasheet figure (`capacity_from` "datasheet"), read as GiB: NVIDIA's "GB" for these boards counts
+  2**30 bytes (A100 80GB and 40GB show exactly 81920 and 40960 MiB in nvidia-smi). It is an
+  assumption, stated in the table and the JSON: on the HBM boards measured here nvidia-smi shows
+  0 to 0.52% less than the datasheet's GiB (H100 80GB 81559 of 81920 MiB, H100 NVL 95830 of 96256,
+  B200 183359 of 184320), so a datasheet capacity may be up to about half a percent high.
 * The rules that depend on compute capability follow PyTorch's own source (see the functions
   below). They are not per-GPU guesses.
-* H200 is not listed: its capacity (143771MiB in nvidia-smi, 143156 MiB in torch) was found only in
-  pastes that could not be traced to a public page; use `custom:capacity=143771MiB,cc=9.0`.
 * `cuda_context_bytes` is one default for every GPU: the CUDA 12, lazy-loading figure of
-  targets/cuda_runtime.py (256 MiB). Estimates take the context from that module by the target's CUDA
-  version and module loading (--cuda-version, --module-loading), with the range reported; only a
-  custom device's `context=` (or --cuda-context) replaces it. No per-GPU figures with a public source
-  were found.
+  targets/cuda_runtime.py (256 MiB), measured on an RTX 3090. Estimates take the context from that
+  module by the target's CUDA version and module loading (--cuda-version, --module-loading), with the
+  range reported; only a custom device's `context=` (or --cuda-context) replaces it. No per-GPU
+  figures with a public source were found, so every other GPU assumes the RTX 3090's figure
+  (`context_from` "assumed"): the context's size is taken to depend on the CUDA version, the driver
+  and module loading, not on the board.
 """
 
 from __future__ import annotations
@@ -53,6 +61,20 @@ BF16_MIN_MAJOR = 8
 DEFAULT_CONTEXT_BYTES = 256 * MiB
 DEFAULT_CONTEXT_SOURCE = ("CUDA 12, lazy module loading: 256 MiB (invoke-ai/InvokeAI #9413); estimates pick the "
                           "figure by --cuda-version and --module-loading (targets/cuda_runtime.py)")
+# The GPU that figure was measured on (targets/cuda_runtime.py CONTEXT_FACTS: an RTX 3090). Its entry's
+# context is "measured"; every other entry's is "assumed", the same size on another board.
+DEFAULT_CONTEXT_MEASURED_ON = "rtx3090"
+
+# Where a capacity comes from (GpuSpec.capacity_from): a measured total, or a figure taken on trust.
+CAPACITY_FROM_NVIDIA_SMI = "nvidia-smi"  # measured: the framebuffer total nvidia-smi prints
+CAPACITY_FROM_TORCH = "torch"  # measured: torch.cuda.get_device_properties().total_memory
+CAPACITY_FROM_DATASHEET = "datasheet"  # not measured: NVIDIA's published figure, read as GiB
+CAPACITY_FROM_GIVEN = "given"  # custom:capacity= on the command line
+MEASURED_CAPACITY = frozenset({CAPACITY_FROM_NVIDIA_SMI, CAPACITY_FROM_TORCH})
+# Where a context size comes from (GpuSpec.context_from).
+CONTEXT_MEASURED = "measured"  # on this GPU
+CONTEXT_ASSUMED = "assumed"  # another GPU's measurement (DEFAULT_CONTEXT_MEASURED_ON), taken as the same here
+CONTEXT_GIVEN = "given"  # custom:...,context= on the command line
 
 
 def cublas_workspace_for(cc: tuple[int, int]) -> int:
@@ -81,6 +103,13 @@ class GpuSpec:
     cuda_context_bytes: int
     context_source: str
     context_given: bool = False  # a custom device's context=: used as is instead of the runtime's figure
+    capacity_from: str = CAPACITY_FROM_NVIDIA_SMI  # one of the CAPACITY_FROM_* values above
+    context_from: str = CONTEXT_ASSUMED  # one of the CONTEXT_* values above
+
+    @property
+    def capacity_measured(self) -> bool:
+        """False where the capacity is a datasheet's or the user's figure, not a measured total."""
+        return self.capacity_from in MEASURED_CAPACITY
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -89,21 +118,29 @@ class GpuSpec:
             "compute_capability": f"{self.compute_capability[0]}.{self.compute_capability[1]}",
             "cublas_workspace_bytes": self.cublas_workspace_bytes, "bf16": self.bf16,
             "flash_attention": self.flash_attention, "cuda_context_bytes": self.cuda_context_bytes,
-            "context_source": self.context_source,
+            "context_source": self.context_source, "capacity_from": self.capacity_from,
+            "capacity_measured": self.capacity_measured, "context_from": self.context_from,
         }
 
 
 def _gpu(name: str, aliases: tuple[str, ...], marketing: str, mib: int, source: str,
-         cc: tuple[int, int], context: int = DEFAULT_CONTEXT_BYTES,
-         context_source: str = DEFAULT_CONTEXT_SOURCE) -> GpuSpec:
+         cc: tuple[int, int], capacity_from: str = CAPACITY_FROM_NVIDIA_SMI) -> GpuSpec:
+    context_from = CONTEXT_MEASURED if name == DEFAULT_CONTEXT_MEASURED_ON else CONTEXT_ASSUMED
     return GpuSpec(name=name, aliases=aliases, marketing_name=marketing, capacity_bytes=mib * MiB,
                    capacity_source=source, compute_capability=cc,
                    cublas_workspace_bytes=cublas_workspace_for(cc), bf16=bf16_for(cc),
-                   flash_attention=flash_attention_for(cc), cuda_context_bytes=context,
-                   context_source=context_source)
+                   flash_attention=flash_attention_for(cc), cuda_context_bytes=DEFAULT_CONTEXT_BYTES,
+                   context_source=DEFAULT_CONTEXT_SOURCE, capacity_from=capacity_from, context_from=context_from)
+
+
+def _datasheet_gib(gib: int) -> int:
+    """A datasheet's "N GB" as MiB, read as GiB (module docstring: NVIDIA's GB for these boards)."""
+    return gib * 1024
 
 
 _MODAL = "https://github.com/modal-labs/modal-client/pull/2797 (nvidia-smi totals per GPU type)"
+# nvidia-smi / nvidia-smi -q pastes of rented machines, one file per GPU type, pinned to their commits
+_THAMADA = "https://github.com/thamada/nvidia-smi/blob/{commit}/{path}"
 
 CATALOG: tuple[GpuSpec, ...] = (
     _gpu("v100-16gb", ("v100-sxm2-16gb",), "Tesla V100-SXM2-16GB", 16384,
@@ -119,7 +156,11 @@ CATALOG: tuple[GpuSpec, ...] = (
     _gpu("a10g", ("a10",), "NVIDIA A10G", 23028,
          "nvidia-smi '8722MiB / 23028MiB', https://github.com/NVIDIA/DCGM/issues/232; "
          f"also 23028MiB in {_MODAL}", (8, 6)),
+    _gpu("a40", (), "NVIDIA A40", 46068,
+         "nvidia-smi '1MiB / 46068MiB' (driver 550.127.05), "
+         + _THAMADA.format(commit="5f6b772848f86e938c96cb7b6ff46d11f4957cba", path="nvsim/A40x10_smi.py"), (8, 6)),
     _gpu("l4", (), "NVIDIA L4", 23034, f"nvidia-smi 23034MiB, {_MODAL}", (8, 9)),
+    _gpu("l40s", (), "NVIDIA L40S", 46068, f"nvidia-smi 46068MiB, {_MODAL}", (8, 9)),
     _gpu("a100-40gb", ("a100-sxm4-40gb",), "NVIDIA A100-SXM4-40GB", 40960,
          f"nvidia-smi 40960MiB, {_MODAL}; deviceQuery totalGlobalMem 42298834944 B, "
          "https://github.com/bottlerocket-os/bottlerocket/pull/3873", (8, 0)),
@@ -131,7 +172,25 @@ CATALOG: tuple[GpuSpec, ...] = (
     _gpu("h100-pcie", ("h100-pcie-80gb",), "NVIDIA H100 PCIe", 81559,
          "nvidia-smi '25169MiB / 81559MiB' (driver 535.129.03), "
          "https://github.com/triton-inference-server/tensorrtllm_backend/blob/main/docs/llama.md", (9, 0)),
-    _gpu("l40s", (), "NVIDIA L40S", 46068, f"nvidia-smi 46068MiB, {_MODAL}", (8, 9)),
+    _gpu("h100-nvl", ("h100-nvl-94gb",), "NVIDIA H100 NVL", 95830,
+         "nvidia-smi '0MiB / 95830MiB' and -q 'FB Memory Usage Total: 95830 MiB' (driver 550.54.14), "
+         + _THAMADA.format(commit="198aebb60732de6969556867659756f4685637c2", path="nvsim/H100NVLx2_smi.py"),
+         (9, 0)),
+    # datasheet capacities (h200, gb200): no measured total with a public source was found (module docstring)
+    _gpu("h200", ("h200-sxm", "h200-141gb", "h200-nvl"), "NVIDIA H200", _datasheet_gib(141),
+         "datasheet, not measured: 141 GB HBM3e for H200 SXM and H200 NVL, "
+         "https://www.nvidia.com/en-us/data-center/h200/ (read as 141 GiB; nvidia-smi pastes showing "
+         "143771MiB, 0.4% less, could not be traced to a citable page)", (9, 0), CAPACITY_FROM_DATASHEET),
+    _gpu("b200", (), "NVIDIA B200", 183359,
+         "nvidia-smi '166593MiB / 183359MiB', https://github.com/NVIDIA/TensorRT-LLM/issues/10278",
+         (10, 0)),
+    _gpu("gb200", ("gb200-nvl72",), "NVIDIA GB200", _datasheet_gib(186),
+         "datasheet, not measured: 186 GB HBM3e per Blackwell GPU of a GB200 superchip (372 GB for its two; "
+         "13.4 TB for the 72 of a GB200 NVL72), https://www.nvidia.com/en-us/data-center/gb200-nvl72/; MLPerf "
+         "system descriptions list 'accelerator_memory_capacity: 186 GB' for 'NVIDIA GB200', "
+         "https://github.com/mlcommons/inference_results_v6.1/blob/main/closed/Crusoe/systems/"
+         "GB200-NVL72_GB200-186GB_aarch64x16_Dynamo.json (read as 186 GiB; 2024 announcements said 192 GB, "
+         "the shipping specification says 186)", (10, 0), CAPACITY_FROM_DATASHEET),
     _gpu("rtx3090", ("3090", "rtx-3090"), "NVIDIA GeForce RTX 3090", 24576,
          "nvidia-smi '22598MiB / 24576MiB', https://github.com/noonghunna/club-3090/issues/1128",
          (8, 6)),
@@ -140,13 +199,14 @@ CATALOG: tuple[GpuSpec, ...] = (
     _gpu("rtx-a6000", ("a6000",), "NVIDIA RTX A6000", 48676,
          "torch total_memory=48676MB, https://github.com/pytorch/ao/blob/main/torchao/prototype/hqq/README.md "
          "(torch's figure: nvidia-smi shows about 464 MiB more with ECC off; no citable nvidia-smi paste found)",
-         (8, 6)),
+         (8, 6), CAPACITY_FROM_TORCH),
+    _gpu("rtx-6000-ada", ("rtx6000-ada", "6000-ada"), "NVIDIA RTX 6000 Ada Generation", 49140,
+         "nvidia-smi '2MiB / 49140MiB' and -q 'FB Memory Usage Total: 49140 MiB' (driver 550.127.05, ECC off), "
+         + _THAMADA.format(commit="b09ef139265ffc7e3c78006346981de8e4d70499", path="gls/RTX6000Ada_x8_smi.py"),
+         (8, 9)),
     _gpu("rtx5090", ("5090", "rtx-5090"), "NVIDIA GeForce RTX 5090", 32607,
          "nvidia-smi '29024MiB / 32607MiB', https://github.com/noonghunna/club-3090/issues/1261",
          (12, 0)),
-    _gpu("b200", (), "NVIDIA B200", 183359,
-         "nvidia-smi '166593MiB / 183359MiB', https://github.com/NVIDIA/TensorRT-LLM/issues/10278",
-         (10, 0)),
 )
 
 
@@ -204,4 +264,5 @@ def parse_custom(text: str) -> GpuSpec:
                    capacity_bytes=capacity, capacity_source="given on the command line",
                    compute_capability=cc, cublas_workspace_bytes=cublas_workspace_for(cc),
                    bf16=bf16_for(cc), flash_attention=flash_attention_for(cc),
-                   cuda_context_bytes=context, context_source=context_source, context_given=given)
+                   cuda_context_bytes=context, context_source=context_source, context_given=given,
+                   capacity_from=CAPACITY_FROM_GIVEN, context_from=CONTEXT_GIVEN if given else CONTEXT_ASSUMED)
