@@ -1,38 +1,80 @@
 # Two commands for a fresh machine:  make demo  ·  make test
-# Both create .venv on first use (torch 2.13.0, the CPU build, pinned in pyproject.toml); make test also
-# creates .venv-vision (torch 2.14.1 + torchvision + timm) for the tests of torchvision:/timm: references.
+# Both create .venv on first use. The package itself accepts any supported torch (pyproject.toml); the dev
+# environment pins torch 2.13.0 here, installed before trainmem so that the package's open range finds it
+# satisfied (on this machine pip takes the 2.13.0 CPU build from its local wheels; without a torch already
+# there, an open range would pull a multi-GB CUDA build). make test also creates .venv-vision (torch 2.14.1
+# + torchvision + timm) for the tests of torchvision:/timm: references and of the install into another torch.
+# Stamp files record each step, so `make demo` then `make test` installs each thing once.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+DEV_TORCH := torch==2.13.0
 
-$(BIN)/trainmem: pyproject.toml
+# torch alone, first: every later pip command in .venv names the pin again, so none of them can move it
+$(VENV)/.torch-ready:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet $(DEV_TORCH)
 	touch $@
 
-# torchvision and timm need torch 2.14.1 (a CUDA build that runs on the CPU), not the pinned CPU build:
-# their tests run in a second environment; trainmem itself is installed there without its pin.
+# what the demo needs: trainmem and its one dependency, torch (already there)
+$(VENV)/.demo-ready: $(VENV)/.torch-ready pyproject.toml
+	$(BIN)/pip install --quiet -e . $(DEV_TORCH)
+	touch $@
+
+# the test extras (pytest, pyyaml, transformers, peft, onnx) on top
+$(VENV)/.test-ready: $(VENV)/.demo-ready pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test]' $(DEV_TORCH)
+	touch $@
+
+# torchvision and timm need torch 2.14.1 (a CUDA build that runs on the CPU), not the dev pin: their tests
+# run in a second environment. trainmem goes in as a user installs it, with its dependencies, into an
+# environment that already has a supported torch: tests/test_install.py checks that torch stays.
 VISION := .venv-vision
 VISION_PACKAGES := torch==2.14.1 torchvision==0.29.1 timm==1.0.31 accelerate==1.16.0 peft==0.21.2 transformers==5.24.0 onnx==1.23.2 pytest pyyaml
 
 $(VISION)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VISION)
 	$(VISION)/bin/pip install --quiet $(VISION_PACKAGES)
-	$(VISION)/bin/pip install --quiet --no-deps -e .
+	$(VISION)/bin/pip install --quiet -e .
 	touch $@
 
-.PHONY: demo test bench coverage
-demo: $(BIN)/trainmem
+.PHONY: demo test bench coverage compat
+demo: $(VENV)/.demo-ready
 	$(BIN)/trainmem estimate mlp:1000-100-100-100-100-10 --input-shape 1000 --batch-size 256 --optimizer adam
 
-test: $(BIN)/trainmem $(VISION)/.ready
+test: $(VENV)/.test-ready $(VISION)/.ready
 	$(BIN)/python -m pytest
-	$(VISION)/bin/python -m pytest tests/test_vision.py
+	$(VISION)/bin/python -m pytest tests/test_vision.py tests/test_install.py
 
-bench: $(BIN)/trainmem
+bench: $(VENV)/.test-ready
 	$(BIN)/python benchmarks/accuracy_cpu.py
 	$(BIN)/python benchmarks/speed.py
 
-coverage: $(BIN)/trainmem $(VISION)/.ready
+coverage: $(VENV)/.test-ready $(VISION)/.ready
 	$(VISION)/bin/python benchmarks/coverage.py
 	$(VISION)/bin/python benchmarks/onnx_coverage.py
+
+# The oldest and the newest supported torch (pyproject.toml's range), each in its own environment
+# .venv-compat-<version> with trainmem installed normally: benchmarks/compat.py runs the core tests and the
+# calibration estimates there and compares them with the dev pin's, in benchmarks/results/compat.md.
+# pip on this machine caps torch below the newest release with a constraint file; an empty constraint file for
+# these commands lifts the cap. Each environment downloads a CUDA build of torch (several GB).
+COMPAT_OLDEST := 2.6.0
+COMPAT_NEWEST := 2.15.0
+COMPAT_VERSIONS := $(COMPAT_OLDEST) $(COMPAT_NEWEST)
+# the newest of each that installs next to that torch, pinned: transformers builds the BERT rows, pytest and
+# pyyaml run the tests (peft, onnx and torchvision are left out: their tests are not in the compat subset)
+COMPAT_PACKAGES := pytest==9.0.1 pyyaml==6.0.3 transformers==5.24.0
+COMPAT_OUT := build/compat
+
+.venv-compat-%/.ready: pyproject.toml
+	$(PYTHON) -m venv .venv-compat-$*
+	PIP_CONSTRAINT=/dev/null .venv-compat-$*/bin/pip install --quiet torch==$* $(COMPAT_PACKAGES)
+	PIP_CONSTRAINT=/dev/null .venv-compat-$*/bin/pip install --quiet -e . torch==$*
+	touch $@
+
+compat: $(VENV)/.test-ready $(foreach version,$(COMPAT_VERSIONS),.venv-compat-$(version)/.ready)
+	mkdir -p $(COMPAT_OUT)
+	$(BIN)/python benchmarks/compat.py run --no-tests --out $(COMPAT_OUT)/baseline.json
+	$(foreach version,$(COMPAT_VERSIONS),.venv-compat-$(version)/bin/python benchmarks/compat.py run --out $(COMPAT_OUT)/$(version).json &&) true
+	$(BIN)/python benchmarks/compat.py report --baseline $(COMPAT_OUT)/baseline.json $(foreach version,$(COMPAT_VERSIONS),$(COMPAT_OUT)/$(version).json)

@@ -4,7 +4,8 @@ The floor is the peak RSS of a fresh Python process that imports torch and train
 steps (the interpreter, torch's libraries as mapped, thread pools, autograd and optimizer machinery),
 less that tiny model's own tensors. It is measured, not derived: `benchmarks/calibrate_cpu.py` writes
 `targets/data/cpu_runtime.json` with the torch version, CPU capability and thread count it was
-measured with. Kernel families that load more code or JIT buffers (oneDNN convolution, LSTM) add a
+measured with, one entry per torch build; a build without its own entry takes the nearest measured one,
+and the estimate says which (targets/torch_build.py). Kernel families that load more code or JIT buffers (oneDNN convolution, LSTM) add a
 measured increment of their own.
 """
 
@@ -16,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.torch_build import FactChoice, TorchBuild, nearest
 
 DATA = Path(__file__).parent / "data" / "cpu_runtime.json"
 
@@ -33,16 +35,17 @@ class RuntimeFloor:
     assumptions: list[str]
 
 
-def load() -> dict:
-    """The calibration measured with the running torch build (the CPU build and the CUDA build of the
-    same machine differ by a hundred MiB: the CUDA one maps its libraries at import); else the first."""
-    import torch
-
+def choose(running: TorchBuild | None = None) -> FactChoice:
+    """The calibration measured with the running torch build, else the nearest measured one (the CPU build
+    and the CUDA build of one release differ by hundreds of MiB: the CUDA one maps its libraries at import),
+    with the warning that says so (targets/torch_build.py)."""
     calibrations = json.loads(DATA.read_text())["calibrations"]
-    for data in calibrations:
-        if data["torch"] == torch.__version__:
-            return data
-    return calibrations[0]
+    return nearest(calibrations, running or TorchBuild.running())
+
+
+def load() -> dict:
+    """The calibration `choose` picks for the running torch."""
+    return choose().entry
 
 
 def import_set_key(libraries) -> str:
@@ -67,7 +70,8 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     floor measured with other ones is reported as an assumption."""
     import torch
 
-    data = load()
+    choice = choose()
+    data = choice.entry
     parts = {"process_floor": int(data["floor_bytes"])}
     for family, ops in FAMILIES.items():
         if any(op_counts.get(op) for op in ops) and family in data.get("families", {}):
@@ -75,6 +79,8 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
                    "interpreter, torch libraries, thread pools"]
+    if choice.warning("process floor"):
+        assumptions.append(choice.warning("process floor"))
     if libraries:
         key = import_set_key(libraries)
         measured_sets = data.get("import_sets", {})
