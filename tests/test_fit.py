@@ -287,3 +287,28 @@ def test_the_pair_is_traced_only_as_far_as_the_search_goes():
     new = fit(MLP, SETUP, SMALL_GPU, limit=2, margin=0.2)
     assert (new.best, new.first_miss, new.search["traced"], new.search["predicted"]) == (2, None, [1, 2], [])
     assert new.search["how"] == "traced, each one (batch 1, 2): nothing left to predict"
+
+
+def test_device_and_setup_as_estimate_takes_them():
+    """fit(model, device=torch.device(...) or a Device, **setup) as estimate(); the old positional call still
+    answers alike."""
+    import torch
+
+    from trainmem.devices import get_device
+
+    positional = fit(MLP, SETUP, "cpu", limit=4)
+    by_torch = fit(MLP, device=torch.device("cpu"), input_shape="256", limit=4)
+    assert (by_torch.best, by_torch.tried, by_torch.device_name) == (positional.best, positional.tried, "cpu")
+    as_device = fit(MLP, device=get_device(SMALL_GPU), margin=0.2, input_shape="256")
+    assert (as_device.best, as_device.tried) == (fit(MLP, SETUP, SMALL_GPU, margin=0.2).best,
+                                                 fit(MLP, SETUP, SMALL_GPU, margin=0.2).tried)
+
+
+def test_batch_size_is_searched_not_given():
+    """The batch search searches batch_size: a batch_size keyword would be ignored, so it is refused; the
+    sequence search takes it as the batch to search at."""
+    with pytest.raises(SetupError) as info:
+        fit(MLP, device=SMALL_GPU, input_shape="256", batch_size=8)
+    assert str(info.value).startswith("fit(): expected no batch_size for fit(): it searches the batch size")
+    result = fit(MLP, device=SMALL_GPU, input_shape="16,256", batch_size=2, sequence=True, limit=4, margin=0.2)
+    assert result.best_estimate.setup.batch_size == 2

@@ -11,3 +11,54 @@ def test_estimate_prints_itself_and_exposes_numbers():
     est = trainmem.estimate("mlp:8-4", batch_size=2)
     assert isinstance(est.tensor_bytes, int) and isinstance(est.process_bytes, int)
     assert "Peak memory" in str(est)
+
+
+def test_device_as_torch_device_string_or_device():
+    """device= takes a name, a torch.device or a trainmem.Device; each names the same target."""
+    import torch
+
+    from trainmem.devices import get_device
+
+    by_name = trainmem.estimate("mlp:8-4", batch_size=2, device="cpu")
+    by_torch = trainmem.estimate("mlp:8-4", batch_size=2, device=torch.device("cpu"))
+    assert by_torch.to_dict()["peak"] == by_name.to_dict()["peak"] and by_torch.device.name == "cpu"
+    h200 = trainmem.estimate("mlp:8-4", batch_size=2, device="h200")
+    as_device = trainmem.estimate("mlp:8-4", batch_size=2, device=get_device("h200"))
+    assert as_device.to_dict() == h200.to_dict() and h200.device.kind == "cuda"
+
+
+def test_cuda_without_a_gpu_model_is_one_clear_error(monkeypatch):
+    """torch.device("cuda") names no GPU model: with no GPU visible to identify, the error asks for one."""
+    import pytest
+    import torch
+
+    import trainmem.devices as devices
+
+    monkeypatch.setattr(devices, "_visible_gpu", lambda index: None)
+    for device in (torch.device("cuda"), torch.device("cuda", 0), "cuda:0"):
+        with pytest.raises(trainmem.TrainmemError, match="expected the GPU model to estimate for"):
+            trainmem.estimate("mlp:8-4", batch_size=2, device=device)
+
+
+def test_setup_of_the_wrong_type_is_refused_alike_by_estimate_and_fit():
+    """estimate() and fit() read the setup with one function (estimate.orchestrate.setup_of)."""
+    import pytest
+
+    for call, where in ((trainmem.estimate, "estimate()"), (trainmem.fit, "fit()")):
+        with pytest.raises(trainmem.TrainmemError) as info:
+            call("mlp:8-4", setup={"batch_size": 2})
+        assert str(info.value) == (f"{where}: expected setup= as a trainmem.TrainingSetup (or the setup's values "
+                                   "as keywords), got dict")
+
+
+def test_text_and_json_count_the_peak_step_and_name_its_module_alike():
+    """JSON's peak.step counts from 0 and the text prints that same number, saying how it counts; both name
+    the model itself '(model)', as the per-module rows do."""
+    est = trainmem.estimate("mlp:1000-100-100-100-100-10", batch_size=256, optimizer="adam", input_shape="1000")
+    peak = est.to_dict()["peak"]
+    where = next(line for line in str(est).splitlines() if line.startswith("Where: "))
+    assert (peak["step"], peak["module"]) == (1, "(model)") and est.setup.steps == 2
+    assert where.startswith(f"Where: step {peak['step']} (of steps 0–1 traced), ")
+    assert f"module '{peak['module']}'" in where and est.modules[0].module == peak["module"]
+    single = trainmem.estimate("mlp:8-4", batch_size=2, steps=1)
+    assert "step 0 (the one step traced, counted from 0)" in str(single) and single.to_dict()["peak"]["step"] == 0

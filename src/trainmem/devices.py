@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    import torch
 
 from trainmem.device_catalog import (CAPACITY_FROM_TORCH, CATALOG, CONTEXT_ASSUMED, DEFAULT_CONTEXT_BYTES,
                                      DEFAULT_CONTEXT_SOURCE, GpuSpec, bf16_for, cublas_workspace_for, find_gpu,
@@ -83,6 +86,8 @@ def all_devices() -> list[Device]:
     return [cpu_device(), *(gpu_device(spec) for spec in CATALOG)]
 
 
+# What the Python API takes as a device: "cpu", a catalog name or custom:…, a torch.device, or a Device
+DeviceRef = Union[str, "torch.device", Device]
 CPU_CAPACITY_FROM = "MemTotal"  # /proc/meminfo: measured on this machine
 # "cuda", "cuda:0": torch's names for "a GPU of this machine", which name no GPU model
 _LOCAL_CUDA = re.compile(r"^cuda(?::(\d+))?$")
@@ -101,7 +106,7 @@ def device_name(device: Any) -> str:
     raise expected(f"a device: {_DEVICE_FORMS}, or a torch.device", device, "--device")
 
 
-def get_device(name: Any) -> Device:
+def get_device(name: DeviceRef) -> Device:
     """The Device a reference names (module docstring): a str, a torch.device or a Device."""
     if isinstance(name, Device):
         return name

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 from trainmem.errors import SetupError
 from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace
+from trainmem.devices import DeviceRef
+from trainmem.estimate.orchestrate import setup_of
 from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
 from trainmem.units import format_bytes
@@ -193,7 +195,7 @@ def within(est: Estimate, budget: int) -> bool:
 TARGET_OPTIONS = ("cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark")
 
 
-def fit(model: Any, setup: TrainingSetup | None = None, device: str = "cpu", *, sequence: bool = False,
+def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", *, sequence: bool = False,
         limit: int = 1 << 24, margin: float | None = None, depth: int = 2, exhaustive: bool = False,
         cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
         module_loading: str | None = None, cudnn_benchmark: bool | None = None, **setup_values: Any) -> FitResult:
@@ -201,20 +203,23 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: str = "cpu", *, 
     first input's first dimension) on `device`, keeping `margin` (a fraction of the capacity; default: the
     measured worst low error for the device's kind) free. An hf: model's search stops at its position limit.
 
-    The setup is given as in estimate(): a TrainingSetup, setup values as keywords (batch_size is what is
-    searched; input_shape="1024", optimizer="adamw", …), or both; the target options are estimate()'s.
-    The batch search traces twice and predicts the other candidates (module docstring); `exhaustive` traces
-    every candidate, as the sequence search always does."""
+    It is called as estimate() is: `fit(model, device="a100-80gb", optimizer="adamw", input_shape="1024")`,
+    with `setup=TrainingSetup(...)`, or both (the one reader, estimate.orchestrate.setup_of); `device` and
+    the target options are estimate()'s (a name, a torch.device or a Device). The older positional form
+    `fit(model, setup, device)` still works. The batch search searches batch_size, so a batch_size keyword is
+    refused there (it is the batch of the sequence search). The batch search traces twice and predicts the
+    other candidates (module docstring); `exhaustive` traces every candidate, as the sequence search does."""
     from trainmem.devices import get_device
 
-    if setup is None:
-        setup = TrainingSetup.from_mapping(setup_values, where="fit()")
-    elif setup_values:
-        setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="fit()")
+    if not sequence and "batch_size" in setup_values:
+        raise SetupError(f"expected no batch_size for fit(): it searches the batch size (give sequence=True to "
+                         f"search the sequence length at a batch size), got batch_size={setup_values['batch_size']!r}",
+                         where="fit()")
+    setup = setup_of(setup, setup_values, "fit()")
     options = dict(depth=depth, cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
                    module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
     hf = _is_hf(model)
-    target = get_device(device)
+    target = get_device(device)  # once: "cuda" identifies this machine's GPU (devices.py)
     kept = resolve_margin(margin, target.kind)
     if sequence and hf:
         from trainmem.frontends.hf import max_sequence_length
@@ -225,9 +230,9 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: str = "cpu", *, 
                          "got none", where="--max-seq")
     budget = budget_of(target.capacity_bytes, kept)
     if sequence or exhaustive:
-        candidates: _Candidates = _EveryCandidateTraced(model, setup, device, sequence, hf, options)
+        candidates: _Candidates = _EveryCandidateTraced(model, setup, target, sequence, hf, options)
     else:
-        candidates = ScaledBatches(model, setup, device, options, limit)
+        candidates = ScaledBatches(model, setup, target, options, limit)
     found = _search(candidates.estimate, limit, budget)
     if not candidates.confirm(found.best, found.first_miss):  # a prediction was wrong: trace every candidate
         found = _search(candidates.estimate, limit, budget)
@@ -238,7 +243,7 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: str = "cpu", *, 
                   search=candidates.summary())
     if found.best is None:
         return FitResult(best=None, best_estimate=None, first_miss=1, miss_estimate=found.estimates[1], tried=tried,
-                         remedies=remedies(model, setup, device, found.estimates[1], options), **answer)
+                         remedies=remedies(model, setup, target, found.estimates[1], options), **answer)
     return FitResult(best=found.best, best_estimate=found.estimates[found.best], first_miss=found.first_miss,
                      miss_estimate=found.estimates.get(found.first_miss), tried=sorted(tried), remedies=[], **answer)
 
@@ -291,7 +296,7 @@ class _Candidates:
 class _EveryCandidateTraced(_Candidates):
     """Today's search: a whole estimate (trace and replay) per candidate."""
 
-    def __init__(self, model: Any, setup: TrainingSetup, device: str, sequence: bool, hf: bool,
+    def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, sequence: bool, hf: bool,
                  options: dict[str, Any]) -> None:
         self.model, self.setup, self.device, self.sequence, self.hf, self.options = \
             model, setup, device, sequence, hf, options
@@ -318,7 +323,8 @@ class ScaledBatches(_Candidates):
     value for value. Equal, the answer stands (three traces on one line, and the answer's estimate is
     a real trace's); different, or streams that do not match at all, and every candidate is traced."""
 
-    def __init__(self, model: Any, setup: TrainingSetup, device: str, options: dict[str, Any], limit: int) -> None:
+    def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any],
+                 limit: int) -> None:
         target_options = {k: v for k, v in options.items() if k in TARGET_OPTIONS}
         self.setup, self.limit = setup, limit
         self.plan = plan(model, setup, device, options.get("depth", 2), **target_options)
@@ -390,7 +396,7 @@ class ScaledBatches(_Candidates):
         return {"traced": sorted(self.real), "predicted": sorted(self.predicted), "how": how}
 
 
-def remedies(model: Any, setup: TrainingSetup, device: str, base: Estimate, options: dict) -> list[Remedy]:
+def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate, options: dict) -> list[Remedy]:
     """What each usual change does at batch 1: traced again where we can trace it, by rule otherwise.
     Each carries the high estimate, which is what fit compares; a rule's saving comes off both figures."""
     out: list[Remedy] = []
@@ -420,6 +426,3 @@ def remedies(model: Any, setup: TrainingSetup, device: str, base: Estimate, opti
                           "gathered layers and communication buffers not counted", base.process_bytes_high - saved))
     return out
 
-
-def _plain(setup: TrainingSetup) -> dict[str, Any]:
-    return {f.name: getattr(setup, f.name) for f in dataclasses.fields(setup)}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainmem.devices import Device, get_device
+from trainmem.devices import Device, DeviceRef, get_device
+from trainmem.errors import SetupError
 from trainmem.estimate.result import Estimate, LeanLoop
 from trainmem.setup import Loop, TrainingSetup
 
@@ -23,23 +24,37 @@ class Plan:
     target: Any  # targets.Target, built from the device and the options
 
 
-def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "cpu", depth: int = 2,
+def setup_of(setup: TrainingSetup | None, setup_values: dict[str, Any], where: str) -> TrainingSetup:
+    """The one reading of the Python API's setup, for estimate() and fit() alike: a TrainingSetup, setup
+    values as keywords (the CLI flags' and TOML keys' names: batch_size=256, optimizer="adam",
+    input_shape="1000"), or both, the keywords replacing the TrainingSetup's values. `where` names the
+    caller in the error of a bad value."""
+    if setup is not None and not isinstance(setup, TrainingSetup):
+        raise SetupError(f"expected setup= as a trainmem.TrainingSetup (or the setup's values as keywords), "
+                         f"got {type(setup).__name__}", where=where)
+    if setup is None:
+        return TrainingSetup.from_mapping(setup_values, where=where)
+    if setup_values:
+        return TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where=where)
+    return setup
+
+
+def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", depth: int = 2,
              cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
              module_loading: str | None = None, cudnn_benchmark: bool | None = None,
              compare_loop: bool = False, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
-    input_shape="1000", …), the same names as the CLI flags and TOML keys. For a GPU `device`,
-    `cuda_context` overrides the catalog's CUDA-context bytes and `alloc_conf` is a
-    PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
+    input_shape="1000", …), the same names as the CLI flags and TOML keys (`setup_of`). `device` is a
+    name ("cpu", "h100-80gb", "custom:capacity=24GiB,cc=8.9"), a torch.device or a trainmem.Device;
+    "cuda" / torch.device("cuda") means this machine's GPU and is refused where none is visible
+    (devices.py). For a GPU `device`, `cuda_context` overrides the catalog's CUDA-context bytes and
+    `alloc_conf` is a PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
     `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
     deleting the loop's references early would save (`lean_loop`)."""
-    if setup is None:
-        setup = TrainingSetup.from_mapping(setup_values, where="estimate()")
-    elif setup_values:
-        setup = TrainingSetup.from_mapping({**_plain(setup), **setup_values}, where="estimate()")
+    setup = setup_of(setup, setup_values, "estimate()")
     options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
                    module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
     if compare_loop and setup.loop != Loop.LEAN:
@@ -50,7 +65,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: str = "c
     return assemble_traced(chosen, setup, trace(chosen, setup))
 
 
-def plan(model: Any, setup: TrainingSetup, device: str = "cpu", depth: int = 2, **options: Any) -> Plan:
+def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Plan:
     """Resolve the model and the target and check the target's options, without tracing."""
     from trainmem.frontends import resolve
     from trainmem.targets import target_for

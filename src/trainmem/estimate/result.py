@@ -12,12 +12,31 @@ from trainmem.explain import Explanation
 from trainmem.setup import TrainingSetup
 
 
+# The name the report gives the model itself, in the text and the JSON alike: the per-module rows
+# (estimate/assemble.py) and the peak's module (`module_label`). PyTorch's own qualified name for it is ""
+# (named_modules(), get_submodule("")), which reads as nothing in a report.
+ROOT_MODULE_LABEL = "(model)"
+
+
+def module_label(qualified_name: str) -> str:
+    """A module's name in the report: its qualified name, ROOT_MODULE_LABEL for the model itself."""
+    return qualified_name or ROOT_MODULE_LABEL
+
+
+def step_label(step: int, steps: int) -> str:
+    """Where the peak's step sits among the traced steps, with the number JSON's peak.step holds (counted
+    from 0): "step 1 (of steps 0–1 traced)"."""
+    if steps <= 1:
+        return f"step {step} (the one step traced, counted from 0)"
+    return f"step {step} (of steps 0–{steps - 1} traced)"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModuleRow:
     """One module (to the report's depth): its parameters, the activations it saved for backward in
     the last step, and the bytes it owns at the peak."""
 
-    module: str  # "(model)" for the root
+    module: str  # module_label(): ROOT_MODULE_LABEL for the root
     parameters: int
     activation_bytes: int
     bytes_at_peak: int
@@ -61,9 +80,9 @@ class Estimate:
     process_bytes: int
     breakdown: dict[str, int]
     peak_phase: str
-    peak_module: str
+    peak_module: str  # the qualified name ("" for the model itself); reports show module_label() of it
     peak_op: str
-    peak_step: int
+    peak_step: int  # counted from 0, as JSON's peak.step; the text says so (step_label)
     modules: tuple[ModuleRow, ...]
     warnings: tuple[str, ...]
     explanation: Explanation
@@ -115,7 +134,7 @@ class Estimate:
             "peak": {"tensor_bytes": self.tensor_bytes, "allocated_bytes": self.allocated_bytes,
                      "reserved_bytes": self.reserved_bytes, "process_bytes": self.process_bytes,
                      "process_bytes_high": self.process_bytes_high,
-                     "phase": self.peak_phase, "module": self.peak_module, "op": self.peak_op,
+                     "phase": self.peak_phase, "module": module_label(self.peak_module), "op": self.peak_op,
                      "step": self.peak_step},
             "breakdown": dict(self.breakdown),
             "process": dict(self.process_parts),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainmem.estimate.result import module_label, step_label
 from trainmem.units import format_bytes
 
 
@@ -91,8 +92,8 @@ def render_text(est) -> str:
     if est.process_bytes_high > est.process_bytes:
         out += _table([["process, high end", format_bytes(est.process_bytes_high),
                         "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")
-    out += ["", f"Where: step {est.peak_step + 1}, {est.peak_phase}, module '{est.peak_module or '(model)'}', "
-                f"op {est.peak_op}", *_lean_loop(est), "", "Breakdown at the peak"]
+    out += ["", f"Where: {step_label(est.peak_step, s.steps)}, {est.peak_phase}, module "
+                f"'{module_label(est.peak_module)}', op {est.peak_op}", *_lean_loop(est), "", "Breakdown at the peak"]
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
     total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
     out += _table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
