@@ -1,21 +1,41 @@
-"""Hugging Face models from a configuration, never from the hub: `hf:NAME` (a bundled table of the hub's
-config.json files, frontends/data/hf_configs.json, each entry naming its source), `hf:DIR` or
-`hf:path/config.json`. The model is built with transformers' `from_config` under the meta device, and
-trained the way the Trainer does: the batch carries `labels` and the model computes its own loss.
+"""Hugging Face models from a configuration, never from weights. `hf:REF` is resolved in this order:
+
+1. a bundled name or alias (frontends/data/hf_configs.json: copies of 34 repositories' config.json, each
+   entry naming its source) — answered from the table, without the network, so that these estimates are
+   the same everywhere; add `@revision` (e.g. `@main`) to ask the hub instead;
+2. a local directory holding config.json, or a config.json path;
+3. a hub repository `owner/name[@revision]`: its config.json only, through huggingface_hub (hf_hub.py:
+   the hub's cache, HF_HUB_OFFLINE, HF_TOKEN);
+4. when the hub cannot answer (offline and not cached, unreachable, gated, unknown) and the table holds
+   the name: the bundled copy, with a note saying why.
+Otherwise one line says what was tried. The report's notes and `setup.resolved.config` say which source
+was used.
+
+Every config.json is hostile until checked (`checked_config`): a JSON object of bounded size and depth,
+a string model_type that transformers knows, layer and expert counts within limits, before anything is
+built. A config whose `auto_map` names the repository's own Python code is built with transformers' own
+class for its model_type, as from_pretrained does without trust_remote_code; with an unknown model_type
+it is refused unless the setup's `trust_remote_code` (--trust-remote-code), which downloads and runs
+that code. The model is built with transformers' `from_config` under the meta device, and trained the
+way the Trainer does: the batch carries `labels` and the model computes its own loss.
 
 Tasks (`--task`): causal-lm, masked-lm, seq-cls, seq2seq, image-cls, speech-seq2seq (Whisper),
 contrastive-image-text (CLIP). `--seq-len` sets the token length (default 512, capped by the model's
-positions). Needs `pip install 'trainmem[hf]'` (transformers).
+positions). Needs `pip install 'trainmem[hf]'` (transformers, which brings huggingface_hub).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import json
 from pathlib import Path
 from typing import Any
 
 from trainmem.errors import ModelRefError, SetupError
+from trainmem.frontends import hf_hub
+from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, _clip
 
 TABLE = Path(__file__).with_name("data") / "hf_configs.json"
 DEFAULT_SEQ_LEN = 512
@@ -24,6 +44,22 @@ _AUTO_CLASS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMa
                "seq-cls": "AutoModelForSequenceClassification", "seq2seq": "AutoModelForSeq2SeqLM",
                "image-cls": "AutoModelForImageClassification", "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
                "contrastive-image-text": "AutoModel"}
+# Layers per stack (num_hidden_layers, n_layer, encoder_layers, …). Building is one Python module per
+# layer and the trace one pass through each, so a count of 100,000 would build for many minutes; the
+# deepest released LLM configs have 126 (Llama-3.1-405B), the bundled table at most 80, and DeepNet's
+# research model 1,000 in all (500 + 500). 1,000 per stack keeps all of them, as the mlp: limit does.
+MAX_LAYERS = 1000
+# Experts per mixture-of-experts layer (num_local_experts, n_routed_experts, …): released models have at
+# most 512 (Qwen3-Next), DeepSeek-V3 256; some implementations build one module per expert.
+MAX_EXPERTS = 4096
+# Nesting of a config's JSON: real ones are 3 deep (text_config.rope_scaling.…); json.loads itself
+# stops at Python's recursion limit, but transformers copies and compares configs recursively.
+MAX_CONFIG_DEPTH = 32
+INT64_MAX = 2**63 - 1  # every number becomes a tensor size or an index somewhere: beyond int64 is not a model
+# Fields of a config.json that describe the checkpoint, not the architecture, dropped as the bundled
+# table drops them: the dtype the weights were saved in (training dtypes come from --precision), how they
+# were quantized (--qlora describes the training run's quantization), the library version and the path.
+CHECKPOINT_FIELDS = ("transformers_version", "_name_or_path", "torch_dtype", "dtype", "quantization_config")
 
 
 @functools.cache
@@ -49,28 +85,172 @@ def _transformers():
     return transformers
 
 
-def _local_config(text: str) -> tuple[str, str, dict[str, Any]]:
-    path = Path(text)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        names = ", ".join(sorted(bundled())[:5])
-        raise ModelRefError(f"expected a bundled model name (e.g. {names}; {len(bundled())} in all), a directory "
-                            f"with config.json or a config.json path, got {text!r}", where="MODEL")
+@dataclasses.dataclass(frozen=True)
+class HfConfig:
+    """A checked config.json and where it came from."""
+
+    name: str  # the hub id, or what the user gave
+    model_type: str
+    default_task: str
+    values: dict[str, Any]  # the config without model_type and CHECKPOINT_FIELDS
+    origin: str  # one line for the report: which source answered
+    origin_fields: dict[str, Any]  # the same for JSON (setup.resolved.config)
+    auto_map: dict[str, Any] | None = None  # the repository's own code, by auto class
+    code_at: str | None = None  # where that code lives: a hub repository or a local directory
+    code_revision: str | None = None
+    ignored: tuple[str, ...] = ()  # CHECKPOINT_FIELDS the file had
+
+
+def resolve_config(text: str) -> HfConfig:
+    """The config an `hf:` reference names (the order is in the module's docstring)."""
+    if not text.strip():
+        raise ModelRefError(f"expected a model after hf: ({_kinds()}), got nothing", where="MODEL")
+    found = find_bundled(text) if "@" not in text else None
+    if found is not None:
+        return _from_bundled(*found)
+    local = _local_path(text)
+    if local is not None:
+        # with --trust-remote-code, transformers reads config.json and the code beside it from the directory
+        return _from_file(text, local, f"config.json from the local file {local}", {"from": "local", "path": str(local)},
+                          code_at=str(local.parent) if local.name == "config.json" else None)
+    repo = hf_hub.parse_repo_ref(text)
+    if repo is None:
+        raise ModelRefError(f"expected {_kinds()}, got {_clip(text)!r}", where="MODEL")
+    repo_id, revision = repo
     try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ModelRefError(f"expected a JSON config, could not read it: {error}", where=str(path)) from None
-    if "model_type" not in config:
-        raise ModelRefError("expected a config.json with a model_type", where=str(path))
-    config = dict(config)
+        fetched = hf_hub.fetch_config(repo_id, revision)
+    except hf_hub.HubUnavailable as why:
+        found = find_bundled(repo_id)
+        if found is None:
+            raise ModelRefError(f"{why}; {repo_id} is not in the bundled table either", where=f"hf:{text}") from None
+        return _from_bundled(*found, instead=f"{why}; ")
+    return _from_file(repo_id, fetched.path, fetched.describe(), fetched.to_dict(), code_at=repo_id,
+                      code_revision=fetched.commit or fetched.revision)
+
+
+def _kinds() -> str:
+    return (f"a bundled model name (e.g. gpt2, meta-llama/Llama-3.1-8B; {len(bundled())} in all), a hub repository "
+            "owner/name[@revision], a directory with config.json or a config.json path")
+
+
+def _from_bundled(hub_name: str, entry: dict[str, Any], instead: str = "") -> HfConfig:
+    return HfConfig(hub_name, entry["model_type"], entry["default_task"], dict(entry["config"]),
+                    f"{instead}config.json from trainmem's bundled table (a copy of {entry['source']})",
+                    {"from": "bundled", "source": entry["source"]})
+
+
+def _local_path(text: str) -> Path | None:
+    """The config.json a local path names; None when `text` names nothing local and may be a hub id."""
+    try:
+        path = Path(text).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelRefError("expected a directory with a config.json, got one without", where=str(path))
+            return path / "config.json"
+        if path.is_file():
+            return path
+        if path.exists():  # a device, a pipe, a socket: reading one could block or never end
+            raise ModelRefError("expected a directory or a regular config.json file, got another kind of file",
+                                where=str(path))
+        # a hub id is owner/name[@revision]: anything else path-like is a local path that is not there
+        looks_local = text.startswith((".", "/", "~", "\\")) or text.endswith(".json") or text.partition("@")[0].count("/") > 1
+    except (OSError, ValueError) as error:  # a name too long for the file system, a NUL byte
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise ModelRefError(f"expected {_kinds()}, got {_clip(text)!r} ({reason})", where="MODEL") from None
+    if looks_local:
+        raise ModelRefError(f"expected an existing directory or config.json, got {_clip(text)!r} (no such file)",
+                            where="MODEL")
+    return None
+
+
+def _from_file(name: str, path: Path, origin: str, origin_fields: dict[str, Any], code_at: str | None = None,
+               code_revision: str | None = None) -> HfConfig:
+    config = checked_config(_read_json(path), str(path))
     model_type = config.pop("model_type")
-    task = _task_from_architectures(config.get("architectures") or [])
-    return model_type, task, config
+    auto_map = config.pop("auto_map", None)
+    ignored = tuple(key for key in CHECKPOINT_FIELDS if key in config)
+    for key in ignored:
+        config.pop(key)
+    return HfConfig(name, model_type, _default_task(model_type, config.get("architectures") or []), config, origin,
+                    origin_fields, auto_map, code_at if auto_map else None, code_revision, ignored)
+
+
+def _read_json(path: Path) -> Any:
+    """At most MAX_CONFIG_BYTES of the file, parsed; every failure one line."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ModelRefError(f"expected a readable config.json, got {error.strerror or error}", where=str(path)) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelRefError(f"expected a config.json of at most {MAX_CONFIG_BYTES:,} bytes (real ones are a few KB), "
+                            "got a larger file", where=str(path))
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelRefError(f"expected a JSON config.json, could not parse it: {_clip(str(error), 120)}",
+                            where=str(path)) from None
+    except RecursionError:
+        raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper",
+                            where=str(path)) from None
+
+
+def checked_config(config: Any, where: str) -> dict[str, Any]:
+    """A config.json's value, refused unless it is a JSON object whose numbers, layer and expert counts and
+    nesting are within this module's limits and whose model_type is a string. Returns a copy."""
+    if not isinstance(config, dict):
+        raise ModelRefError(f"expected a JSON object in config.json, got a JSON {_json_kind(config)}", where=where)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type.strip():
+        got = "none" if "model_type" not in config else f"{_json_kind(model_type)} {_clip(repr(model_type), 40)}"
+        raise ModelRefError(f"expected a config.json with a model_type string (e.g. \"llama\"), got {got}", where=where)
+    auto_map = config.get("auto_map")
+    if auto_map is not None and not (isinstance(auto_map, dict) and all(isinstance(v, (str, list)) for v in auto_map.values())):
+        raise ModelRefError(f"expected auto_map as an object of class references, got {_clip(repr(auto_map), 60)}",
+                            where=where)
+    stack: list[tuple[Any, str, int]] = [(config, "", 1)]
+    while stack:  # iterative: a hostile nesting depth cannot exhaust the interpreter's stack here
+        value, path, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper at {_clip(path, 60)}",
+                                where=where)
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            key_path = f"{path}.{key}" if path else str(key)
+            if isinstance(item, (dict, list)):
+                stack.append((item, key_path, depth + 1))
+            _check_number(str(key).lower(), item, key_path, where)
+    return dict(config)
+
+
+def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and abs(value) > INT64_MAX:
+        raise ModelRefError(f"expected whole numbers within int64, got {_clip(str(value), 30)}", where=f"{where}: {_clip(key_path, 60)}")
+    is_layer_count = key.endswith(("layers", "_layer")) or key in ("depth", "depths")
+    counts = [value] if isinstance(value, int) else value if key == "depths" and isinstance(value, list) else []
+    total = sum(count for count in counts if isinstance(count, int) and not isinstance(count, bool))
+    if is_layer_count and total > MAX_LAYERS:
+        raise ModelRefError(f"expected at most {MAX_LAYERS:,} layers (trainmem's limit: the deepest released "
+                            f"models have 126), got {total:,}", where=f"{where}: {_clip(key_path, 60)}")
+    if "experts" in key and isinstance(value, int) and value > MAX_EXPERTS:
+        raise ModelRefError(f"expected at most {MAX_EXPERTS:,} experts (trainmem's limit: released models have at "
+                            f"most 512), got {value:,}", where=f"{where}: {_clip(key_path, 60)}")
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _default_task(model_type: str, architectures: list[str]) -> str:
+    special = {"whisper": "speech-seq2seq", "clip": "contrastive-image-text"}  # as the bundled table says
+    return special.get(model_type) or _task_from_architectures(architectures)
 
 
 def _task_from_architectures(architectures: list[str]) -> str:
-    name = architectures[0] if architectures else ""
+    name = architectures[0] if architectures and isinstance(architectures[0], str) else ""
     for suffix, task in (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"), ("ForMaskedLM", "masked-lm"),
                          ("ForSequenceClassification", "seq-cls"), ("ForConditionalGeneration", "seq2seq"),
                          ("ForImageClassification", "image-cls")):
@@ -79,18 +259,34 @@ def _task_from_architectures(architectures: list[str]) -> str:
     return "causal-lm"
 
 
+def _known_model_type(transformers, resolved: HfConfig, trust_remote_code: bool) -> bool:
+    """True: transformers' own class builds it; False: the repository's code does (trusted). Refuses the rest."""
+    known = transformers.CONFIG_MAPPING
+    if resolved.model_type in known:
+        return not (trust_remote_code and resolved.auto_map)
+    version = transformers.__version__
+    if resolved.auto_map:
+        if trust_remote_code:
+            return False
+        classes = ", ".join(f"{k} → {_clip(str(v), 60)}" for k, v in list(resolved.auto_map.items())[:3])
+        raise ModelRefError(f"expected a model_type transformers {version} knows, got {_clip(resolved.model_type, 60)!r}, "
+                            f"whose config.json names the repository's own code ({classes}); rerun with "
+                            "--trust-remote-code to download and run that code", where=f"hf:{resolved.name}")
+    names = list(known.keys())
+    near = difflib.get_close_matches(resolved.model_type.lower(), names, n=3, cutoff=0.6)
+    hint = f"nearest: {', '.join(near)}; " if near else ""
+    raise ModelRefError(f"expected a model_type transformers {version} knows ({len(names)} do; {hint}list them with "
+                        "python -c \"import transformers; print(*sorted(transformers.CONFIG_MAPPING))\"), got "
+                        f"{_clip(resolved.model_type, 60)!r}; a newer transformers may know it", where=f"hf:{resolved.name}")
+
+
 def from_hf_ref(ref: str, setup):
     from trainmem.frontends import ModelSource
 
-    text = ref[len("hf:"):]
-    found = find_bundled(text)
-    if found is not None:
-        name, entry = found
-        model_type, default_task, config = entry["model_type"], entry["default_task"], dict(entry["config"])
-    else:
-        name = text
-        model_type, default_task, config = _local_config(text)
-    task = setup.task or default_task
+    trust_remote_code = setup.trust_remote_code  # --trust-remote-code; the Python API's trust_remote_code=True
+    resolved = resolve_config(ref[len("hf:"):].strip())
+    name, model_type, config = resolved.name, resolved.model_type, dict(resolved.values)
+    task = setup.task or resolved.default_task
     if task not in TASKS:
         raise SetupError(f"expected --task among {', '.join(TASKS)}, got {task!r}", where="--task")
     if task == "speech-seq2seq" and model_type != "whisper" or task == "contrastive-image-text" and model_type != "clip":
@@ -101,8 +297,21 @@ def from_hf_ref(ref: str, setup):
         eos = config.get("eos_token_id")
         config["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) or 0
     seq_len = setup.seq_len or min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
-    _transformers()  # fail here, with the install hint, rather than inside the trace
-    options, notes = {}, []
+    transformers = _transformers()  # fail here, with the install hint, rather than inside the trace
+    native = _known_model_type(transformers, resolved, trust_remote_code)
+    options, notes = {}, [resolved.origin]
+    if resolved.ignored:
+        notes.append(f"config.json's {', '.join(resolved.ignored)} describe the checkpoint, not the training run: "
+                     "ignored (--precision and --qlora say how it trains)")
+    if not native and resolved.code_at is None:
+        raise ModelRefError("expected --trust-remote-code's config as a file named config.json beside the code its "
+                            "auto_map names, got another name", where=f"hf:{name}")
+    if not native and _AUTO_CLASS[task] not in resolved.auto_map:
+        raise ModelRefError(f"expected config.json's auto_map to name {_AUTO_CLASS[task]} for --task {task}, got "
+                            f"{_clip(', '.join(sorted(map(str, resolved.auto_map))), 120)}", where=f"hf:{name}")
+    if resolved.auto_map and native:
+        notes.append(f"config.json names the repository's own code (auto_map); built with transformers' own "
+                     f"{model_type} classes, as from_pretrained does without trust_remote_code")
     if setup.checkpointing:
         # transformers turns the key/value cache off under gradient checkpointing in training (a cache
         # would be appended to again when a checkpointed layer is recomputed); so do we
@@ -112,27 +321,72 @@ def from_hf_ref(ref: str, setup):
         # with fp32 master weights the experts run as a loop of per-expert matmuls ("eager")
         options["experts_implementation"] = "eager"
         notes.append("fp32 expert weights: transformers' eager experts (grouped_mm needs bf16/fp16 weights)")
-
-    def build():
-        transformers = _transformers()
-        transformers.logging.set_verbosity_error()  # config notices are not ours to print
-        hf_config = transformers.AutoConfig.for_model(model_type, **config)
-        auto = getattr(transformers, _AUTO_CLASS[task])
-        return auto.from_config(hf_config, **options)
+    if native:
+        _native_config(transformers, model_type, config, name)  # a bad value fails here, on one line
+        build = functools.partial(_build_native, model_type, config, task, options)
+    else:
+        notes.append(f"--trust-remote-code: built with the repository's own code from {resolved.code_at}")
+        overrides = {key: value for key, value in config.items() if resolved.values.get(key) != value}
+        build = functools.partial(_build_remote, resolved, overrides, task, options)
 
     return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        resolved={"task": task, "seq_len": seq_len, "seq_len_from": "--seq-len" if setup.seq_len else
-                                 f"default {DEFAULT_SEQ_LEN}, capped by the model's position limit"},
+                                 f"default {DEFAULT_SEQ_LEN}, capped by the model's position limit",
+                                 "config": resolved.origin_fields},
                        notes=(f"hf: {name}: {model_type} built from its config for {task}, sequence length "
                               f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does", *notes))
 
 
+def _native_config(transformers, model_type: str, config: dict[str, Any], name: str):
+    transformers.logging.set_verbosity_error()  # config notices are not ours to print
+    try:
+        return transformers.AutoConfig.for_model(model_type, **config)
+    except Exception as error:  # noqa: BLE001 - a config class rejecting a value: one line, the value named
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelRefError(f"expected a config transformers' {model_type} accepts, got: {_clip(message, 200)}",
+                            where=f"hf:{name}") from None
+
+
+def _build_native(model_type: str, config: dict[str, Any], task: str, options: dict[str, Any]):
+    transformers = _transformers()
+    hf_config = _native_config(transformers, model_type, config, model_type)
+    auto = getattr(transformers, _AUTO_CLASS[task])
+    return auto.from_config(hf_config, **options)
+
+
+def _build_remote(resolved: HfConfig, overrides: dict[str, Any], task: str, options: dict[str, Any]):
+    """The repository's own classes (only with trust_remote_code): transformers fetches the Python files
+    auto_map names (hf_hub_download, into HF_MODULES_CACHE) and imports them. `overrides` are the values
+    from_hf_ref set (padding id, use_cache); the checkpoint's dtype and quantization are dropped as for
+    transformers' own classes."""
+    transformers = _transformers()
+    transformers.logging.set_verbosity_error()
+    auto_name = _AUTO_CLASS[task]
+    revision = {"revision": resolved.code_revision} if resolved.code_revision else {}
+    hf_config = transformers.AutoConfig.from_pretrained(resolved.code_at, trust_remote_code=True, **revision)
+    for key, value in overrides.items():
+        setattr(hf_config, key, value)
+    for key in ("dtype", "torch_dtype", "quantization_config"):
+        if getattr(hf_config, key, None) is not None:
+            setattr(hf_config, key, None)
+    # what AutoModel…from_config does with trust_remote_code, without its registration in the auto classes
+    # (a second build in this process would then take the registered class down another path)
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    class_ref = resolved.auto_map[auto_name]
+    class_ref = next((ref for ref in class_ref if ref), "") if isinstance(class_ref, list) else class_ref
+    code_at, code_revision = resolved.code_at, resolved.code_revision
+    if "--" in class_ref:  # "other/repo--modeling_x.Class": the code lives in another repository
+        code_at, class_ref = class_ref.split("--", 1)
+        code_revision = None
+    model_class = get_class_from_dynamic_module(class_ref, code_at, code_revision=code_revision)
+    return model_class._from_config(hf_config, **options)
+
+
 def max_sequence_length(text: str) -> int | None:
-    """The longest sequence a bundled name or local config takes (its position limit), or None."""
-    found = find_bundled(text)
-    config = dict(found[1]["config"]) if found is not None else _local_config(text)[2]
-    return _max_positions(config)
+    """The longest sequence an hf: reference takes (its position limit), or None."""
+    return _max_positions(resolve_config(text).values)
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:
