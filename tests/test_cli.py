@@ -38,7 +38,8 @@ def test_table_report(capsys):
 
 def test_devices(capsys):
     code, out, _ = run(["devices"], capsys)
-    assert code == 0 and out.startswith("cpu")
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert code == 0 and "cpu" in names[:2]  # after a header row, where the table has one
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -295,3 +296,298 @@ def test_a_spec_naming_a_device_allocates_nothing_for_real(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe, str(spec)], capture_output=True, text=True, timeout=120)
     code, max_rss_kib = map(int, done.stdout.split())
     assert code == 2 and max_rss_kib < 1_000_000  # the weight alone would be 1.6 GB
+
+
+# ---- the CLI contract under hostile input (issue 11, part 3) ---------------------------------------------
+
+def one_line_exit_2(code, out, err, fragment):
+    assert code == 2 and out == "", (code, out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert fragment in err, err
+
+
+def test_a_factory_that_calls_sys_exit_is_an_error_not_success(tmp_factory, capsys):
+    ref = tmp_factory("import sys\n\ndef factory():\n    sys.exit(0)\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "4"], capsys)
+    one_line_exit_2(code, out, err, "expected the factory to return an nn.Module, it called sys.exit(0)")
+
+
+def test_a_file_that_calls_sys_exit_when_loaded(tmp_factory, capsys):
+    ref = tmp_factory("import sys\nsys.exit(3)\n\ndef factory():\n    return nn.Linear(4, 2)\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "4"], capsys)
+    one_line_exit_2(code, out, err, "called sys.exit(3)")
+
+
+def test_a_forward_that_calls_sys_exit(tmp_factory, capsys):
+    ref = tmp_factory("import sys\n\nclass Quits(nn.Linear):\n    def forward(self, x):\n        sys.exit(0)\n\n"
+                      "def factory():\n    return Quits(4, 2)\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "4"], capsys)
+    one_line_exit_2(code, out, err, "expected the model's code to return, it called sys.exit(0)")
+
+
+PRINTING_FACTORY = ("import os, warnings\n\ndef factory():\n    print('hello from the factory')\n"
+                    "    os.write(1, b'a C extension writes to fd 1\\n')\n"
+                    "    warnings.warn('a library warns')\n    return nn.Linear(4, 2)\n")
+
+
+def test_what_the_model_prints_goes_to_stderr_and_json_stays_json(tmp_factory):
+    """Python-level prints, writes to file descriptor 1 (C extensions) and warnings: none on stdout."""
+    ref = tmp_factory(PRINTING_FACTORY)
+    done = subprocess.run([sys.executable, "-m", "trainmem", "estimate", ref, "--input-shape", "4", "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"]["parameters"] == 10
+    assert "hello from the factory" in done.stderr and "fd 1" in done.stderr and "a library warns" in done.stderr
+
+
+def test_prints_in_process_stay_off_stdout(tmp_factory, capsys):
+    ref = tmp_factory(PRINTING_FACTORY)
+    code, out, err = run(["estimate", ref, "--input-shape", "4", "--format", "json"], capsys)
+    assert code == 0 and json.loads(out)["model"]["parameters"] == 10 and "hello from the factory" in err
+
+
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n" for previous, name in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("laughs.yaml", BILLION_LAUGHS, "aliases (*name) are not allowed"),  # 10^9 items once expanded
+    ("deep.yaml", "input: " + "[" * 5000 + "]" * 5000 + "\n", "nesting deeper than 16 levels"),
+    ("deep.json", '{"input": ' + "[" * 100000 + "]" * 100000 + "}", "expected valid JSON"),
+    ("big.yaml", "# padding\n" * 200_000, "at most 1,048,576 bytes"),
+    ("binary.yaml", bytes(range(256)) * 8, "got binary data"),
+    ("layers.json", json.dumps({"input": [4], "layers": ["relu"] * 1001}), "at most 1,000 layers"),
+])
+def test_hostile_spec_files_are_refused_at_once_without_memory(name, content, said, tmp_path):
+    """Each is refused while being read: one line, exit 2, seconds, and the process stays near the RSS
+    of importing torch (the laughs alone expanded to 3.3 GB before)."""
+    import time
+
+    spec = tmp_path / name
+    spec.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert spec.stat().st_size < 2 * 2**20 and (name != "laughs.yaml" or len(BILLION_LAUGHS) < 700)
+    probe = ("import resource, sys\nfrom trainmem.cli import main\ncode = main(['estimate', sys.argv[1]])\n"
+             "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", probe, str(spec)], capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - started
+    code, max_rss_kib = map(int, done.stdout.split())
+    assert code == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert len(done.stderr) < 400 and max_rss_kib < 600_000 and seconds < 60
+
+
+def test_ctrl_c_ends_a_trace_at_once_with_130_and_one_line(tmp_path):
+    """A forward that never ends (Python over fake tensors, as deep models are); SIGINT once it runs."""
+    import signal
+    import time
+
+    marker = tmp_path / "running"
+    model = tmp_path / "endless.py"
+    model.write_text("import pathlib, torch.nn as nn\n\nclass Endless(nn.Linear):\n    def forward(self, x):\n"
+                     f"        pathlib.Path({str(marker)!r}).touch()\n        while True:\n            x = x + 0\n\n"
+                     "def factory():\n    return Endless(4, 2)\n")
+    child = subprocess.Popen([sys.executable, "-m", "trainmem", "estimate", f"{model}:factory", "--input-shape", "4"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), child.stderr.read() if child.poll() is not None else "the forward never started"
+        time.sleep(0.5)  # deep inside the loop now
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=10)
+        assert time.monotonic() - sent < 2
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130 and out == b"" and err == b"trainmem: interrupted\n"
+
+
+# Options that do not apply: refused where the user surely meant something else, warned where harmless.
+@pytest.mark.parametrize("args, where, said", [
+    (["estimate", "mlp:10-3", "--seq-len", "128"], "--seq-len", "expected an hf: model"),
+    (["estimate", "mlp:10-3", "--task", "causal-lm"], "--task", "expected an hf: model"),
+    (["estimate", "mlp:10-3", "--qlora"], "--qlora", "got --device cpu"),
+    (["estimate", "mlp:10-3", "--qlora", "--device", "t4"], "--qlora", "got --device t4 (compute capability 7.5)"),
+    (["estimate", "mlp:10-3", "--cuda-context", "1GiB"], "--cuda-context", "got --device cpu"),
+    (["estimate", "mlp:10-3", "--alloc-conf", "expandable_segments:True"], "--alloc-conf", "got --device cpu"),
+    (["estimate", "mlp:10-3", "--cuda-version", "12.4"], "--cuda-version", "got --device cpu"),
+    (["estimate", "mlp:10-3", "--module-loading", "eager"], "--module-loading", "got --device cpu"),
+    (["estimate", "mlp:10-3", "--cudnn-benchmark"], "--cudnn-benchmark", "got --device cpu"),
+    (["fit", "mlp:10-3", "--batch-size", "8"], "--batch-size", "fit searches the batch size"),
+    (["estimate", "--depth", "0", "mlp:10-3"], "--depth", "at least 1"),
+])
+def test_options_that_do_not_apply_are_refused(args, where, said, capsys):
+    code, out, err = run(args, capsys)
+    one_line_exit_2(code, out, err, said)
+    assert err.startswith(f"trainmem: error: {where}: expected")
+
+
+@pytest.mark.parametrize("flag", ["--activation gelu", "--dropout 0.1"])
+def test_mlp_options_on_another_model_are_refused(flag, tmp_factory, capsys):
+    ref = tmp_factory("def factory():\n    return nn.Linear(4, 2)\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "4", *flag.split()], capsys)
+    one_line_exit_2(code, out, err, f"{flag.split()[0]}: expected an mlp: model")
+
+
+def test_harmless_options_that_do_not_apply_are_warned(capsys):
+    code, out, err = run(["estimate", "mlp:10-3", "--input-shape", "10", "--input-max", "7", "--batch-size", "2"], capsys)
+    assert code == 0 and "Breakdown" in out
+    assert err.strip() == ("warning: --input-max: ignored: it bounds the values of integer inputs and every input here "
+                           "is floating point (--input-dtype)")
+
+
+def test_fit_batch_size_with_max_seq_is_legitimate(capsys):
+    code, out, err = run(["fit", "mlp:64-10", "--input-shape", "16,64", "--batch-size", "4", "--max-seq",
+                          "--device", "custom:capacity=400MiB,cc=8.0", "--format", "json"], capsys)
+    assert code in (0, 1) and json.loads(out)["dimension"] == "sequence length", err
+
+
+def test_qlora_on_t4_names_qlora_and_passes_with_fp16(capsys):
+    code, out, err = run(["estimate", "mlp:64-64-10", "--qlora", "--device", "t4"], capsys)
+    one_line_exit_2(code, out, err, "--qlora: expected a GPU with bf16")
+    assert "--precision:" not in err
+    code, out, err = run(["estimate", "mlp:64-64-10", "--qlora", "--device", "t4", "--precision", "fp16-mixed",
+                          "--format", "json"], capsys)
+    assert code == 0 and json.loads(out)["model"]["quantized_parameters"] > 0, err
+
+
+def test_setup_flag_for_names_what_filled_a_value():
+    from trainmem.setup import TrainingSetup
+
+    assert TrainingSetup(qlora=True, precision="bf16-mixed").flag_for("precision").startswith("--qlora")
+    assert TrainingSetup(precision="bf16-mixed").flag_for("precision") == "--precision"
+
+
+# --setup FILE.toml: every option's key; a bad value names the file and the key; flags override the file.
+def test_setup_file_takes_device_and_run_options_and_flags_override_it(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('batch_size = 4\ninput_shape = "64"\ndevice = "a100-40gb"\ncuda_context = "500MiB"\n'
+                    'format = "json"\ndepth = 1\n')
+    code, out, err = run(["estimate", "mlp:64-10", "--setup", str(toml)], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["device"]["kind"] == "cuda" and result["setup"]["batch_size"] == 4, err
+    assert result["peak"]["process_bytes"] == result["peak"]["reserved_bytes"] + 500 * 2**20
+    code, out, err = run(["estimate", "mlp:64-10", "--setup", str(toml), "--batch-size", "8", "--device",
+                          "a100-80gb"], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["setup"]["batch_size"] == 8 and "80" in result["device"]["name"], err
+
+
+@pytest.mark.parametrize("content, said", [
+    ("batch_size = -4\n", "run.toml: batch_size: expected a positive integer, got -4"),
+    ('batch_size = "256"\n', "run.toml: batch_size: expected a positive integer, got '256'"),
+    ('optimizer = "adamx"\n', "run.toml: optimizer: expected sgd|momentum"),
+    ('input_shape = "3,,4"\n', "run.toml: input_shape: expected comma-separated"),
+    ("checkpointing = 1\n", "run.toml: checkpointing: expected true or false"),
+    ('batchsize = 4\n', "run.toml: expected keys among"),
+    ('cuda_context = "1GiB"\n', "run.toml: cuda_context: expected a GPU --device"),
+    ("depth = 0\n", "run.toml: depth: expected a whole number of at least 1"),
+    ("batch_size = \n", "run.toml: expected valid TOML"),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", "run.toml: expected valid TOML"),
+    ("# padding\n" * 10_000, "at most 65,536 bytes"),
+    (bytes(range(256)), "binary data"),
+])
+def test_setup_file_errors_name_the_file_and_key(content, said, tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, out, err = run(["estimate", "mlp:64-10", "--setup", str(toml)], capsys)
+    one_line_exit_2(code, out, err, said)
+    assert len(err) < 600
+
+
+def test_another_commands_key_in_a_setup_file_is_warned(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text("margin = 0.2\nbatch_size = 2\n")
+    code, out, err = run(["estimate", "mlp:64-10", "--setup", str(toml)], capsys)
+    assert code == 0 and err.strip() == f"warning: {toml}: margin: ignored: only trainmem fit keeps a margin"
+
+
+# Inputs the model cannot take: the flag that made the batch is blamed, with the module and torch's words.
+def test_a_linear_fed_int64_is_refused_as_for_real(tmp_factory, capsys):
+    """Real torch: 'mat1 and mat2 must have the same dtype'; fake tensors' meta addmm does not check."""
+    ref = tmp_factory("def factory():\n    return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "8", "--input-dtype", "int64"], capsys)
+    one_line_exit_2(code, out, err, "--input-dtype: expected an input the model can take")
+    assert "module 0 (Linear)" in err and "same dtype" in err
+    code, out, err = run(["estimate", ref, "--input-shape", "8", "--input-dtype", "float64", "--format", "json"], capsys)
+    assert code == 2 and "--input-dtype" in err  # float64 into float32 weights: refused for real as well
+
+
+def test_same_dtype_rule_matches_the_real_kernels():
+    """The ops dtype_checks refuses are exactly those whose real CPU kernel refuses mixed dtypes."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainmem.trace.dtype_checks import SameDtypeKernels
+
+    calls = {
+        "linear": lambda d: torch.nn.functional.linear(torch.ones(2, 3, dtype=d), torch.ones(2, 3), torch.ones(2)),
+        "matmul": lambda d: torch.matmul(torch.ones(2, 2, 3, dtype=d), torch.ones(3, 2)),
+        "mv": lambda d: torch.mv(torch.ones(2, 3, dtype=d), torch.ones(3)),
+        "conv2d": lambda d: torch.nn.functional.conv2d(torch.ones(1, 3, 8, 8, dtype=d), torch.ones(4, 3, 3, 3)),
+        "add": lambda d: torch.ones(2, dtype=d) + torch.ones(2),  # type promotion: fine for real and here
+    }
+    for name, call in calls.items():
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            try:
+                call(dtype)
+                real = True
+            except RuntimeError:
+                real = False
+            try:
+                with FakeTensorMode(allow_non_fake_inputs=True), SameDtypeKernels():
+                    call(dtype)
+                traced = True
+            except RuntimeError:
+                traced = False
+            assert real == traced, (name, dtype, real, traced)
+
+
+def test_a_shape_the_model_cannot_take_blames_input_shape(tmp_factory, capsys):
+    ref = tmp_factory("def factory():\n    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))\n")
+    code, out, err = run(["estimate", ref, "--input-shape", "3,32,31"], capsys)
+    one_line_exit_2(code, out, err, "--input-shape: expected an input the model can take, got --input-shape 3,32,31")
+    assert "module 2 (Linear)" in err and "Traceback" not in err
+
+
+# --help: every reference kind, every optimizer, each flag's default as a run uses it.
+def test_help_lists_references_optimizers_and_real_defaults():
+    import dataclasses
+
+    from trainmem.cli import build_parser
+    from trainmem.setup import Optimizer, TrainingSetup
+
+    parser = build_parser()
+    estimate = parser._subparsers._group_actions[0].choices["estimate"]
+    text = " ".join(estimate.format_help().split())
+    for kind in ("mlp:", "net.yaml", "file.py:factory", "package.module:factory", "torchvision:", "timm:", "hf:",
+                 ".onnx", ".safetensors", ".pt"):
+        assert kind in text, kind
+    assert all(member.value in text for member in Optimizer)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingSetup)}
+    by_flag = {action.option_strings[0]: action.help for action in estimate._actions if action.option_strings}
+    for name in ("batch_size", "optimizer", "optimizer_impl", "precision", "grad_accum", "zero_grad", "activation",
+                 "dropout", "loop"):
+        assert f"(default: {defaults[name]})" in by_flag["--" + name.replace("_", "-")], name
+    for flag, action in by_flag.items():
+        assert action is None or "(default:" in action or flag in ("-h", "--setup", "--debug", "--steps"), flag
+    assert "(default: cpu)" in by_flag["--device"] and "(default: 2)" in by_flag["--depth"]
+
+
+# The Python API takes shapes as Python values.
+@pytest.mark.parametrize("shape", [10, (10,), [10], "10"])
+def test_python_api_input_shape_values(shape):
+    import trainmem
+
+    result = trainmem.estimate("mlp:10-2", input_shape=shape, batch_size=2)
+    assert result.setup.inputs[0].shape == (10,)
+
+
+@pytest.mark.parametrize("shape", [True, -3, (3, True), 10.5, (3, -1), []])
+def test_python_api_refuses_bad_shapes(shape):
+    import trainmem
+
+    with pytest.raises(trainmem.TrainmemError, match="input_shape"):
+        trainmem.estimate("mlp:10-2", input_shape=shape)

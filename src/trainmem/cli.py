@@ -1,21 +1,36 @@
 """argparse → TrainingSetup → estimate() / measure() → render → exit code.
 
-Exit codes: 0 ok / fits, 1 does not fit the device, 2 bad input or a failed trace. Errors are one
-line on stderr; a traceback only with --debug.
+Exit codes: 0 ok / fits, 1 does not fit the device, 2 bad input or a failed trace, 130 interrupted
+(Ctrl-C), 141 the reader of stdout went away. Errors are one line on stderr; a traceback only with
+--debug. Stdout carries the result alone: whatever the model's code or a library prints while the
+model is built and traced goes to stderr (`_user_output_to_stderr`), so `--format json` stays JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from trainmem.errors import TrainmemError
+from trainmem.errors import TrainmemError, quote
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 128 + 2  # SIGINT's number, as a shell reports a process Ctrl-C ended
 EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's number on Linux and macOS, as a shell reports a process it ended
+INTERRUPTED_LINE = b"trainmem: interrupted\n"
+
+# Run options: what the command does with the setup. Their defaults are applied after the flags and
+# the --setup file are merged (argparse's own defaults are None, so that "not given" can be told apart
+# from "given as the default": a file's device is overridden only by a --device the user typed).
+RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
+                                "max_seq": False, "margin": None}
+_NOT_OPTIONS = {"command", "model", "setup", "debug"}
 
 
 def _version() -> str:
@@ -29,176 +44,403 @@ class _Parser(argparse.ArgumentParser):
         raise TrainmemError(f"{message} (see {self.prog} --help)", where="command line")
 
 
+def _setup_default(name: str, words: str | None = None) -> str:
+    """' (default: X)' with X read from TrainingSetup, so --help shows the value a run uses."""
+    from trainmem.setup import TrainingSetup
+
+    field = next(f for f in dataclasses.fields(TrainingSetup) if f.name == name)
+    value = field.default
+    if words is not None:
+        shown = words
+    elif isinstance(value, bool):
+        shown = "on" if value else "off"
+    else:
+        shown = str(value)
+    return f" (default: {shown})"
+
+
+def _run_default(name: str) -> str:
+    return f" (default: {RUN_DEFAULTS[name]})"
+
+
+def _choices(enum_name: str) -> str:
+    import trainmem.setup as setup
+
+    return "|".join(member.value for member in getattr(setup, enum_name))
+
+
+def _references_help() -> str:
+    from trainmem.setup import Optimizer
+
+    return (
+        "MODEL references:\n"
+        "  mlp:1000-100-10                  Linear layers of those widths (the first is the input size)\n"
+        "  net.yaml | net.json              a layer spec: input shape and a list of torch.nn layers\n"
+        "  path/to/file.py:factory          a function in a Python file you name, returning an nn.Module\n"
+        "  package.module:factory           the same, from an importable module\n"
+        "  torchvision:NAME | timm:NAME     a vision model by name (timm:NAME?k=v&… for its arguments)\n"
+        "  hf:NAME | hf:DIR | hf:config.json  a Hugging Face model from its configuration (no weights)\n"
+        "  model.onnx                       an ONNX graph, converted to torch\n"
+        "  model.pt|.pth|.bin|.ckpt|.safetensors  a checkpoint's tensors (never unpickled freely)\n"
+        f"optimizers: {', '.join(member.value for member in Optimizer)}\n"
+        "exit codes: 0 fits, 1 does not fit, 2 bad input or a failed trace, 130 interrupted, 141 closed pipe")
+
+
 def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="mlp:1000-100-10 | spec.yaml | file.py:factory | package.module:factory")
-    parser.add_argument("--setup", metavar="FILE.toml", help="training setup from a TOML file (flags override it)")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--input-shape", action="append", help="per-sample shape, e.g. 3,224,224; repeat for more inputs")
-    parser.add_argument("--input-dtype", action="append", help="float32|int64|…; one, or one per input")
-    parser.add_argument("--input-max", action="append", type=int, help="token ids are < this (int inputs)")
-    parser.add_argument("--loss", help="cross-entropy|mse|sum")
-    parser.add_argument("--target-shape", help="per-sample target shape ('scalar' for a class id), made with the batch (default: from the output)")
-    parser.add_argument("--optimizer", help="sgd|momentum|adam|adamw|rmsprop|adagrad")
-    parser.add_argument("--optimizer-impl", help="foreach|for-loop|fused (default: what torch picks)")
-    parser.add_argument("--precision", help="fp32|fp16-mixed|bf16-mixed|bf16")
-    parser.add_argument("--grad-accum", type=int)
-    parser.add_argument("--checkpointing", action="store_true", default=None)
-    parser.add_argument("--zero-grad", help="none (free gradients between steps, torch >= 2.0) | zeros (keep them, set_to_none=False)")
-    parser.add_argument("--freeze", action="append", metavar="PATTERN", help="parameter names to freeze (fnmatch)")
-    parser.add_argument("--activation", help="relu|tanh|gelu|sigmoid (mlp: models)")
-    parser.add_argument("--dropout", type=float, help="dropout probability between layers (mlp: models)")
-    parser.add_argument("--task", help="hf: models: causal-lm|masked-lm|seq-cls|seq2seq|image-cls|… (default: the model's)")
-    parser.add_argument("--seq-len", type=int, help="hf: models: tokens per sample (default 512, capped by the model)")
-    parser.add_argument("--lora", metavar="SPEC", help="LoRA through peft: r=16,alpha=32,targets=q_proj,v_proj[,dropout=0.05]")
+    from trainmem.frontends.hf import DEFAULT_SEQ_LEN
+
+    d = _setup_default
+    parser.add_argument("model", help="a model reference (see MODEL references below)")
+    parser.add_argument("--setup", metavar="FILE.toml", help="options from a TOML file, keys as the flags' names "
+                        "with underscores (batch_size = 8, device = \"a100-80gb\"); flags override it")
+    parser.add_argument("--batch-size", type=int, metavar="N", help="samples per micro-batch" + d("batch_size"))
+    parser.add_argument("--input-shape", action="append", metavar="SHAPE", help="per-sample shape, e.g. 3,224,224; repeat for "
+                        "more inputs (default: the model's own, where it names one)")
+    parser.add_argument("--input-dtype", action="append", metavar="DTYPE", help="float32|float16|bfloat16|float64|int64|int32|"
+                        "uint8|bool; one, or one per input (default: float32)")
+    parser.add_argument("--input-max", action="append", type=int, metavar="N", help="integer inputs are < this, e.g. the "
+                        "vocabulary size (default: 2)")
+    parser.add_argument("--loss", metavar="LOSS", help=_choices("Loss") + d("loss", "the model's own, else cross-entropy"))
+    parser.add_argument("--target-shape", metavar="SHAPE", help="per-sample target shape ('scalar' for a class id), made with "
+                        "the batch" + d("target_shape", "made from the output in the loss"))
+    parser.add_argument("--optimizer", metavar="NAME", help=_choices("Optimizer") + d("optimizer"))
+    parser.add_argument("--optimizer-impl", metavar="IMPL", help=_choices("OptimizerImpl") + "; default is what "
+                        "torch picks: for-loop on CPU tensors, foreach on CUDA tensors" + d("optimizer_impl"))
+    parser.add_argument("--precision", metavar="PRECISION", help=_choices("Precision") + d("precision"))
+    parser.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per optimizer step" + d("grad_accum"))
+    parser.add_argument("--checkpointing", action="store_true", default=None,
+                        help="activation checkpointing of the model's blocks" + d("checkpointing"))
+    parser.add_argument("--zero-grad", metavar="none|zeros", help="none (free gradients between steps, torch >= 2.0) | zeros (keep "
+                        "them, set_to_none=False)" + d("zero_grad"))
+    parser.add_argument("--freeze", action="append", metavar="PATTERN",
+                        help="parameter names to freeze (fnmatch); repeat for more" + d("freeze", "none"))
+    parser.add_argument("--activation", metavar="NAME", help=f"{_choices('Activation')} (mlp: models)" + d("activation"))
+    parser.add_argument("--dropout", type=float, metavar="P", help="dropout probability between layers (mlp: models)"
+                        + d("dropout"))
+    parser.add_argument("--task", metavar="TASK", help="hf: models: causal-lm|masked-lm|seq-cls|seq2seq|image-cls|…"
+                        + d("task", "the model's"))
+    parser.add_argument("--seq-len", type=int, metavar="N", help="hf: models: tokens per sample"
+                        + d("seq_len", f"{DEFAULT_SEQ_LEN}, capped by the model's positions"))
+    parser.add_argument("--trust-remote-code", action="store_true", default=None,
+                        help="hf: models whose config.json names custom code (auto_map): download that "
+                             "repository's Python files and run them to build the model (executes code from the "
+                             "hub; only for repositories you trust)" + d("trust_remote_code", "refused"))
+    parser.add_argument("--lora", metavar="SPEC", help="LoRA through peft: r=16,alpha=32,targets=q_proj,v_proj"
+                        "[,dropout=0.05]" + d("lora", "none"))
     parser.add_argument("--qlora", action="store_true", default=None,
-                        help="4-bit NF4 base weights + LoRA (default r=64,alpha=16,all linear), bf16, paged 8-bit AdamW")
+                        help="4-bit NF4 base weights + LoRA (r=64,alpha=16,all linear), bf16-mixed, paged 8-bit "
+                             "AdamW, checkpointing; GPU devices" + d("qlora"))
     parser.add_argument("--hf-trainer", action="store_true", default=None,
-                        help="what transformers.Trainer does by default: fused AdamW, clip at 1.0, fp32 outputs under mixed precision")
-    parser.add_argument("--max-grad-norm", type=float, help="clip_grad_norm_ before each step")
-    parser.add_argument("--loop", help="inline (default: names live until the next iteration) | step-fn | trainer | lean")
+                        help="what transformers.Trainer does by default: fused AdamW, clip at 1.0, fp32 outputs "
+                             "under mixed precision" + d("hf_trainer"))
+    parser.add_argument("--max-grad-norm", type=float, metavar="NORM", help="clip_grad_norm_ before each step"
+                        + d("max_grad_norm", "no clipping"))
+    parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
+                        + d("loop"))
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--device", default="cpu", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9")
-    parser.add_argument("--cuda-context", metavar="SIZE", help="CUDA context bytes in nvidia-smi (default: the device's)")
-    parser.add_argument("--alloc-conf", metavar="SETTINGS", help="PYTORCH_CUDA_ALLOC_CONF for the run, e.g. expandable_segments:True")
-    parser.add_argument("--cuda-version", metavar="X.Y", help="the target run's CUDA (default: this torch's; CPU builds: 12.8)")
-    parser.add_argument("--module-loading", choices=["lazy", "eager"], help="CUDA_MODULE_LOADING of the run (default lazy; eager before CUDA 11.7)")
-    parser.add_argument("--cudnn-benchmark", action="store_true", default=None, help="torch.backends.cudnn.benchmark = True in the run")
-    parser.add_argument("--format", choices=["table", "json"], default="table")
-    parser.add_argument("--depth", type=int, default=2, help="per-module table depth")
+    parser.add_argument("--device", metavar="DEVICE", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9"
+                        + _run_default("device"))
+    parser.add_argument("--cuda-context", metavar="SIZE", help="GPU devices: CUDA context bytes in nvidia-smi "
+                        "(default: the device's)")
+    parser.add_argument("--alloc-conf", metavar="SETTINGS", help="GPU devices: PYTORCH_CUDA_ALLOC_CONF of the "
+                        "run, e.g. expandable_segments:True (default: none)")
+    parser.add_argument("--cuda-version", metavar="X.Y", help="GPU devices: the run's CUDA (default: this "
+                        "torch's; CPU builds: 12.8)")
+    parser.add_argument("--module-loading", choices=["lazy", "eager"], help="GPU devices: CUDA_MODULE_LOADING of "
+                        "the run (default: lazy; eager before CUDA 11.7)")
+    parser.add_argument("--cudnn-benchmark", action="store_true", default=None,
+                        help="GPU devices: torch.backends.cudnn.benchmark = True in the run (default: off)")
+    parser.add_argument("--format", choices=["table", "json"], help="report format" + _run_default("format"))
+    parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + _run_default("depth"))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="trainmem", description="How much memory will training take — before you train.")
+    formatter = argparse.RawDescriptionHelpFormatter
+    references = _references_help()
+    parser = _Parser(prog="trainmem", description="How much memory will training take — before you train.",
+                     epilog=references, formatter_class=formatter)
     parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"trainmem {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_setup_flags(commands.add_parser("estimate", help="estimate training memory"))
-    measure = commands.add_parser("measure", help="run the steps for real and compare with the estimate")
+    add = lambda name, text: commands.add_parser(name, help=text, description=text, epilog=references,  # noqa: E731
+                                                 formatter_class=formatter)
+    _add_setup_flags(add("estimate", "estimate training memory"))
+    measure = add("measure", "run the steps for real and compare with the estimate")
     _add_setup_flags(measure)
-    measure.add_argument("--force", action="store_true", help="run even if the estimate says it will not fit")
-    measure.add_argument("--runs", type=int, default=1, help="fresh processes for RSS (median reported)")
-    fit = commands.add_parser("fit", help="the largest batch size (or --max-seq: sequence length) that fits --device")
+    measure.add_argument("--force", action="store_true", default=None,
+                         help="run even if the estimate says it will not fit (default: off)")
+    measure.add_argument("--runs", type=int, metavar="N", help="fresh processes for RSS (median reported)" + _run_default("runs"))
+    fit = add("fit", "the largest batch size (or --max-seq: sequence length) that fits --device")
     _add_setup_flags(fit)
-    fit.add_argument("--max-seq", action="store_true", help="search the first input's first dimension, batch fixed")
+    fit.add_argument("--max-seq", action="store_true", default=None,
+                     help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
                      "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
-    commands.add_parser("devices", help="list target devices").add_argument("--format", choices=["table", "json"], default="table")
+    commands.add_parser("devices", help="list target devices").add_argument(
+        "--format", choices=["table", "json"], default="table", help="(default: table)")
     return parser
 
 
-_FLAG_TO_KEY = {"batch_size": "batch_size", "loss": "loss", "target_shape": "target_shape", "optimizer": "optimizer", "optimizer_impl": "optimizer_impl",
-                "precision": "precision", "grad_accum": "grad_accum", "checkpointing": "checkpointing",
-                "freeze": "freeze", "zero_grad": "zero_grad", "activation": "activation", "dropout": "dropout", "steps": "steps", "task": "task", "seq_len": "seq_len", "lora": "lora", "qlora": "qlora", "hf_trainer": "hf_trainer", "max_grad_norm": "max_grad_norm",
-                "loop": "loop"}
+# ---- options: flags over the --setup file over the defaults ---------------------------------------------
 
 
-def setup_from_args(args: argparse.Namespace):
-    from trainmem.setup import TrainingSetup, parse_inputs
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every option of one command, merged; `given` holds only what the user gave, `origins` where."""
 
-    values: dict[str, Any] = {}
+    values: dict[str, Any]
+    given: dict[str, Any]
+    origins: dict[str, str]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _option_keys(parser: argparse.ArgumentParser) -> set[str]:
+    """The keys a --setup file may hold: every command's flags (a file may be shared between commands)."""
+    keys: set[str] = set()
+    for action in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001 - argparse's own table
+        keys |= {a.dest for a in action._actions if a.dest not in _NOT_OPTIONS and a.dest != "help"}  # noqa: SLF001
+    return keys
+
+
+def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
+    from trainmem.flag_rules import explicit
+    from trainmem.setup import read_setup_file
+
+    given: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     if args.setup:
-        values = TrainingSetup.from_toml(args.setup).to_dict()
-        values["inputs"] = parse_inputs([s["shape"] for s in values["inputs"]], [s["dtype"] for s in values["inputs"]],
-                                        [s["max_value"] for s in values["inputs"]]) if values["inputs"] else ()
-    for flag, key in _FLAG_TO_KEY.items():
-        if getattr(args, flag) is not None:
-            values[key] = getattr(args, flag)
-    if args.input_shape:
-        values["inputs"] = parse_inputs(args.input_shape, args.input_dtype, args.input_max)
-    elif args.input_dtype or args.input_max:
-        raise TrainmemError("expected --input-shape with --input-dtype/--input-max, got none", where="command line")
-    return TrainingSetup.from_mapping(values, where="command line")
+        table = read_setup_file(args.setup)
+        unknown = sorted(set(table) - file_keys)
+        if unknown:
+            raise TrainmemError(f"expected keys among {', '.join(sorted(file_keys))}, got {quote(unknown[0])}",
+                                where=args.setup)
+        given.update(table)
+        origins.update({key: f"{args.setup}: {key}" for key in table})
+    flags = explicit({key: value for key, value in vars(args).items() if key not in _NOT_OPTIONS})
+    if "input_shape" in flags:  # the flags' inputs replace the file's whole
+        for key in ("input_shape", "input_dtype", "input_max"):
+            given.pop(key, None)
+    given.update(flags)
+    origins.update({key: f"--{key.replace('_', '-')}" for key in flags})
+    return Options({**RUN_DEFAULTS, **given}, given, origins)
 
 
-def _estimate(args: argparse.Namespace) -> int:
-    from trainmem.estimate import estimate
+def setup_from_options(options: Options):
+    from trainmem.setup import SETUP_KEYS, TrainingSetup
 
-    if args.depth < 1:
-        raise TrainmemError(f"expected --depth of at least 1, got {args.depth}", where="--depth")
-    result = estimate(args.model, setup=setup_from_args(args), device=args.device, depth=args.depth,
-                      compare_loop=True, **_gpu_options(args))
-    _print_warnings(result.warnings, args.format)
-    print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
-    return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+    values = {key: value for key, value in options.given.items() if key in SETUP_KEYS}
+    if ("input_dtype" in values or "input_max" in values) and "input_shape" not in values:
+        raise TrainmemError("expected --input-shape with --input-dtype/--input-max, got none",
+                            where=options.origins.get("input_dtype") or options.origins.get("input_max"))
+    return TrainingSetup.from_mapping(values, where="command line", origins=options.origins)
 
 
-def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
+def _check_run_options(options: Options, command: str) -> list[str]:
+    """The run options' own checks, then the table of which options apply (flag_rules.py)."""
+    from trainmem.devices import get_device
+    from trainmem.flag_rules import Invocation, check
+    from trainmem.frontends import reference_kind
+
+    where = lambda key: options.origins.get(key, f"--{key}")  # noqa: E731
+    for key in ("device", "format"):
+        if not isinstance(options.values[key], str):
+            raise TrainmemError(f"expected text, got {quote(options.values[key])}", where=where(key))
+    if options.format not in ("table", "json"):
+        raise TrainmemError(f"expected table or json, got {quote(options.format)}", where=where("format"))
+    for key in ("depth", "runs"):
+        value = options.values[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
+    device = options.device
+    gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
+    run = Invocation(command, options.model, reference_kind(options.model), device, gpu, options.given, options.origins)
+    return check(run)
+
+
+def _gpu_options(options: Options) -> dict[str, Any]:
+    from trainmem.flag_rules import CUDA_KEYS
     from trainmem.units import parse_bytes
 
-    options: dict[str, Any] = {}
-    if args.cuda_context is not None:
-        options["cuda_context"] = parse_bytes(args.cuda_context, "--cuda-context")
-    if args.alloc_conf is not None:
-        options["alloc_conf"] = args.alloc_conf
-    for name in ("cuda_version", "module_loading", "cudnn_benchmark"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    return options
+    chosen = {key: options.given[key] for key in CUDA_KEYS if key in options.given}
+    if "cuda_context" in chosen:
+        chosen["cuda_context"] = parse_bytes(str(chosen["cuda_context"]), options.origins["cuda_context"])
+    return chosen
 
 
-def _fit(args: argparse.Namespace) -> int:
+# ---- the commands: each computes its output; main() prints it ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    text: str
+    code: int
+    warnings: tuple[str, ...] = ()
+
+
+def _estimate(options: Options, setup: Any) -> Outcome:
+    from trainmem.estimate import estimate
+
+    result = estimate(options.model, setup=setup, device=options.device, depth=options.depth,
+                      compare_loop=True, **_gpu_options(options))
+    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
+    return Outcome(text, EXIT_OK if result.fits else EXIT_DOES_NOT_FIT, _trace_warnings(result.warnings, options.format))
+
+
+def _fit(options: Options, setup: Any) -> Outcome:
     from trainmem.fit import fit
 
-    result = fit(args.model, setup_from_args(args), args.device, sequence=args.max_seq, margin=args.margin,
-                 **_gpu_options(args))
-    print(json.dumps(result.to_dict(), indent=2) if args.format == "json" else str(result))
-    return EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT
+    result = fit(options.model, setup, options.device, sequence=bool(options.max_seq), margin=options.margin,
+                 **_gpu_options(options))
+    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
+    return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
 
 
-def _measure(args: argparse.Namespace) -> int:
+def _measure(options: Options, setup: Any) -> Outcome:
     from trainmem.measure.cpu import measure
 
-    if args.device != "cpu":  # one JSON line: measured on this machine's GPU, estimated for it
+    if options.device != "cpu":  # one JSON line: measured on this machine's GPU, estimated for it
         from trainmem.measure.cuda import measure_on_gpu
 
-        print(json.dumps(measure_on_gpu(args.model, setup_from_args(args), args.device, **_gpu_options(args))))
-        return EXIT_OK
-
-    comparison = measure(args.model, setup_from_args(args), force=args.force, runs=args.runs, depth=args.depth)
-    print(json.dumps(comparison.to_dict(), indent=2) if args.format == "json" else str(comparison))
-    return EXIT_OK
+        return Outcome(json.dumps(measure_on_gpu(options.model, setup, options.device, **_gpu_options(options))),
+                       EXIT_OK)
+    comparison = measure(options.model, setup, force=bool(options.force), runs=options.runs, depth=options.depth)
+    return Outcome(json.dumps(comparison.to_dict(), indent=2) if options.format == "json" else str(comparison), EXIT_OK)
 
 
-def _devices(args: argparse.Namespace) -> int:
+def _devices(args: argparse.Namespace) -> Outcome:
     from trainmem.devices import all_devices, format_table
 
     devices = all_devices()
-    print(json.dumps([d.to_dict() for d in devices], indent=2) if args.format == "json" else format_table(devices))
-    return EXIT_OK
+    return Outcome(json.dumps([d.to_dict() for d in devices], indent=2) if args.format == "json"
+                   else format_table(devices), EXIT_OK)
 
 
-def _print_warnings(warnings: list[str], fmt: str) -> None:
+def _trace_warnings(warnings: list[str], fmt: str) -> tuple[str, ...]:
     """Assumptions the trace made about the model's ops (data-dependent values) also go to stderr;
     the rest are in the report. JSON output keeps stderr quiet for scripts: all are in the JSON."""
     if fmt == "json":
+        return ()
+    return tuple(f"warning: {warning}" for warning in warnings if warning.startswith("aten."))
+
+
+_COMMANDS = {"estimate": _estimate, "measure": _measure, "fit": _fit}
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
+    if args.command == "devices":
+        return _devices(args)
+    options = merge_options(args, _option_keys(parser))
+    options.values["model"] = args.model
+    warnings = _check_run_options(options, args.command)
+    setup = setup_from_options(options)
+    with _user_output_to_stderr():
+        try:
+            outcome = _COMMANDS[args.command](options, setup)
+        except SystemExit as stop:  # the model's code (a forward, a library it imports) called sys.exit
+            raise TrainmemError(f"expected the model's code to return, it called sys.exit({quote(stop.code)})",
+                                where=args.model) from None
+    return dataclasses.replace(outcome, warnings=tuple(warnings) + outcome.warnings)
+
+
+# ---- the process: stdout, Ctrl-C, errors -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _user_output_to_stderr() -> Iterator[None]:
+    """While the model is built and traced, stdout belongs to the user's code and the libraries it
+    imports (a factory's print, transformers' notices): send it to stderr, so that stdout carries the
+    result alone and `--format json | jq` works. Python-level writes follow sys.stdout; writes to file
+    descriptor 1 from C extensions follow the descriptor, so fd 1 is pointed at fd 2 for the duration
+    and restored before the result is printed. Where stdout has no descriptor (an in-process capture),
+    only the Python level is redirected."""
+    try:
+        sys.stdout.flush()
+        stdout_fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        stdout_fd = None
+    saved = None
+    if stdout_fd is not None:
+        sys.stderr.flush()
+        saved = os.dup(stdout_fd)
+        os.dup2(sys.stderr.fileno(), stdout_fd)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, stdout_fd)
+            os.close(saved)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    """Ctrl-C: end now, from wherever the main thread is. A KeyboardInterrupt could be caught (or
+    delayed) by the model's code or a library between here and main(); the handler runs between two
+    bytecodes of the main thread, which a fake-tensor trace (Python through and through) reaches
+    constantly, and os._exit skips every cleanup that could block (atexit, thread joins)."""
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a flush interrupted mid-write must not stop the exit
+        pass
+    os.write(2, INTERRUPTED_LINE)
+    os._exit(EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def _ctrl_c_ends_the_process() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGINT, _interrupted)
+    except ValueError:  # not the main thread (main() called from a thread): Python's default stays
+        yield
         return
-    for warning in warnings:
-        if warning.startswith("aten."):
-            print(f"warning: {warning}", file=sys.stderr)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
-    try:
-        args = build_parser().parse_args(argv)
-        return {"estimate": _estimate, "measure": _measure, "fit": _fit, "devices": _devices}[args.command](args)
-    except TrainmemError as error:
-        if debug:
-            raise
-        print(f"trainmem: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        # the reader went away (`trainmem … | head -2`): not a verdict on the model, so never exit 1
-        # ("does not fit"); point stdout at /dev/null so the interpreter's final flush stays quiet, and
-        # exit as a process that SIGPIPE ended does in a shell (128 + 13)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
-    except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
-        if debug:
-            raise
-        print(f"trainmem: error: {type(error).__name__}: {error} (rerun with --debug for the traceback)", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    with _ctrl_c_ends_the_process():
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            outcome = run_command(args, parser)
+            for line in outcome.warnings:
+                print(line, file=sys.stderr)
+            print(outcome.text)
+            sys.stdout.flush()  # a closed pipe shows here, inside the try, not at the interpreter's exit
+            return outcome.code
+        except TrainmemError as error:
+            if debug:
+                raise
+            print(f"trainmem: error: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:  # Ctrl-C where the handler could not be installed
+            print(INTERRUPTED_LINE.decode().strip(), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # the reader went away (`trainmem … | head -2`): not a verdict on the model, so never exit 1
+            # ("does not fit"); point stdout at /dev/null so the interpreter's final flush stays quiet, and
+            # exit as a process that SIGPIPE ended does in a shell (128 + 13)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+        except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
+            if debug:
+                raise
+            print(f"trainmem: error: {type(error).__name__}: {one_line_of(error)} (rerun with --debug for the "
+                  "traceback)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+
+
+def one_line_of(error: BaseException) -> str:
+    from trainmem.errors import one_line
+
+    return one_line(error)

@@ -165,6 +165,7 @@ class TrainingSetup:
     dropout: float = 0.0  # used by mlp: references only
     task: str | None = None  # hf: references: causal-lm, masked-lm, … (None: the model's own)
     seq_len: int | None = None  # hf: references: tokens per sample (None: 512, capped by the model)
+    trust_remote_code: bool = False  # hf: references: run the repository's own modeling code (config.json auto_map)
     lora: str | None = None  # "r=16,alpha=32,targets=q_proj,v_proj" (trace/finetune.py)
     qlora: bool = False  # 4-bit NF4 base weights + LoRA (QLORA_DEFAULTS unless given)
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
@@ -216,7 +217,7 @@ class TrainingSetup:
             kwargs = {**QLORA_DEFAULTS, **kwargs}
         if kwargs.get("hf_trainer"):
             kwargs = {**HF_TRAINER_DEFAULTS, **kwargs}
-        for flag in ("checkpointing", "qlora", "hf_trainer"):
+        for flag in ("checkpointing", "qlora", "hf_trainer", "trust_remote_code"):
             if flag in kwargs and not isinstance(kwargs[flag], bool):
                 raise expected("true or false", kwargs[flag], f"--{flag.replace('_', '-')}")
         if "inputs" not in kwargs and "input_shape" in values:

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.errors import ModelRefError
+from trainmem.errors import ModelRefError, quote
 from trainmem.setup import InputSpec, Loss, TrainingSetup
 
 
@@ -38,42 +38,74 @@ class ModelSource:
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # settings the frontend filled in (seq_len …)
 
 
-def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
+class Kind:
+    """What a model reference is, from its text alone (nothing is read or imported): resolve() and
+    the CLI's flag rules (trainmem/flag_rules.py) decide by the same function."""
+
+    MLP, VISION, HF, ONNX, CHECKPOINT, SPEC, PYTHON, MODULE, UNKNOWN = (
+        "mlp", "vision", "hf", "onnx", "checkpoint", "spec", "python", "module", "unknown")
+
+
+def reference_kind(model: Any) -> str:
     if not isinstance(model, str):
+        return Kind.MODULE
+    ref = model.strip()
+    lowered = ref.lower()
+    if ref.startswith("mlp:"):
+        return Kind.MLP
+    if ref.startswith(("torchvision:", "timm:")):
+        return Kind.VISION
+    if ref.startswith("hf:"):
+        return Kind.HF
+    if lowered.endswith(".onnx"):
+        return Kind.ONNX
+    from trainmem.frontends.checkpoint import is_checkpoint
+
+    if is_checkpoint(ref):
+        return Kind.CHECKPOINT
+    if lowered.endswith((".yaml", ".yml", ".json")):
+        return Kind.SPEC
+    if ":" in ref:
+        return Kind.PYTHON
+    return Kind.UNKNOWN
+
+
+def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
+    kind = reference_kind(model)
+    if kind == Kind.MODULE:
         from trainmem.frontends.module_object import from_module
 
         return from_module(model)
     ref = model.strip()
-    if ref.startswith("mlp:"):
+    if kind == Kind.MLP:
         from trainmem.frontends.mlp import from_mlp_ref
 
         return from_mlp_ref(ref, setup)
-    if ref.startswith(("torchvision:", "timm:")):
+    if kind == Kind.VISION:
         from trainmem.frontends.vision import from_vision_ref
 
         return from_vision_ref(ref)
-    if ref.startswith("hf:"):
+    if kind == Kind.HF:
         from trainmem.frontends.hf import from_hf_ref
 
         return from_hf_ref(ref, setup)
-    if ref.lower().endswith(".onnx"):
+    if kind == Kind.ONNX:
         from trainmem.frontends.onnx_ref import from_onnx
 
         return from_onnx(ref)
-    from trainmem.frontends.checkpoint import is_checkpoint
-
-    if is_checkpoint(ref):
+    if kind == Kind.CHECKPOINT:
         from trainmem.frontends.checkpoint import from_checkpoint
 
         return from_checkpoint(ref)
-    if ref.lower().endswith((".yaml", ".yml", ".json")):
+    if kind == Kind.SPEC:
         from trainmem.frontends.spec import from_spec_file
 
         return from_spec_file(ref)
-    if ":" in ref:
+    if kind == Kind.PYTHON:
         from trainmem.frontends.python_ref import from_python_ref
 
         return from_python_ref(ref)
     raise ModelRefError(
         "expected a model reference such as mlp:1000-100-10, net.yaml, path/file.py:factory, "
-        f"package.module:factory or a checkpoint file, got {ref!r}", where="MODEL")
+        f"package.module:factory, torchvision:NAME, hf:NAME, model.onnx or a checkpoint file, got {quote(ref)}",
+        where="MODEL")

@@ -16,40 +16,47 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import ModelRefError
+from trainmem.errors import ModelRefError, one_line, quote
 
 
 def _load_file(path: Path, ref: str) -> Any:
     if not path.is_file():
-        raise ModelRefError(f"expected an existing Python file, got {str(path)!r}", where=ref)
+        raise ModelRefError(f"expected an existing Python file, got {quote(str(path))}", where=ref)
     module_name = f"trainmem_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
     try:
         spec.loader.exec_module(module)
+    except SystemExit as stop:
+        del sys.modules[module_name]
+        raise ModelRefError(f"expected the file to define {ref.rpartition(':')[2]}, loading it called "
+                            f"sys.exit({quote(stop.code)})", where=ref) from None
     except Exception as error:  # noqa: BLE001 - the user's file: any error is reported as one line
         del sys.modules[module_name]
-        raise ModelRefError(f"loading the file raised {type(error).__name__}: {error}", where=ref) from error
+        raise ModelRefError(f"loading the file raised {type(error).__name__}: {one_line(error)}", where=ref) from error
     return module
 
 
 def _load_module(name: str, ref: str) -> Any:
     try:
         return importlib.import_module(name)
+    except SystemExit as stop:
+        raise ModelRefError(f"expected an importable module {quote(name)}, importing it called "
+                            f"sys.exit({quote(stop.code)})", where=ref) from None
     except Exception as error:  # noqa: BLE001
-        raise ModelRefError(f"expected an importable module {name!r}, import raised "
-                            f"{type(error).__name__}: {error}", where=ref) from error
+        raise ModelRefError(f"expected an importable module {quote(name)}, import raised "
+                            f"{type(error).__name__}: {one_line(error)}", where=ref) from error
 
 
 def load_factory(ref: str) -> Any:
     target, _, factory_name = ref.rpartition(":")
     if not target or not factory_name.isidentifier():
-        raise ModelRefError(f"expected FILE.py:factory or package.module:factory, got {ref!r}", where="MODEL")
+        raise ModelRefError(f"expected FILE.py:factory or package.module:factory, got {quote(ref)}", where="MODEL")
     module = _load_file(Path(target), ref) if target.endswith(".py") else _load_module(target, ref)
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        raise ModelRefError(f"expected a callable named {factory_name!r} in {target}, found "
+        raise ModelRefError(f"expected a callable named {quote(factory_name)} in {quote(target)}, found "
                             f"{type(factory).__name__ if factory is not None else 'nothing'}", where=ref)
     return factory
 
@@ -62,7 +69,10 @@ def from_python_ref(ref: str):
     def build() -> Any:
         try:
             return factory()
+        except SystemExit as stop:  # a script's habit; here it would end trainmem with the factory's code
+            raise ModelRefError(f"expected the factory to return an nn.Module, it called sys.exit({quote(stop.code)})",
+                                where=ref) from None
         except Exception as error:  # noqa: BLE001
-            raise ModelRefError(f"the factory raised {type(error).__name__}: {error}", where=ref) from error
+            raise ModelRefError(f"the factory raised {type(error).__name__}: {one_line(error)}", where=ref) from error
 
     return ModelSource(ref=ref, name=ref.rpartition(":")[2], build=build)

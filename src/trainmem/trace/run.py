@@ -13,10 +13,11 @@ from typing import Any, Protocol
 
 import torch
 
-from trainmem.errors import TrainmemError
+from trainmem.errors import TraceError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import step as training
+from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
@@ -117,6 +118,27 @@ def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list
             [tuple(p.shape) for p in unique if p.requires_grad])
 
 
+def _forward_failed_on_inputs(failure: TraceError, error: Exception, setup: TrainingSetup,
+                              model: torch.nn.Module) -> TraceError:
+    """The forward failed on a batch made from the user's input shapes and dtypes (no make_batch of the
+    model's own): the likeliest cause is an input the model cannot take, so the error names the flag
+    that made the batch, with the module and torch's message as the evidence."""
+    shapes = " ".join(f"--input-shape {','.join(map(str, spec.shape))}" for spec in setup.inputs)
+    dtypes = [spec.dtype for spec in setup.inputs]
+    given_dtype = any(dtype != "float32" for dtype in dtypes)
+    made_from = shapes + (f" --input-dtype {','.join(dtypes)}" if given_dtype else "")
+    module = failure.where if failure.where != "model" else ""
+    try:
+        kind = type(model.get_submodule(module)).__name__
+    except AttributeError:
+        kind = ""
+    in_module = f"module {module or 'model'}" + (f" ({kind})" if kind else "")
+    about_dtypes = given_dtype and "type" in str(error).lower()
+    return TraceError(f"expected an input the model can take, got {made_from}: its forward failed in {in_module} "
+                      f"with {type(error).__name__}: {one_line(error)}",
+                      where="--input-dtype" if about_dtypes else "--input-shape")
+
+
 def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset(),
                    semantics: TraceSemantics | None = None) -> TraceResult:
     """Trace two training steps, recording the calls of `kernel_ops` for the target's kernel rules. With
@@ -136,7 +158,8 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     observer = _RecordingObserver(recorder, model)
     try:
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
-        with fake_mode, tracker, recorder, switched as notes:
+        # SameDtypeKernels sits right above fake_mode, so it sees each op as its kernel would (dtype_checks.py)
+        with fake_mode, SameDtypeKernels(), tracker, recorder, switched as notes:
             materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
             prepared = training.prepare(model, make_batch, loss_fn, setup, source,
                                         cuda_semantics=semantics is not None and semantics.cuda_semantics)
@@ -154,7 +177,10 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's model failed: one line, where it failed
-        raise recorder.fail(error) from error
+        failure = recorder.fail(error)
+        if recorder.phase == Phase.FORWARD and make_batch is None and setup.inputs:
+            raise _forward_failed_on_inputs(failure, error, setup, model) from error
+        raise failure from error
     finally:
         recorder.closed = True
         FAKE_TENSOR_LOG.setLevel(fake_log_level)

@@ -1,0 +1,129 @@
+"""Which options apply to which run: one table, checked before anything is built or traced.
+
+An option that does not apply to the model, the device or the command used to be dropped in silence:
+`--seq-len 2048` on an mlp: reference, `--cuda-context` with `--device cpu`. Each row below says when
+its option applies and what happens otherwise: refused (exit 2, one line naming the option, what it
+needs and what was given) where the user surely meant something else and the estimate would answer
+another question than theirs, or a warning on stderr where dropping it changes nothing they asked for.
+Options come from flags or from a --setup file; a message names whichever it was. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from trainmem.errors import SetupError, quote
+from trainmem.frontends import Kind
+
+REFUSE, WARN = "refuse", "warn"
+# The CUDA stack of the target run (targets/cuda_target.py): meaningless for a CPU estimate.
+CUDA_KEYS = ("cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark")
+_INTEGER_DTYPES = ("int64", "int32", "uint8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """One run as the rules see it: the command, what the model reference is, the device, and every
+    option the user gave (by flag or by file) with where it came from."""
+
+    command: str  # estimate | measure | fit
+    model: str  # the reference as given
+    kind: str  # frontends.Kind of the reference
+    device: str  # --device as given, "cpu" by default
+    gpu: Any  # the catalog's GpuSpec for a catalog or custom: GPU; None for cpu (or measure's plain "cuda")
+    values: Mapping[str, Any]  # option key -> value, only the options given
+    origins: Mapping[str, str]  # option key -> "--seq-len" or "run.toml: seq_len"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.strip().lower() != "cpu"
+
+    def given(self, key: str) -> bool:
+        return key in self.values
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagRule:
+    key: str  # the option's key (its flag with dashes as underscores)
+    applies: Callable[[Invocation], bool]
+    action: str  # REFUSE or WARN
+    expected: str  # refused: what the option needs; warned: why it changes nothing
+    got: Callable[[Invocation], str] = lambda run: quote(run.model)
+
+
+def _integer_input(run: Invocation) -> bool:
+    dtypes = run.values.get("input_dtype") or []
+    dtypes = [dtypes] if isinstance(dtypes, str) else dtypes
+    return any(str(dtype) in _INTEGER_DTYPES for dtype in dtypes)
+
+
+def _bf16_or_precision_given(run: Invocation) -> bool:
+    return run.gpu is None or run.gpu.bf16 or run.given("precision")
+
+
+def _device_with_cc(run: Invocation) -> str:
+    major, minor = run.gpu.compute_capability
+    return f"--device {run.device} (compute capability {major}.{minor})"
+
+
+_DEVICE_CPU = lambda run: f"--device {run.device}"  # noqa: E731
+_MLP = lambda run: run.kind == Kind.MLP  # noqa: E731
+_HF = lambda run: run.kind == Kind.HF  # noqa: E731
+_GPU_MEASURE = lambda run: run.command == "measure" and run.on_gpu  # noqa: E731
+
+RULES: tuple[FlagRule, ...] = (
+    FlagRule("seq_len", _HF, REFUSE, "an hf: model (--seq-len sets its tokens per sample; for other models "
+             "the sequence length is part of --input-shape)"),
+    FlagRule("task", _HF, REFUSE, "an hf: model (--task chooses its head and loss)"),
+    FlagRule("trust_remote_code", _HF, WARN, "it applies to hf: models only"),
+    FlagRule("activation", _MLP, REFUSE, "an mlp: model (--activation sets the activation between its layers; "
+             "other models define their own)"),
+    FlagRule("dropout", _MLP, REFUSE, "an mlp: model (--dropout adds Dropout between its layers; other models "
+             "define their own)"),
+    FlagRule("qlora", lambda run: run.on_gpu, REFUSE, "a GPU --device (QLoRA's 4-bit weights and paged 8-bit "
+             "AdamW are bitsandbytes' CUDA kernels and CUDA managed memory)", _DEVICE_CPU),
+    FlagRule("qlora", _bf16_or_precision_given, REFUSE, "a GPU with bf16 (compute capability 8.0 or newer) for "
+             "QLoRA's bf16-mixed compute, or --precision fp16-mixed with it", _device_with_cc),
+    FlagRule("batch_size", lambda run: run.command != "fit" or bool(run.values.get("max_seq")), REFUSE,
+             "no --batch-size with fit (fit searches the batch size; --batch-size fixes it for the sequence "
+             "search, --max-seq)", lambda run: quote(run.values["batch_size"])),
+    *(FlagRule(key, lambda run: run.on_gpu, REFUSE, f"a GPU --device (--{key.replace('_', '-')} describes "
+               "the CUDA run)", _DEVICE_CPU) for key in CUDA_KEYS),
+    FlagRule("input_max", _integer_input, WARN, "it bounds the values of integer inputs and every input "
+             "here is floating point (--input-dtype)"),
+    FlagRule("runs", lambda run: not _GPU_MEASURE(run), WARN, "a GPU measurement is one run in one fresh "
+             "process (--runs repeats CPU runs for the median RSS)"),
+    FlagRule("force", lambda run: not _GPU_MEASURE(run), WARN, "a GPU measurement runs whatever the estimate "
+             "says"),
+    FlagRule("format", lambda run: not _GPU_MEASURE(run), WARN, "a GPU measurement prints one JSON line"),
+    FlagRule("depth", lambda run: run.command == "estimate" or (run.command == "measure" and not run.on_gpu),
+             WARN, "only the estimate's report has per-module rows"),
+    # a --setup file shared between commands may hold another command's options
+    FlagRule("margin", lambda run: run.command == "fit", WARN, "only trainmem fit keeps a margin"),
+    FlagRule("max_seq", lambda run: run.command == "fit", WARN, "only trainmem fit searches"),
+    FlagRule("runs", lambda run: run.command == "measure", WARN, "only trainmem measure runs the steps"),
+    FlagRule("force", lambda run: run.command == "measure", WARN, "only trainmem measure runs the steps"),
+)
+
+
+def check(run: Invocation, rules: tuple[FlagRule, ...] = RULES) -> list[str]:
+    """Raise for the first given option a REFUSE row does not allow; return a warning line for each
+    given option a WARN row does not allow (the caller prints them on stderr)."""
+    warnings: list[str] = []
+    for rule in rules:
+        if not run.given(rule.key) or rule.applies(run):
+            continue
+        where = run.origins.get(rule.key, f"--{rule.key.replace('_', '-')}")
+        if rule.action == REFUSE:
+            raise SetupError(f"expected {rule.expected}, got {rule.got(run)}", where=where)
+        line = f"warning: {where}: ignored: {rule.expected}"
+        if line not in warnings:
+            warnings.append(line)
+    return warnings
+
+
+def explicit(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a user actually gave: argparse's None (and store_true's None) mean 'not given'."""
+    return {key: value for key, value in values.items() if value is not None}
