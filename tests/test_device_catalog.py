@@ -250,3 +250,11 @@ def test_a_device_of_another_type_is_refused(given):
     with pytest.raises(SetupError) as info:
         get_device(given)
     assert str(info.value).startswith("--device: expected a device") and "torch.device" in str(info.value)
+
+
+def test_a_datasheet_capacity_is_named_in_the_report():
+    from trainmem import estimate
+
+    text = str(estimate("mlp:8-8", device="gb200", batch_size=2, input_shape="8"))
+    assert "device gb200 (186.00 GiB: the datasheet's figure, not a measured total)" in text
+    assert "not a measured total" not in str(estimate("mlp:8-8", device="b200", batch_size=2, input_shape="8"))

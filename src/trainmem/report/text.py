@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainmem.device_catalog import CAPACITY_FROM_DATASHEET
 from trainmem.estimate.result import module_label, step_label
 from trainmem.units import format_bytes
 
@@ -59,6 +60,14 @@ def _lean_loop(est) -> list[str]:
             f"`del loss, inputs` after it (--loop lean) would peak at {format_bytes(lean.allocated_bytes)}."]
 
 
+def _capacity_note(est) -> str:
+    """A capacity taken from a datasheet rather than measured says so (device_catalog.py: H200, GB200)."""
+    gpu = est.device.gpu
+    if gpu is None or gpu.capacity_from != CAPACITY_FROM_DATASHEET:
+        return ""
+    return f" ({format_bytes(est.device.capacity_bytes)}: the datasheet's figure, not a measured total)"
+
+
 def render_text(est) -> str:
     s = est.setup
     impl = est.resolved.get("optimizer_impl")
@@ -71,7 +80,8 @@ def render_text(est) -> str:
            f"trainable{_quantized(est)})",
            f"  batch {s.batch_size} · {s.optimizer} ({impl}) · {s.precision}"
            + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
-           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}", *_used(est),
+           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}{_capacity_note(est)}",
+           *_used(est),
            f"  loop {s.loop}: {LOOP_WORDS[str(s.loop)]}", ""]
     out.append("Peak memory")
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
