@@ -189,7 +189,7 @@ def _cells(device: Device) -> list[str]:
 
 
 TABLE_HEADER = ["name", "kind", "capacity", "capacity from", "cc", "bf16", "flash", "cuBLAS workspace", "context",
-                "context from", "model"]
+                "context from", "description"]
 COLUMN_GAP = "  "
 
 
