@@ -86,7 +86,11 @@ def test_parse_custom_good():
                                   "custom:capacity=lots,cc=8.9", "custom:capacity=24GiB,cc=eight",
                                   "custom:capacity=24GiB,cc=8", "custom:capacity=24GiB,cc=8.9,color=red",
                                   "custom:capacity=24GiB,cc=8.9,cc=9.0", "capacity=24GiB,cc=8.9",
-                                  "custom:capacity=0,cc=8.9", "custom:capacity=24GiB,cc=8.9,context=x"])
+                                  "custom:capacity=0,cc=8.9", "custom:capacity=24GiB,cc=8.9,context=x",
+                                  # bounds: beyond 1 PiB, compute capabilities no GPU has, a context the card cannot hold
+                                  "custom:capacity=100000000TiB,cc=8.0", "custom:capacity=24GiB,cc=99.9",
+                                  "custom:capacity=24GiB,cc=2.1", "custom:capacity=24GiB,cc=8.10",
+                                  "custom:capacity=24GiB,cc=8.9,context=24GiB"])
 def test_parse_custom_bad(text):
     with pytest.raises(SetupError) as info:
         parse_custom(text)
@@ -107,6 +111,12 @@ def test_a_custom_context_is_used_as_is():
     est = estimate("mlp:8-8", device="custom:capacity=8GiB,cc=8.0,context=100MiB", batch_size=2, input_shape="8")
     assert est.process_parts["cuda_context"] == 100 * 1024**2
     assert est.process_bytes_high == est.process_bytes == est.reserved_bytes + 100 * 1024**2
+
+
+@pytest.mark.parametrize("text, cc", [("custom:capacity=1024TiB,cc=3.0", (3, 0)), ("custom:capacity=8GiB,cc=12.9", (12, 9))])
+def test_parse_custom_bounds_are_inclusive(text, cc):
+    spec = parse_custom(text)
+    assert spec.compute_capability == cc and spec.capacity_bytes <= 2**50
 
 
 def test_custom_devices_say_their_figures_were_given():

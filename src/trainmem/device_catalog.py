@@ -225,6 +225,12 @@ def find_gpu(name: str) -> GpuSpec | None:
 
 _CC = re.compile(r"^\s*(\d+)\.(\d+)\s*$")
 _FORM = "custom:capacity=SIZE,cc=MAJOR.MINOR[,context=SIZE]"
+# A custom GPU's bounds. Capacity: 1 PiB, about 3,500 times the largest GPU memory sold (B300, 288 GB), so
+# any figure above it is a slip of units, and every byte count derived from it stays far inside int64.
+MAX_CUSTOM_CAPACITY = 2**50
+# Compute capability: from Kepler (3.0, the oldest any torch build ran on) to the newest architecture the
+# rules above know (12.x, Blackwell RTX: sm_120/121); a minor version is one digit on every GPU made.
+MIN_CC, MAX_CC_MAJOR, MAX_CC_MINOR = (3, 0), 12, 9
 
 
 def _bad(got: object) -> SetupError:
@@ -254,7 +260,17 @@ def parse_custom(text: str) -> GpuSpec:
     match = _CC.match(fields["cc"])
     if not match or capacity <= 0:
         raise _bad(text)
+    if capacity > MAX_CUSTOM_CAPACITY:
+        raise SetupError(f"expected custom:capacity= at most 1 PiB (the largest GPU has 288 GB), got "
+                         f"{fields['capacity']!r}", where="--device")
     cc = (int(match.group(1)), int(match.group(2)))
+    if not (MIN_CC <= cc and cc[0] <= MAX_CC_MAJOR and cc[1] <= MAX_CC_MINOR):
+        raise SetupError(f"expected cc= a CUDA compute capability from {MIN_CC[0]}.{MIN_CC[1]} to "
+                         f"{MAX_CC_MAJOR}.{MAX_CC_MINOR} (e.g. 8.0 for an A100, 9.0 for an H100), got "
+                         f"{fields['cc']!r}", where="--device")
+    if context is not None and context >= capacity:
+        raise SetupError(f"expected context= smaller than capacity= ({fields['capacity']}), got "
+                         f"{fields['context']!r}", where="--device")
     given = context is not None
     if context is None:
         context, context_source = DEFAULT_CONTEXT_BYTES, DEFAULT_CONTEXT_SOURCE
