@@ -195,12 +195,18 @@ def test_estimates_run_on_the_added_gpus(name, capsys):
 
 
 @pytest.mark.parametrize("torch_name, entry", [("NVIDIA H100 80GB HBM3", "h100-80gb"), ("Tesla T4", "t4"),
-                                               ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA H200", "h200"),
+                                               ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
                                                ("NVIDIA GeForce RTX 4090", "rtx4090")])
 def test_a_visible_gpu_is_identified_by_its_name(torch_name, entry):
     """torch.cuda.get_device_properties().name is nvidia-smi's product name, which each entry records."""
     spec = identify_gpu(GpuProperties(0, torch_name, 1 * MiB, (9, 0)))
-    assert spec.name == entry
+    assert spec is find_gpu(entry)
+
+
+def test_a_visible_gpu_measures_what_the_catalog_only_has_from_a_datasheet():
+    spec = identify_gpu(GpuProperties(0, "NVIDIA H200", 150_109_011_968, (9, 0)))
+    assert (spec.name, spec.capacity_bytes, spec.capacity_from) == ("h200", 150_109_011_968, CAPACITY_FROM_TORCH)
+    assert spec.capacity_measured and "measured on this machine" in spec.capacity_source
 
 
 def test_a_gpu_the_catalog_lacks_is_described_by_its_properties():

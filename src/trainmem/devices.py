@@ -158,15 +158,18 @@ def _visible_gpu(index: int) -> GpuProperties | None:
 def identify_gpu(properties: GpuProperties) -> GpuSpec:
     """The catalog entry whose name nvidia-smi prints alike, else a spec from the GPU's own properties:
     its total_memory as the capacity (torch's figure, a little under nvidia-smi's: device_catalog.py)
-    and its compute capability, with the default CUDA context."""
+    and its compute capability, with the default CUDA context. An entry whose capacity is only a
+    datasheet's takes the measured total_memory instead."""
+    measured = (f"torch.cuda.get_device_properties({properties.index}).total_memory, measured on this machine")
     for spec in CATALOG:
         if spec.marketing_name.lower() == properties.name.strip().lower():
-            return spec
+            if spec.capacity_measured:
+                return spec
+            return dataclasses.replace(spec, capacity_bytes=properties.total_memory, capacity_from=CAPACITY_FROM_TORCH,
+                                       capacity_source=measured + f" (the catalog has only a datasheet's figure)")
     cc = properties.compute_capability
     return GpuSpec(name=f"cuda:{properties.index}", aliases=(), marketing_name=properties.name,
-                   capacity_bytes=properties.total_memory,
-                   capacity_source=f"torch.cuda.get_device_properties({properties.index}).total_memory on this "
-                                   "machine (not in the catalog)",
+                   capacity_bytes=properties.total_memory, capacity_source=measured + " (not in the catalog)",
                    compute_capability=cc, cublas_workspace_bytes=cublas_workspace_for(cc), bf16=bf16_for(cc),
                    flash_attention=flash_attention_for(cc), cuda_context_bytes=DEFAULT_CONTEXT_BYTES,
                    context_source=DEFAULT_CONTEXT_SOURCE, capacity_from=CAPACITY_FROM_TORCH,
