@@ -166,7 +166,7 @@ def identify_gpu(properties: GpuProperties) -> GpuSpec:
             if spec.capacity_measured:
                 return spec
             return dataclasses.replace(spec, capacity_bytes=properties.total_memory, capacity_from=CAPACITY_FROM_TORCH,
-                                       capacity_source=measured + f" (the catalog has only a datasheet's figure)")
+                                       capacity_source=measured + " (the catalog has only a datasheet's figure)")
     cc = properties.compute_capability
     return GpuSpec(name=f"cuda:{properties.index}", aliases=(), marketing_name=properties.name,
                    capacity_bytes=properties.total_memory, capacity_source=measured + " (not in the catalog)",
