@@ -64,7 +64,7 @@ COMPAT_NEWEST := 2.15.0
 COMPAT_VERSIONS := $(COMPAT_OLDEST) $(COMPAT_NEWEST)
 # the newest of each that installs next to that torch, pinned: transformers builds the BERT rows, pytest and
 # pyyaml run the tests (peft, onnx and torchvision are left out: their tests are not in the compat subset)
-COMPAT_PACKAGES := pytest==9.0.1 pyyaml==6.0.3 transformers==5.24.0
+COMPAT_PACKAGES := pytest==9.2.0 pyyaml==6.0.4 transformers==5.24.0
 COMPAT_OUT := build/compat
 
 .venv-compat-%/.ready: pyproject.toml
