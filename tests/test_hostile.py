@@ -533,6 +533,10 @@ def _cases() -> list[Case]:
         c("checkpoint-empty", _spec_case("empty.pt", b""), 2, ("empty.pt",)),
         c("checkpoint-garbage", _spec_case("garbage.ckpt", bytes(range(256)) * 16), 2, ("garbage.ckpt",)),
         c("checkpoint-reads-dev-zero", _device_link("zero.pt", "/dev/zero"), 2, ("zero.pt",)),
+        # torch.jit.load runs a scripted module's __setstate__: this one prints and allocates 1 GB
+        # (tests/hostile/make_torchscript_setstate.py); read its parameters without running it, or refuse it
+        c("torchscript-setstate-runs", ("estimate", str(HOSTILE / "torchscript_setstate.pt"), "--format", "json"), (0, 2),
+          ("torchscript_setstate.pt",)),
         c("safetensors-header-length-lies", _safetensors(b"{}", declared_length=2**62), 2, ("model.safetensors",)),
         c("safetensors-header-not-json", _safetensors(b"not json at all"), 2, ("model.safetensors",)),
         c("safetensors-shape-lies", _safetensors(
@@ -570,6 +574,7 @@ def _cases() -> list[Case]:
           where="--qlora", warns=True),
         # --- processes of their own ----------------------------------------------------------------------
         c("sigint-in-a-looping-factory", ("estimate", _factory("loops_forever")), 130, process="sigint"),
+        c("sigint-during-a-trace", ("estimate", _factory("endless_forward"), "--input-shape", "10"), 130, process="sigint"),
         c("closed-stdout", (*MLP, "--format", "json"), 141, process="closed-stdout", seconds=PROCESS_SECONDS),
     ]
 
@@ -604,6 +609,8 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
     "onnx-empty": ("H3a", "an empty .onnx blames --freeze ('expected at least one trainable parameter'), a flag never given"),
     "onnx-dims-lie": ("H3a", "an initializer declaring 100000×100000 with 16 bytes of data: tries to allocate 40 GB for "
                              "real, 'RuntimeError: [enforce fail at alloc_cpu.cpp:127] …', names no file"),
+    "torchscript-setstate-runs": ("H3a", "torch.jit.load runs the archive's __setstate__: it prints on stderr and "
+                                         "allocates 1 GB for real (RSS +980 MiB, ~6 s), then exit 0"),
     "cuda-context-larger-than-device": ("H4", "--cuda-context 1000TiB on a100-40gb answers 'does not fit' (exit 1); "
                                               "debatable, a context larger than the card is a typo"),
     "alloc-conf-fraction-half-is-fine": ("H4", "per_process_memory_fraction:0.5 on a100-40gb: 'ValueError: "

@@ -109,3 +109,23 @@ def places_layer_on_cpu():
 def moves_to_cuda():
     """What many training scripts do in their model factory; this machine may have no GPU at all."""
     return small().to("cuda")
+
+
+class _EndlessForward(nn.Module):
+    """A forward of ten million small ops: on fake tensors, a trace that takes minutes."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(10, 2)
+
+    def forward(self, inputs):
+        marker = os.environ.get("HOSTILE_MARKER")
+        if marker:
+            Path(marker).write_text("tracing")
+        for _ in range(10_000_000):
+            inputs = inputs + 1
+        return self.linear(inputs)
+
+
+def endless_forward():
+    return _EndlessForward()
