@@ -62,9 +62,9 @@ coverage: $(VENV)/.test-ready $(VISION)/.ready
 COMPAT_OLDEST := 2.6.0
 COMPAT_NEWEST := 2.15.0
 COMPAT_VERSIONS := $(COMPAT_OLDEST) $(COMPAT_NEWEST)
-# the newest of each that installs next to that torch, pinned: transformers builds the BERT rows, pytest and
-# pyyaml run the tests (peft, onnx and torchvision are left out: their tests are not in the compat subset)
-COMPAT_PACKAGES := pytest==9.2.0 pyyaml==6.0.4 transformers==5.24.0
+# pinned, the versions the dev environment uses, which install next to both: transformers builds the BERT rows;
+# pytest, pyyaml, peft and onnx let the core tests run (torchvision is left out: its wheels pair with one torch)
+COMPAT_PACKAGES := pytest==9.2.0 pyyaml==6.0.4 transformers==5.24.0 peft==0.21.2 onnx==1.23.2
 COMPAT_OUT := build/compat
 
 .venv-compat-%/.ready: pyproject.toml
