@@ -23,7 +23,7 @@ httpx2 = pytest.importorskip("httpx2")  # the HTTP client this huggingface_hub u
 from trainmem import estimate  # noqa: E402
 from trainmem.errors import ModelRefError  # noqa: E402
 from trainmem.frontends import hf_hub  # noqa: E402
-from trainmem.frontends.hf import MAX_LAYERS, from_hf_ref, resolve_config  # noqa: E402
+from trainmem.frontends.hf import MAX_LAYERS, bundled, checked_config, from_hf_ref, resolve_config  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,6 +307,16 @@ def test_cached_file_over_the_limit_is_refused(hub):
     cache_repo(hub, REPO, {"config.json": b" " * hf_hub.MAX_CONFIG_BYTES + config_bytes()}, MAIN)
     with pytest.raises(ModelRefError, match="expected a config.json of at most 4,194,304 bytes"):
         resolve_config(REPO)
+
+
+def test_the_limits_keep_every_bundled_config_and_refuse_one_layer_more():
+    for name, entry in bundled().items():
+        assert checked_config({"model_type": entry["model_type"], **entry["config"]}, name)
+    assert checked_config({**TINY, "num_hidden_layers": MAX_LAYERS}, "config.json")["num_hidden_layers"] == MAX_LAYERS
+    with pytest.raises(ModelRefError, match=f"config.json: num_hidden_layers: expected at most {MAX_LAYERS} layers"):
+        checked_config({**TINY, "num_hidden_layers": MAX_LAYERS + 1}, "config.json")
+    with pytest.raises(ModelRefError, match="text_config.n_layer: expected at most"):
+        checked_config({**TINY, "text_config": {"n_layer": 10**5}}, "config.json")
 
 
 # --- hostile hf: references through the CLI -------------------------------------------------------------------

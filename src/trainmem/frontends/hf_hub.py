@@ -5,11 +5,12 @@ cache (HF_HUB_CACHE / HF_HOME), HF_HUB_OFFLINE=1 and HF_TOKEN (gated repositorie
 else in the Hugging Face stack. Weights are never asked for. Online, a HEAD request first reads the
 file's size and commit without retries, so that an unreachable hub fails in seconds (hf_hub_download
 alone retries a timed-out HEAD with a 60 s timeout) and an oversized file is refused before a byte of it
-is downloaded; the download then names that commit, which the cache answers if it already has it.
+is downloaded; hf_hub_download then fetches it (or finds that commit in the cache) and records the
+branch's commit under refs/, so that a later offline run finds it.
 
-A failure is either final (`ModelRefError`: no such repository, an oversized file) or `HubUnavailable`
-(offline and not cached, the network down, gated without a token, no such repository or revision):
-hf.py then falls back to the bundled table when it holds the name, and says so.
+A failure is either final (`ModelRefError`: an oversized file) or `HubUnavailable` (offline and not
+cached, the network down, gated without a token, no such repository, revision or file): hf.py then falls
+back to the bundled table when it holds the name, says so, and otherwise reports the reason on one line.
 """
 
 from __future__ import annotations
