@@ -112,6 +112,17 @@ def run_tests(junit: Path) -> dict:
             "failures": failures, "skips": skips, "exit_code": done.returncode}
 
 
+def checkout() -> str:
+    """The commit the tests and the estimates ran from, and whether tracked files differed from it."""
+    def git(*arguments: str) -> str:
+        return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    try:
+        commit, changes = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except OSError:
+        return "unknown (no git)"
+    return (commit or "unknown") + (" with uncommitted changes" if changes else "")
+
+
 def environment() -> dict:
     import torch
 
@@ -123,7 +134,8 @@ def environment() -> dict:
         except Exception:  # noqa: BLE001 - not installed
             versions[package] = None
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "packages": versions, "prefix": sys.prefix, "date": datetime.date.today().isoformat()}
+            "packages": versions, "prefix": sys.prefix, "date": datetime.date.today().isoformat(),
+            "checkout": checkout()}
 
 
 def command_run(args) -> None:
@@ -209,7 +221,8 @@ def command_report(args) -> None:
     others = [json.loads(Path(path).read_text()) for path in args.results]
     lines = ["# trainmem under the oldest and the newest supported torch", "",
              f"Written by `make compat` (benchmarks/compat.py) on {others[0]['environment']['date'] if others else ''}, "
-             f"{platform.machine()}, Python {baseline['environment']['python']}. Each torch runs in its own "
+             f"{platform.machine()}, Python {baseline['environment']['python']}, from commit "
+             f"{(others[0] if others else baseline)['environment']['checkout']}. Each torch runs in its own "
              "environment (.venv-compat-<version>) with trainmem installed as a user installs it (its dependencies "
              "resolved against that torch); the baseline is the dev environment .venv (torch "
              f"{baseline['environment']['torch']}, the pin of the Makefile). Every torch here but the baseline is "
