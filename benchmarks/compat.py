@@ -44,6 +44,7 @@ GPU = "a100-40gb"  # the catalog GPU of the BERT calibration point (benchmarks/s
 # what runs in half precision is this torch's list) and checkpointed with gradient accumulation
 BERT_ROWS = ("ob-rocm-bert-base-mlm", "hf-doc-bert-large-b4", "hf-doc-bert-large-b4-fp16",
              "hf-doc-bert-large-b1-ga4-gc")
+OPS_SHOWN = 12  # op-count differences listed per estimate, largest first: enough to see what code changed
 COUNTERS = ("tensor_bytes", "allocated_bytes", "reserved_bytes", "process_bytes", "process_bytes_high")
 
 
@@ -81,6 +82,8 @@ def run_estimates() -> list[dict]:
                         **{counter: getattr(est, counter) for counter in COUNTERS},
                         "breakdown": dict(est.breakdown), "peak": f"{est.peak_phase}, {est.peak_op}",
                         "resolved": {key: str(value) for key, value in est.resolved.items()},
+                        "ops": dict(est.coverage.get("ops", {})),
+                        "cuda": (est.coverage.get("cuda_runtime") or {}).get("cuda_version"),
                         "borrowed": [w for w in est.warnings if "no measurement for torch" in w]})
     return results
 
@@ -210,6 +213,16 @@ def _estimate_tables(baseline: dict, others: list[dict]) -> list[str]:
             if resolved:
                 lines.append(f"- torch {torch_version}: resolved differently: " + ", ".join(
                     f"{key} = {value} (vs {base[case_id]['resolved'].get(key)})" for key, value in resolved.items()))
+            if row.get("cuda") != base[case_id].get("cuda"):
+                lines.append(f"- torch {torch_version}: CUDA {row.get('cuda')} assumed for the target "
+                             f"(vs {base[case_id].get('cuda')})")
+            ops = {op: row.get("ops", {}).get(op, 0) - base[case_id].get("ops", {}).get(op, 0)
+                   for op in sorted(set(row.get("ops", {})) | set(base[case_id].get("ops", {})))}
+            ops = {op: count for op, count in ops.items() if count}
+            if ops:
+                lines.append(f"- torch {torch_version}, ops traced vs {rows[0][0]} (calls): " + ", ".join(
+                    f"{op} {count:+d}" for op, count in sorted(ops.items(), key=lambda item: -abs(item[1]))[:OPS_SHOWN])
+                    + (f", and {len(ops) - OPS_SHOWN} more ops" if len(ops) > OPS_SHOWN else ""))
             for warning in row["borrowed"]:
                 lines.append(f"- torch {torch_version}: {warning}")
         lines.append("")
