@@ -229,6 +229,13 @@ def _estimate_tables(baseline: dict, others: list[dict]) -> list[str]:
     return lines
 
 
+def _identical(baseline: dict, record: dict) -> str:
+    base = {row["id"]: row for row in baseline["estimates"]}
+    same = [row["id"] for row in record["estimates"] if "error" not in row and "error" not in base[row["id"]]
+            and all(row[counter] == base[row["id"]][counter] for counter in COUNTERS)]
+    return f"{len(same)} of {len(record['estimates'])}"
+
+
 def command_report(args) -> None:
     baseline = json.loads(Path(args.baseline).read_text())
     others = [json.loads(Path(path).read_text()) for path in args.results]
@@ -243,15 +250,17 @@ def command_report(args) -> None:
              "## Environments and core tests", "",
              f"Core tests: `{others[0]['tests']['command'] if others and 'tests' in others[0] else ''}` "
              "(benchmarks/compat.py says why this subset).", "",
-             "| torch | CUDA | transformers | passed | failed | skipped | tests' wall time | estimates' wall time |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| torch | CUDA | transformers | passed | failed | skipped | tests' wall time | estimates' wall time "
+             "| estimates identical to the baseline's |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for record in [baseline] + others:
         env, tests = record["environment"], record.get("tests")
         counts = (f"{tests['passed']} | {tests['failed']} | {tests['skipped']} | {tests['seconds']:.0f} s"
-                  if tests and "passed" in tests else "not run (the baseline: `make test` runs them all) | | |")
+                  if tests and "passed" in tests else "— | — | — | —")
         lines.append(f"| {env['torch']} | {env['cuda'] or '—'} | {env['packages'].get('transformers') or '—'} | "
-                     f"{counts} | {record['estimates_seconds']:.0f} s |")
-    lines.append("")
+                     f"{counts} | {record['estimates_seconds']:.0f} s | {_identical(baseline, record)} |")
+    lines += ["", "The baseline's tests are not run here: `make test` runs all of them in .venv. An estimate is "
+              "identical when every counter below is.", ""]
     for record in others:
         tests = record.get("tests") or {}
         if tests.get("error"):
