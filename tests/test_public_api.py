@@ -62,3 +62,25 @@ def test_text_and_json_count_the_peak_step_and_name_its_module_alike():
     assert f"module '{peak['module']}'" in where and est.modules[0].module == peak["module"]
     single = trainmem.estimate("mlp:8-4", batch_size=2, steps=1)
     assert "step 0 (the one step traced, counted from 0)" in str(single) and single.to_dict()["peak"]["step"] == 0
+
+
+def test_the_lean_loop_comparison_resolves_the_model_once(monkeypatch):
+    """compare_loop traces twice from one plan: a user's file (the reference) is read and run once."""
+    import trainmem.frontends as frontends
+
+    resolved = []
+    real = frontends.resolve
+    monkeypatch.setattr(frontends, "resolve", lambda model, setup: resolved.append(model) or real(model, setup))
+    est = trainmem.estimate("mlp:64-32-8", batch_size=4, input_shape="64", compare_loop=True)
+    assert resolved == ["mlp:64-32-8"] and est.lean_loop is not None and est.lean_loop.loop == "lean"
+
+
+def test_a_cuda_context_as_large_as_the_card_is_refused():
+    import pytest
+
+    with pytest.raises(trainmem.TrainmemError) as info:
+        trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb", cuda_context=1000 * 2**40)
+    assert str(info.value) == ("--cuda-context: expected a CUDA context smaller than a100-40gb's 40.00 GiB, "
+                               "got 1000.00 TiB")
+    assert trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb", cuda_context=2**30).process_parts[
+        "cuda_context"] == 2**30

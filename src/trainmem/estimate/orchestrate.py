@@ -53,16 +53,18 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     `alloc_conf` is a PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
     `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
-    deleting the loop's references early would save (`lean_loop`)."""
+    deleting the loop's references early would save (`lean_loop`). Both traces share one plan: the model
+    reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
+    target, as batch sizes do not in fit's ScaledBatches)."""
     setup = setup_of(setup, setup_values, "estimate()")
     options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
                    module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
-    if compare_loop and setup.loop != Loop.LEAN:
-        return _with_lean_loop(estimate(model, setup=setup, device=device, depth=depth, **options),
-                               estimate(model, setup=dataclasses.replace(setup, loop=Loop.LEAN), device=device,
-                                        depth=depth, **options))
     chosen = plan(model, setup, device, depth, **options)
-    return assemble_traced(chosen, setup, trace(chosen, setup))
+    est = assemble_traced(chosen, setup, trace(chosen, setup))
+    if compare_loop and setup.loop != Loop.LEAN:
+        lean = dataclasses.replace(setup, loop=Loop.LEAN)
+        return _with_lean_loop(est, assemble_traced(chosen, lean, trace(chosen, lean)))
+    return est
 
 
 def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Plan:
@@ -71,8 +73,19 @@ def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int
     from trainmem.targets import target_for
 
     target_device = get_device(device)
+    _check_context_fits(target_device, options.get("cuda_context"))
     target = target_for(target_device, setup, **options)
     return Plan(resolve(model, setup), target_device, depth, options, target)
+
+
+def _check_context_fits(device: Device, cuda_context: int | None) -> None:
+    """A CUDA context as large as the card leaves nothing to train in: a slip of units (1000TiB for 1000MiB),
+    refused rather than answered with 'does not fit'."""
+    if cuda_context is not None and device.kind == "cuda" and cuda_context >= device.capacity_bytes:
+        from trainmem.units import format_bytes
+
+        raise SetupError(f"expected a CUDA context smaller than {device.name}'s {format_bytes(device.capacity_bytes)}, "
+                         f"got {format_bytes(cuda_context)}", where="--cuda-context")
 
 
 def trace(chosen: Plan, setup: TrainingSetup):
