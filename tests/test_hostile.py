@@ -591,7 +591,6 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                                         "Overflow …)', not --input-shape"),
     "input-dtype-bool-into-linear": ("H3a", "blames 'model: the training step failed in phase inputs (expected a "
                                             "floating-point or complex dtype …)', not --input-dtype"),
-    "grad-accum-billion": ("H3a", "traces 10**9 micro-batches: killed after 12 s (no bound on --grad-accum)"),
     "py-make-batch-returns-text": ("H3a", "blames '0: the training step failed in phase forward (TypeError: linear(): "
                                           "argument 'input' … must be Tensor, not str)', not make_batch"),
     "py-loss-not-scalar": ("H3a", "'model: the training step failed in phase backward (grad can be implicitly created "
@@ -611,13 +610,8 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                              "real, 'RuntimeError: [enforce fail at alloc_cpu.cpp:127] …', names no file"),
     "torchscript-setstate-runs": ("H3a", "torch.jit.load runs the archive's __setstate__: it prints on stderr and "
                                          "allocates 1 GB for real (RSS +980 MiB, ~6 s), then exit 0"),
-    "cuda-context-larger-than-device": ("H4", "--cuda-context 1000TiB on a100-40gb answers 'does not fit' (exit 1); "
-                                              "debatable, a context larger than the card is a typo"),
     "alloc-conf-fraction-half-is-fine": ("H4", "per_process_memory_fraction:0.5 on a100-40gb: 'ValueError: "
                                                "per_process_memory_fraction needs capacity_bytes' (exit 2)"),
-    "py-user-file-allocates-at-import": ("H4", "the user's file runs twice (estimate() resolves the model again for the "
-                                               "lean-loop comparison): RSS +1954 MiB for a 977 MiB tensor"),
-    "py-file-runs-once": ("H4", "the user's file runs twice (compare_loop resolves the reference a second time)"),
     "hf-negative-layers": ("H2", "num_hidden_layers -1 blames 'model: the training step failed in phase forward "
                                  "(ValueError: __len__() should return >= 0)'"),
     "hf-seq-len-beyond-positions": ("H2", "GPT-2 with n_positions 64 and --seq-len 100 estimates (exit 0): on fake "
