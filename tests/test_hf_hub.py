@@ -131,7 +131,8 @@ def test_estimate_from_the_hub_cache_is_the_local_files_estimate(hub, tmp_path):
     note = next(w for w in est.warnings if "config.json from the hub cache" in w)
     assert f"({REPO}, revision main, commit {MAIN[:12]})" in note
     # the checkpoint's dtype is dropped, as the bundled table drops it: parameters train in --precision (fp32)
-    assert any("transformers_version, torch_dtype describe the checkpoint" in w for w in est.warnings)
+    assert "config.json's torch_dtype bfloat16: how the checkpoint was saved, not how it trains; ignored " \
+        "(--precision and --qlora say that)" in est.warnings
     assert est.breakdown["parameters"] == 4 * PARAMS
     local = tmp_path / "local"
     local.mkdir()
@@ -169,6 +170,8 @@ def test_offline_and_not_cached_falls_back_to_the_bundled_table_and_says_so(hub)
     # a bundled name without a revision never asks the hub: the table answers, the same everywhere
     plain = resolve_config("gpt2")
     assert plain.origin.startswith("config.json from trainmem's bundled table") and plain.values == resolved.values
+    # an alias with a revision asks the hub for the repository the table names
+    assert resolve_config("gpt2@main").origin.startswith("HF_HUB_OFFLINE is set and openai-community/gpt2@main's")
 
 
 def test_offline_not_cached_not_bundled_is_one_line(hub):
@@ -282,6 +285,9 @@ def test_missing_repository_is_one_line(online):
     online.files[(REPO, "main")] = (MAIN, config_bytes())
     with pytest.raises(ModelRefError, match=r"no revision 'nope' in tiny-org/tiny-llama"):
         resolve_config(f"{REPO}@nope")
+    online.errors["someone/weights-only"] = (404, "EntryNotFound")
+    with pytest.raises(ModelRefError, match=r"someone/weights-only has no config.json at main \(not a transformers"):
+        resolve_config("someone/weights-only")
 
 
 def test_an_oversized_config_is_refused_before_it_is_downloaded(online):
@@ -307,6 +313,20 @@ def test_cached_file_over_the_limit_is_refused(hub):
     cache_repo(hub, REPO, {"config.json": b" " * hf_hub.MAX_CONFIG_BYTES + config_bytes()}, MAIN)
     with pytest.raises(ModelRefError, match="expected a config.json of at most 4,194,304 bytes"):
         resolve_config(REPO)
+
+
+def test_a_quantized_checkpoints_config_trains_as_the_setup_says(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, "quantization_config": {"quant_method": "fp8",
+                                                                                      "weight_block_size": [128, 128]}}))
+    source = from_hf_ref(f"hf:{tmp_path}", TrainingSetup(seq_len=8))
+    assert "config.json's torch_dtype bfloat16, quantization_config fp8: how the checkpoint was saved, not how it " \
+        "trains; ignored (--precision and --qlora say that)" in source.notes
+    import torch
+
+    with torch.device("meta"):
+        model = source.build()
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert sum(p.numel() for p in model.parameters()) == PARAMS
 
 
 def test_the_limits_keep_every_bundled_config_and_refuse_one_layer_more():

@@ -99,7 +99,7 @@ class HfConfig:
     auto_map: dict[str, Any] | None = None  # the repository's own code, by auto class
     code_at: str | None = None  # where that code lives: a hub repository or a local directory
     code_revision: str | None = None
-    ignored: tuple[str, ...] = ()  # CHECKPOINT_FIELDS the file had
+    ignored: tuple[str, ...] = ()  # the dtype and quantization fields the file had, with their values
 
 
 def resolve_config(text: str) -> HfConfig:
@@ -115,6 +115,9 @@ def resolve_config(text: str) -> HfConfig:
         return _from_file(text, local, f"config.json from the local file {local}", {"from": "local", "path": str(local)},
                           code_at=str(local.parent) if local.name == "config.json" else None)
     repo = hf_hub.parse_repo_ref(text)
+    alias, at, revision = text.partition("@")
+    if repo is None and at and find_bundled(alias) is not None:  # gpt2@main: the hub id the table names
+        repo = hf_hub.parse_repo_ref(f"{find_bundled(alias)[0]}@{revision}")
     if repo is None:
         raise ModelRefError(f"expected {_kinds()}, got {_clip(text)!r}", where="MODEL")
     repo_id, revision = repo
@@ -124,7 +127,7 @@ def resolve_config(text: str) -> HfConfig:
         found = find_bundled(repo_id)
         if found is None:
             raise ModelRefError(f"{why}; {repo_id} is not in the bundled table either", where=f"hf:{text}") from None
-        return _from_bundled(*found, instead=f"{why}; ")
+        return _from_bundled(*found, why_not_the_hub=str(why))
     return _from_file(repo_id, fetched.path, fetched.describe(), fetched.to_dict(), code_at=repo_id,
                       code_revision=fetched.commit or fetched.revision)
 
@@ -134,9 +137,11 @@ def _kinds() -> str:
             "owner/name[@revision], a directory with config.json or a config.json path")
 
 
-def _from_bundled(hub_name: str, entry: dict[str, Any], instead: str = "") -> HfConfig:
-    return HfConfig(hub_name, entry["model_type"], entry["default_task"], dict(entry["config"]),
-                    f"{instead}config.json from trainmem's bundled table (a copy of {entry['source']})",
+def _from_bundled(hub_name: str, entry: dict[str, Any], why_not_the_hub: str = "") -> HfConfig:
+    origin = f"config.json from trainmem's bundled table (a copy of {entry['source']})"
+    if why_not_the_hub:
+        origin = f"{why_not_the_hub}; used {origin} instead"
+    return HfConfig(hub_name, entry["model_type"], entry["default_task"], dict(entry["config"]), origin,
                     {"from": "bundled", "source": entry["source"]})
 
 
@@ -169,9 +174,9 @@ def _from_file(name: str, path: Path, origin: str, origin_fields: dict[str, Any]
     config = checked_config(_read_json(path), str(path))
     model_type = config.pop("model_type")
     auto_map = config.pop("auto_map", None)
-    ignored = tuple(key for key in CHECKPOINT_FIELDS if key in config)
-    for key in ignored:
-        config.pop(key)
+    dropped = {key: config.pop(key) for key in CHECKPOINT_FIELDS if key in config}
+    ignored = tuple(f"{key} {_clip(str(_summary(value)), 40)}" for key, value in dropped.items()
+                    if key in ("torch_dtype", "dtype", "quantization_config") and value is not None)
     return HfConfig(name, model_type, _default_task(model_type, config.get("architectures") or []), config, origin,
                     origin_fields, auto_map, code_at if auto_map else None, code_revision, ignored)
 
@@ -240,6 +245,11 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
                             f"most 512), got {value:,}", where=f"{where}: {_clip(key_path, 60)}")
 
 
+def _summary(value: Any) -> Any:
+    """A quantization_config by its method (fp8, gptq, bitsandbytes …), anything else as it is."""
+    return value.get("quant_method", "(a table)") if isinstance(value, dict) else value
+
+
 def _json_kind(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
             type(None): "null"}.get(type(value), type(value).__name__)
@@ -302,8 +312,8 @@ def from_hf_ref(ref: str, setup):
     native = _known_model_type(transformers, resolved, trust_remote_code)
     options, notes = {}, [resolved.origin]
     if resolved.ignored:
-        notes.append(f"config.json's {', '.join(resolved.ignored)} describe the checkpoint, not the training run: "
-                     "ignored (--precision and --qlora say how it trains)")
+        notes.append(f"config.json's {', '.join(resolved.ignored)}: how the checkpoint was saved, not how it trains; "
+                     "ignored (--precision and --qlora say that)")
     if not native and resolved.code_at is None:
         raise ModelRefError("expected --trust-remote-code's config as a file named config.json beside the code its "
                             "auto_map names, got another name", where=f"hf:{name}")
