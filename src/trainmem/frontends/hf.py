@@ -159,7 +159,8 @@ def _local_path(text: str) -> Path | None:
             raise ModelRefError("expected a directory or a regular config.json file, got another kind of file",
                                 where=str(path))
         # a hub id is owner/name[@revision]: anything else path-like is a local path that is not there
-        looks_local = text.startswith((".", "/", "~", "\\")) or text.endswith(".json") or text.partition("@")[0].count("/") > 1
+        looks_local = (text.startswith((".", "/", "~", "\\")) or text.endswith(".json")
+                       or text.partition("@")[0].count("/") > 1)
     except (OSError, ValueError) as error:  # a name too long for the file system, a NUL byte
         reason = error.strerror if isinstance(error, OSError) else str(error)
         raise ModelRefError(f"expected {_kinds()}, got {_clip(text)!r} ({reason})", where="MODEL") from None
@@ -189,11 +190,11 @@ def _read_json(path: Path) -> Any:
     except OSError as error:
         raise ModelRefError(f"expected a readable config.json, got {error.strerror or error}", where=str(path)) from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise ModelRefError(f"expected a config.json of at most {MAX_CONFIG_BYTES:,} bytes (real ones are a few KB), "
-                            "got a larger file", where=str(path))
+        raise ModelRefError(f"expected a config.json of at most {MAX_CONFIG_BYTES:,} bytes (real ones, label tables "
+                            "included, are under 2 MB), got a larger file", where=str(path))
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return json.loads(data, parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as error:
         raise ModelRefError(f"expected a JSON config.json, could not parse it: {_clip(str(error), 120)}",
                             where=str(path)) from None
     except RecursionError:
@@ -209,17 +210,19 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():
         got = "none" if "model_type" not in config else f"{_json_kind(model_type)} {_clip(repr(model_type), 40)}"
-        raise ModelRefError(f"expected a config.json with a model_type string (e.g. \"llama\"), got {got}", where=where)
+        raise ModelRefError(f"expected a config.json with a model_type string (e.g. \"llama\"), got {got}",
+                            where=where)
     auto_map = config.get("auto_map")
-    if auto_map is not None and not (isinstance(auto_map, dict) and all(isinstance(v, (str, list)) for v in auto_map.values())):
+    if auto_map is not None and not (isinstance(auto_map, dict)
+                                     and all(isinstance(v, (str, list)) for v in auto_map.values())):
         raise ModelRefError(f"expected auto_map as an object of class references, got {_clip(repr(auto_map), 60)}",
                             where=where)
     stack: list[tuple[Any, str, int]] = [(config, "", 1)]
     while stack:  # iterative: a hostile nesting depth cannot exhaust the interpreter's stack here
         value, path, depth = stack.pop()
         if depth > MAX_CONFIG_DEPTH:
-            raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper at {_clip(path, 60)}",
-                                where=where)
+            raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper at "
+                                f"{_clip(path, 60)}", where=where)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
             key_path = f"{path}.{key}" if path else str(key)
@@ -233,7 +236,8 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
     if isinstance(value, bool):
         return
     if isinstance(value, int) and abs(value) > INT64_MAX:
-        raise ModelRefError(f"expected whole numbers within int64, got {_clip(str(value), 30)}", where=f"{where}: {_clip(key_path, 60)}")
+        raise ModelRefError(f"expected whole numbers within int64, got {_clip(str(value), 30)}",
+                            where=f"{where}: {_clip(key_path, 60)}")
     is_layer_count = key.endswith(("layers", "_layer")) or key in ("depth", "depths")
     counts = [value] if isinstance(value, int) else value if key == "depths" and isinstance(value, list) else []
     total = sum(count for count in counts if isinstance(count, int) and not isinstance(count, bool))
@@ -243,6 +247,11 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
     if "experts" in key and isinstance(value, int) and value > MAX_EXPERTS:
         raise ModelRefError(f"expected at most {MAX_EXPERTS:,} experts (trainmem's limit: released models have at "
                             f"most 512), got {value:,}", where=f"{where}: {_clip(key_path, 60)}")
+
+
+def _no_constant(name: str) -> None:
+    """json.loads takes NaN and Infinity, which no size, rate or count of a real config is."""
+    raise ValueError(f"{name} is not a number a config can hold")
 
 
 def _summary(value: Any) -> Any:
