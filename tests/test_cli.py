@@ -482,7 +482,7 @@ def test_setup_file_takes_device_and_run_options_and_flags_override_it(tmp_path,
     ('optimizer = "adamx"\n', "run.toml: optimizer: expected sgd|momentum"),
     ('input_shape = "3,,4"\n', "run.toml: input_shape: expected comma-separated"),
     ("checkpointing = 1\n", "run.toml: checkpointing: expected true or false"),
-    ('batchsize = 4\n', "run.toml: expected keys among"),
+    ("batchsize = 4\n", "run.toml: expected a known key, got 'batchsize' (did you mean batch_size?"),
     ('cuda_context = "1GiB"\n', "run.toml: cuda_context: expected a GPU --device"),
     ("depth = 0\n", "run.toml: depth: expected a whole number of at least 1"),
     ("batch_size = \n", "run.toml: expected valid TOML"),
@@ -592,3 +592,37 @@ def test_python_api_refuses_bad_shapes(shape):
 
     with pytest.raises(trainmem.TrainmemError, match="input_shape"):
         trainmem.estimate("mlp:10-2", input_shape=shape)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--batch-size", "1" + "0" * 30], "--batch-size: expected a batch size within a tensor's int64 element count"),
+    (["--input-shape", "1000000000,1000000000,100"], "--input-shape: expected a batch within a tensor's int64"),
+    (["--batch-size", "100000000000000000", "--input-shape", "1000"], "--batch-size: expected a batch within"),
+    (["--grad-accum", "1000000000"], "--grad-accum: expected at most 1,024 micro-batches"),
+    (["--input-shape", "10", "--input-dtype", "bool"], "--input-dtype: expected an input the model can take"),
+])
+def test_sizes_beyond_what_torch_can_make_name_the_flag(args, said, capsys):
+    code, out, err = run(["estimate", "mlp:10-5", *args], capsys)
+    one_line_exit_2(code, out, err, said)
+
+
+def test_make_batch_and_loss_fn_that_return_the_wrong_thing(tmp_factory, capsys):
+    ref = tmp_factory("def factory():\n    return nn.Linear(4, 2), lambda batch_size: 'text'\n")
+    code, out, err = run(["estimate", ref], capsys)
+    one_line_exit_2(code, out, err, "make_batch: expected make_batch(1) to return a tensor, a tuple of tensors or a dict, got str")
+    ref = tmp_factory("def factory():\n    return nn.Linear(4, 2), lambda b: torch.randn(b, 4), lambda out, inputs: out\n")
+    code, out, err = run(["estimate", ref], capsys)
+    one_line_exit_2(code, out, err, "loss_fn: expected the loss to be a scalar tensor, got shape [1, 2]")
+
+
+def test_a_reference_too_long_for_the_file_system(capsys):
+    code, out, err = run(["estimate", "a" * 100_000 + ".py:factory"], capsys)
+    one_line_exit_2(code, out, err, "expected an existing Python file")
+    assert len(err) < 400
+
+
+def test_a_device_from_a_setup_file_is_blamed_on_the_file(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('device = "h900"\n')
+    code, out, err = run(["estimate", "mlp:10-5", "--setup", str(toml)], capsys)
+    one_line_exit_2(code, out, err, f"{toml}: device: expected a device among")

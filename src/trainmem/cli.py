@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from trainmem.errors import TrainmemError, quote
+from trainmem.errors import TrainmemError, quote, unknown_key
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 128 + 2  # SIGINT's number, as a shell reports a process Ctrl-C ended
@@ -218,8 +218,8 @@ def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
         table = read_setup_file(args.setup)
         unknown = sorted(set(table) - file_keys)
         if unknown:
-            raise TrainmemError(f"expected keys among {', '.join(sorted(file_keys))}, got {quote(unknown[0])}",
-                                where=args.setup)
+            raise unknown_key(unknown[0], file_keys, args.setup, "keys are the flags' names with underscores, "
+                              f"see trainmem {args.command} --help")
         given.update(table)
         origins.update({key: f"{args.setup}: {key}" for key in table})
     flags = explicit({key: value for key, value in vars(args).items() if key not in _NOT_OPTIONS})
@@ -258,7 +258,10 @@ def _check_run_options(options: Options, command: str) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
     device = options.device
-    gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
+    try:
+        gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
+    except TrainmemError as error:
+        raise TrainmemError(getattr(error, "message", str(error)), where=where("device")) from None
     run = Invocation(command, options.model, reference_kind(options.model), device, gpu, options.given, options.origins)
     return check(run)
 

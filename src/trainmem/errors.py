@@ -7,6 +7,7 @@ one line and exit 2 (see cli.py). Nothing here imports torch.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Iterable
 
 # A value quoted back in an error is there so that the user recognises it, not to reproduce it: an
 # 80-character prefix names any flag value, file name or layer argument a person types, while a
@@ -27,6 +28,12 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
         text = short.repr(value)
         text = text if len(text) <= limit else text[:limit] + " …"
     return " ".join(text.split())  # one line, whatever newlines the value held
+
+
+def short(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """Text used as a `where` (a reference, a path), cut to `limit` characters, unquoted."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text):,} characters)"
 
 
 def one_line(text: object, limit: int = 4 * QUOTE_LIMIT) -> str:
@@ -59,6 +66,15 @@ class TraceError(TrainmemError):
 
 class MeasureError(TrainmemError):
     """A real measurement run could not be started or failed."""
+
+
+def unknown_key(key: object, known: Iterable[str], where: str | None, keys_are: str) -> TrainmemError:
+    """An unknown key, with the nearest known one where there is one; the full list would fill lines."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), sorted(known), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return SetupError(f"expected a known key, got {quote(key)} ({hint}{keys_are})", where=where)
 
 
 def expected(what: str, got: object, where: str | None = None, cls: type[TrainmemError] = SetupError) -> TrainmemError:

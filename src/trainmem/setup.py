@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import SetupError, expected, one_line
+from trainmem.errors import SetupError, expected, one_line, unknown_key
 
 
 class Optimizer(enum.StrEnum):
@@ -71,6 +71,14 @@ class Activation(enum.StrEnum):
     GELU = "gelu"
     SIGMOID = "sigmoid"
 
+
+# A tensor's element count is an int64 in c10 (TensorImpl::numel_): a batch of more elements cannot be
+# made, and torch fails while unpacking the size. A batch size beyond it is a typo, not a plan.
+MAX_ELEMENTS = 2**63 - 1
+# The trace runs every micro-batch of a step (trace/loops.py), each a full forward and backward. Real
+# runs accumulate up to a few hundred micro-batches (a global batch of 1,024 from micro-batches of 1 on
+# 8 GPUs is 128); 1,024 covers them with room, and tracing more would take minutes to say the same.
+MAX_GRAD_ACCUM = 1024
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 
@@ -175,6 +183,11 @@ class TrainingSetup:
     def __post_init__(self) -> None:
         _check_positive_int(self.batch_size, "--batch-size")
         _check_positive_int(self.grad_accum, "--grad-accum")
+        if self.batch_size > MAX_ELEMENTS:
+            raise expected(f"a batch size within a tensor's int64 element count ({MAX_ELEMENTS:,})", self.batch_size,
+                           "--batch-size")
+        if self.grad_accum > MAX_GRAD_ACCUM:
+            raise expected(f"at most {MAX_GRAD_ACCUM:,} micro-batches per optimizer step", self.grad_accum, "--grad-accum")
         _check_positive_int(self.steps, "--steps")
         if self.seq_len is not None:
             _check_positive_int(self.seq_len, "--seq-len")
@@ -210,7 +223,7 @@ class TrainingSetup:
     def _from_mapping(cls, values: Mapping[str, Any], where: str) -> TrainingSetup:
         unknown = sorted(set(values) - SETUP_KEYS)
         if unknown:
-            raise expected(f"setup keys among {', '.join(sorted(SETUP_KEYS))}", unknown[0], where)
+            raise unknown_key(unknown[0], SETUP_KEYS, where, "setup keys are the CLI flags' names with underscores")
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in names}
         if kwargs.get("qlora"):
@@ -263,7 +276,7 @@ class TrainingSetup:
         values = read_setup_file(path)
         unknown = sorted(set(values) - SETUP_KEYS)
         if unknown:
-            raise expected(f"setup keys among {', '.join(sorted(SETUP_KEYS))}", unknown[0], str(path))
+            raise unknown_key(unknown[0], SETUP_KEYS, str(path), "setup keys are the CLI flags' names with underscores")
         return cls.from_mapping(values, where=str(path), origins={key: f"{path}: {key}" for key in values})
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,12 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import ModelRefError, one_line, quote
+from trainmem.errors import ModelRefError, one_line, quote, short
 
 
 def _load_file(path: Path, ref: str) -> Any:
-    if not path.is_file():
-        raise ModelRefError(f"expected an existing Python file, got {quote(str(path))}", where=ref)
+    try:
+        exists = path.is_file()
+    except OSError as error:  # a name longer than the file system takes (ENAMETOOLONG), …
+        raise ModelRefError(f"expected an existing Python file, got {quote(str(path))} "
+                            f"({error.strerror or type(error).__name__})", where="MODEL") from None
+    if not exists:
+        raise ModelRefError(f"expected an existing Python file, got {quote(str(path))}", where=short(ref))
     module_name = f"trainmem_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -31,10 +36,10 @@ def _load_file(path: Path, ref: str) -> Any:
     except SystemExit as stop:
         del sys.modules[module_name]
         raise ModelRefError(f"expected the file to define {ref.rpartition(':')[2]}, loading it called "
-                            f"sys.exit({quote(stop.code)})", where=ref) from None
+                            f"sys.exit({quote(stop.code)})", where=short(ref)) from None
     except Exception as error:  # noqa: BLE001 - the user's file: any error is reported as one line
         del sys.modules[module_name]
-        raise ModelRefError(f"loading the file raised {type(error).__name__}: {one_line(error)}", where=ref) from error
+        raise ModelRefError(f"loading the file raised {type(error).__name__}: {one_line(error)}", where=short(ref)) from error
     return module
 
 
@@ -43,10 +48,10 @@ def _load_module(name: str, ref: str) -> Any:
         return importlib.import_module(name)
     except SystemExit as stop:
         raise ModelRefError(f"expected an importable module {quote(name)}, importing it called "
-                            f"sys.exit({quote(stop.code)})", where=ref) from None
+                            f"sys.exit({quote(stop.code)})", where=short(ref)) from None
     except Exception as error:  # noqa: BLE001
         raise ModelRefError(f"expected an importable module {quote(name)}, import raised "
-                            f"{type(error).__name__}: {one_line(error)}", where=ref) from error
+                            f"{type(error).__name__}: {one_line(error)}", where=short(ref)) from error
 
 
 def load_factory(ref: str) -> Any:
@@ -57,7 +62,7 @@ def load_factory(ref: str) -> Any:
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ModelRefError(f"expected a callable named {quote(factory_name)} in {quote(target)}, found "
-                            f"{type(factory).__name__ if factory is not None else 'nothing'}", where=ref)
+                            f"{type(factory).__name__ if factory is not None else 'nothing'}", where=short(ref))
     return factory
 
 
@@ -71,8 +76,8 @@ def from_python_ref(ref: str):
             return factory()
         except SystemExit as stop:  # a script's habit; here it would end trainmem with the factory's code
             raise ModelRefError(f"expected the factory to return an nn.Module, it called sys.exit({quote(stop.code)})",
-                                where=ref) from None
+                                where=short(ref)) from None
         except Exception as error:  # noqa: BLE001
-            raise ModelRefError(f"the factory raised {type(error).__name__}: {one_line(error)}", where=ref) from error
+            raise ModelRefError(f"the factory raised {type(error).__name__}: {one_line(error)}", where=short(ref)) from error
 
     return ModelSource(ref=ref, name=ref.rpartition(":")[2], build=build)

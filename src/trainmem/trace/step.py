@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import math
 from typing import Any
 
 import torch
 
 from trainmem.errors import SetupError
 from trainmem.frontends import ModelSource
-from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
+from trainmem.setup import MAX_ELEMENTS, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.events import Phase
 
@@ -69,12 +70,19 @@ def default_make_batch(setup: TrainingSetup, source: ModelSource):
         raise SetupError("expected --input-shape (the model names no input shape of its own), got none",
                          where=source.ref or source.name)
     cast_floats = torch.bfloat16 if setup.precision == Precision.BF16 else None
+    where = "--input-shape" if setup.inputs else source.ref or source.name
 
     def make_batch(batch_size: int) -> tuple[torch.Tensor, ...]:
         tensors = []
         for spec in specs:
             shape = (batch_size, *spec.shape)
-            if spec.is_integer:
+            if math.prod(shape) > MAX_ELEMENTS:  # torch would fail unpacking the size, naming no flag
+                raise SetupError(f"expected a batch within a tensor's int64 element count ({MAX_ELEMENTS:,}), got "
+                                 f"--batch-size {batch_size:,} × {' × '.join(f'{d:,}' for d in spec.shape)}",
+                                 where=where if math.prod(spec.shape) > MAX_ELEMENTS else "--batch-size")
+            if spec.dtype == "bool":  # masks: randn has no bool kernel; a loader's bool tensor is one allocation
+                tensors.append(torch.randint(0, 2, shape, dtype=torch.bool))
+            elif spec.is_integer:
                 tensors.append(torch.randint(0, spec.max_value, shape, dtype=_DTYPES[spec.dtype]))
             else:
                 tensors.append(torch.randn(shape, dtype=cast_floats or _DTYPES[spec.dtype]))
@@ -261,6 +269,9 @@ def _nothing_to_train(setup: TrainingSetup) -> SetupError:
 def make_micro_batch(prepared: Prepared, setup: TrainingSetup) -> dict[str, Any]:
     """One micro-batch as the data loader yields it: the inputs and, with --target-shape, the targets."""
     batch = prepared.make_batch(setup.batch_size)
+    if not isinstance(batch, (torch.Tensor, tuple, list, dict)):
+        raise SetupError(f"expected make_batch({setup.batch_size}) to return a tensor, a tuple of tensors or a dict, "
+                         f"got {type(batch).__name__}", where="make_batch")
     inputs = batch if isinstance(batch, (tuple, dict)) else (batch,)
     target = () if prepared.make_target is None else (prepared.make_target(setup.batch_size),)
     return {"inputs": inputs, "target": target}
@@ -277,6 +288,10 @@ def forward(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any]) -> 
 def compute_loss(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any], output: Any) -> torch.Tensor:
     """The loss, divided by the accumulation steps as an accumulating loop does."""
     loss = prepared.loss_fn(output, batch["inputs"], *batch["target"])
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        # backward() would fail with "grad can be implicitly created only for scalar outputs"
+        got = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise SetupError(f"expected the loss to be a scalar tensor, got {got}", where="loss_fn")
     return loss / setup.grad_accum if setup.grad_accum > 1 else loss
 
 
