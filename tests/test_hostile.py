@@ -3,7 +3,8 @@
 Every case states the exit status it must end with and what its one stderr line must name; every case
 is also held to the same contract:
   - exit 2 (bad input, failed trace): exactly one line on stderr, starting "trainmem: error:", at most
-    LINE_MAX_CHARS long, naming what the case says it must (the flag, the file, the key); stdout empty;
+    LINE_MAX_CHARS long, without control characters, naming what the case says it must (the flag, the
+    file, the key); stdout empty;
   - exit 0 / 1 (an answer): nothing on stderr but "warning:" lines where the case allows them (and the
     user's own prints where the case's code prints); stdout is the report, valid JSON under --format json;
   - exit 130 (Ctrl-C): one line, at once; exit 141 (stdout closed): nothing;
@@ -212,6 +213,10 @@ def _toml(text: str, *flags: str) -> Callable[[Path], list[str]]:
     return lambda directory: ["estimate", "mlp:10-5", "--setup", _write(directory, "run.toml", text), *flags]
 
 
+def _toml_bytes(content: bytes) -> Callable[[Path], list[str]]:
+    return lambda directory: ["estimate", "mlp:10-5", "--setup", _write(directory, "run.toml", content)]
+
+
 def _big_toml(directory: Path) -> list[str]:
     # 20 MB in one value: the error must not echo it
     return ["estimate", "mlp:10-5", "--setup", _write(directory, "run.toml", 'optimizer = "' + "a" * 20_000_000 + '"\n')]
@@ -256,6 +261,26 @@ def _malicious_legacy_checkpoint(directory: Path) -> list[str]:
     path = directory / "evil.bin"
     path.write_bytes(pickle.dumps({"weight": _RunsShell(directory / "marker")}, protocol=2))
     return ["estimate", str(path)]
+
+
+def _zip_bomb(directory: Path) -> list[str]:
+    """torch.save's container whose data.pkl deflates from ~600 KB to 600 MiB of zeros."""
+    import zipfile
+
+    path = directory / "bomb.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("bomb/data.pkl", "w", force_zip64=True) as member:
+            chunk = b"\0" * 2**20
+            for _ in range(600):
+                member.write(chunk)
+        archive.writestr("bomb/version", "3\n")
+    return ["estimate", str(path)]
+
+
+def _many_tensors(directory: Path) -> list[str]:
+    header = {f"layer{index}.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4 * index, 4 * index + 4]}
+              for index in range(200_000)}
+    return _safetensors(json.dumps(header).encode(), data=b"\0" * 800_000)(directory)
 
 
 def _truncated_checkpoint(directory: Path) -> list[str]:
@@ -425,6 +450,8 @@ def _cases() -> list[Case]:
         c("devices-format-xml", ("devices", "--format", "xml"), 2, ("--format",)),
         c("measure-runs-zero", ("measure", "mlp:10-5", "--runs", "0"), 2, ("--runs",)),
         c("measure-on-a-gpu-without-one", ("measure", "mlp:10-5", "--device", "a100-40gb"), 2, ("a100",)),
+        # a million measuring processes one after another: a bound is the only answer
+        c("measure-runs-million", ("measure", "mlp:10-5", "--runs", str(10**6)), 2, ("--runs",), order=1),
         c("measure-what-does-not-fit", ("measure", HUGE_MLP), 2, ("--force",)),  # refused before anything is allocated
         c("fit-cpu-nothing-fits", ("fit", HUGE_MLP, "--device", "cpu"), 1),
         c("estimate-gpu-does-not-fit", ("estimate", HUGE_MLP, "--device", "t4", "--format", "json"), 1),
@@ -488,6 +515,12 @@ def _cases() -> list[Case]:
         c("module-os-system", ("estimate", "os:system"), 2, ("os:system",)),
         c("module-builtins-eval", ("estimate", "builtins:eval"), 2, ("builtins:eval",)),
         c("module-returns-a-dict", ("estimate", "collections:OrderedDict"), 2, ("collections:OrderedDict",)),
+        c("model-name-with-escape-codes", ("estimate", "net\x1b[2J\x1b[31m.yaml"), 2),
+        c("model-name-with-newline", ("estimate", "mlp:10\ntrainmem: error: forged"), 2, ("mlp:",)),
+        # trainmem's own main as the factory: it reads sys.argv, which names it again
+        c("module-trainmem-main", ("estimate", "trainmem.cli:main"), 2, ("trainmem.cli:main",)),
+        c("module-sys-exit", ("estimate", "sys:exit"), 2, ("sys:exit",)),
+        c("module-builtins-input", ("estimate", "builtins:input"), 2, ("builtins:input",)),  # stdin is /dev/null here
         c("model-is-a-directory", lambda d: ["estimate", str(d)], 2),
         # --- YAML layer specs ----------------------------------------------------------------------------
         c("yaml-billion-laughs", _billion_laughs, 2, ("billion_laughs.yaml",)),
@@ -502,6 +535,8 @@ def _cases() -> list[Case]:
         c("yaml-layer-on-cpu-20000", _spec_case("net.yaml", "input: [20000]\nlayers:\n  - linear: {out_features: 20000, device: cpu}\n"),
           2, ("device",)),
         c("yaml-bias-maybe", _spec_case("net.yaml", "input: [10]\nlayers:\n  - linear: {out_features: 5, bias: maybe}\n"), 2, ("bias",)),
+        c("yaml-layer-name-500k-characters", _spec_case("net.yaml", "input: [10]\nlayers:\n  - " + "x" * 500_000 + "\n"),
+          2, ("net.yaml",)),
         c("yaml-tab-indent", _spec_case("tabs.yaml", "input: [10]\nlayers:\n\t- relu\n"), 2, ("tabs.yaml",)),
         c("yaml-reads-dev-zero", _device_link("zero.yaml", "/dev/zero"), 2, ("zero.yaml",)),
         # --- JSON layer specs ----------------------------------------------------------------------------
@@ -514,6 +549,9 @@ def _cases() -> list[Case]:
           2, ("out_features",)),
         c("json-input-text", _spec_case("net.json", {"input": "big", "layers": ["relu"]}), 2, ("input",)),
         c("json-1001-layers", _spec_case("net.json", {"input": [10], "layers": ["relu"] * 1001}), 2, ("1,000",)),
+        c("json-kernel-larger-than-input",
+          _spec_case("net.json", {"input": [3, 4, 4], "layers": [{"conv2d": {"out_channels": 2, "kernel_size": 9}}]}),
+          2, ("layer 0",)),
         c("json-loss-unknown", _spec_case("net.json", {"input": [10], "loss": "hinge", "layers": ["relu"]}), 2, ("hinge",)),
         c("json-input-dtype-unknown", _spec_case("net.json", {"input": [10], "input_dtype": "float99", "layers": ["relu"]}),
           2, ("float99",)),
@@ -527,6 +565,8 @@ def _cases() -> list[Case]:
         c("toml-wrong-type", _toml('batch_size = "abc"\n'), 2, ("run.toml", "batch_size"), not_says=("--batch-size",)),
         c("toml-negative", _toml("batch_size = -4\n"), 2, ("run.toml", "batch_size"), not_says=("--batch-size",)),
         c("toml-unknown-device", _toml('device = "h900"\n'), 2, ("run.toml", "device")),
+        c("toml-array-for-number", _toml("batch_size = [1, 2]\n"), 2, ("run.toml", "batch_size")),
+        c("toml-binary", _toml_bytes(bytes(range(256)) * 16), 2, ("run.toml",)),
         c("toml-20-megabyte-value", _big_toml, 2, ("run.toml",)),
         c("toml-is-a-directory", lambda d: [*MLP, "--setup", str(d)], 2, ("toml-is-a-directory",)),
         # --- checkpoints: never unpickled freely ---------------------------------------------------------
@@ -540,6 +580,9 @@ def _cases() -> list[Case]:
         # (tests/hostile/make_torchscript_setstate.py); read its parameters without running it, or refuse it
         c("torchscript-setstate-runs", ("estimate", str(HOSTILE / "torchscript_setstate.pt"), "--format", "json"), (0, 2),
           ("torchscript_setstate.pt",), order=1),
+        c("checkpoint-zip-bomb", _zip_bomb, 2, ("bomb.pt",), order=1),
+        # 200,000 tensors in a 14 MB header: an answer or a refusal, within the bounds
+        c("safetensors-200000-tensors", _many_tensors, (0, 2), ("model.safetensors",), order=1),
         c("safetensors-header-length-lies", _safetensors(b"{}", declared_length=2**62), 2, ("model.safetensors",)),
         c("safetensors-header-not-json", _safetensors(b"not json at all"), 2, ("model.safetensors",)),
         c("safetensors-shape-lies", _safetensors(
@@ -569,6 +612,12 @@ def _cases() -> list[Case]:
           ("--trust-remote-code",)),
         c("hf-task-unknown", _hf_case({}, "--task", "telepathy"), 2, ("--task",)),
         c("hf-seq-len-zero", _hf_case({}, "--seq-len", "0"), 2, ("--seq-len",)),
+        c("hf-lora-rank-zero", _hf_case({}, "--lora", "r=0,alpha=16"), 2, ("--lora",)),
+        c("hf-lora-dropout-two", _hf_case({}, "--lora", "r=8,alpha=16,dropout=2"), 2, ("--lora",)),
+        # rotary positions have no hard limit and attention need not be quadratic: "does not fit" is an answer
+        c("hf-seq-len-trillion", _hf_case({}, "--seq-len", str(10**12)), (1, 2), ("--seq-len",)),
+        c("hf-zero-heads", _hf_case({"num_attention_heads": 0, "num_key_value_heads": 0}), 2, ("num_attention_heads",)),
+        c("hf-heads-do-not-divide", _hf_case({"num_attention_heads": 5, "num_key_value_heads": 5}), 2, ("hidden_size",)),
         c("hf-lora-malformed", _hf_case({}, "--lora", "r=abc,alpha"), 2, ("--lora",)),
         c("hf-lora-unknown-target", _hf_case({}, "--lora", "r=8,alpha=16,targets=warp_proj"), 2, ("warp_proj",)),
         c("hf-dropout-does-not-apply", _hf_case({}, "--dropout", "0.1", "--seq-len", "16"), (0, 2), ("--dropout",), warns=True),
@@ -591,9 +640,6 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
     "py-factory-os-exit": ("H3a", "exit 0 and no output at all; debatable: only a child process could catch os._exit"),
     "py-factory-places-layer-on-cpu": ("H3a", "nn.Linear(…, device='cpu') inside the factory escapes the meta device: "
                                               "1 GB allocated and initialized for real (RSS +977 MiB, ~9 s); debatable"),
-    "py-name-100k-characters": ("H3a", "generic 'OSError: [Errno 36] File name too long: …' line, 408 characters"),
-    "toml-unknown-key": ("H3a", "lists every key: ~450 characters; name the unknown key and the nearest one"),
-    "toml-unknown-device": ("H3a", "device = 'h900' in the TOML blames --device, not run.toml's key device"),
     "checkpoint-truncated": ("H3a", "quotes miniz's whole paragraph: ~420 characters"),
     "checkpoint-empty": ("H3a", "'IndexError: list index out of range (rerun with --debug …)': names no file"),
     "checkpoint-garbage": ("H3a", "quotes torch's weights_only paragraph: ~550 characters"),
@@ -603,14 +649,22 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                              "real, 'RuntimeError: [enforce fail at alloc_cpu.cpp:127] …', names no file"),
     "torchscript-setstate-runs": ("H3a", "torch.jit.load runs the archive's __setstate__: it prints on stderr and "
                                          "allocates 1 GB for real (RSS +980 MiB, ~6 s), then exit 0"),
+    "py-name-nul-byte": ("H3a", "the line's where-prefix echoes the reference raw: 'model\\x00.py:factory: …' puts a NUL "
+                                "on the terminal (the quoted part is escaped)"),
+    "module-trainmem-main": ("H3a", "trainmem.cli:main as the factory re-enters main with sys.argv: RecursionError, "
+                                    "then 111 'trainmem: error:' lines; edge case"),
+    "yaml-layer-name-500k-characters": ("H3a", "a 500,000-character layer type: the line lists every layer type and "
+                                               "the name, ~370 characters besides the path"),
+    "checkpoint-zip-bomb": ("H3a", "a data.pkl deflating to 600 MiB is inflated whole: RSS +1200 MiB, then torch's "
+                                   "weights_only paragraph quoted (~490 characters)"),
+    "safetensors-200000-tensors": ("H3a", "a 14 MB header of 200,000 one-element tensors: still running when killed at 12 s"),
+    "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
     "alloc-conf-fraction-half-is-fine": ("H4", "per_process_memory_fraction:0.5 on a100-40gb: 'ValueError: "
                                                "per_process_memory_fraction needs capacity_bytes' (exit 2)"),
-    "hf-negative-layers": ("H2", "num_hidden_layers -1 blames 'model: the training step failed in phase forward "
-                                 "(ValueError: __len__() should return >= 0)'"),
-    "hf-seq-len-beyond-positions": ("H2", "GPT-2 with n_positions 64 and --seq-len 100 estimates (exit 0): on fake "
-                                          "tensors the out-of-range position embedding is not caught; real training fails"),
-    "hf-remote-code": ("H2", "a config with auto_map is estimated as the plain model_type (exit 0), without "
-                             "--trust-remote-code"),
+    "hf-zero-heads": ("H2", "names config.json but not the key: 'expected a config transformers' llama accepts, got: "
+                            "integer division or modulo by zero'"),
+    "hf-heads-do-not-divide": ("H2", "quotes only the first line of transformers' error: 'got: Class validation error "
+                                     "for validator 'validate_architecture':' (the reason is on the next line)"),
 }
 
 
@@ -645,6 +699,20 @@ def _rss_of(pid: int) -> int:
     return 0
 
 
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kills the process we started and everything in its session (it was started with start_new_session)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if process.returncode is None:
+        try:
+            os.waitpid(process.pid, 0)
+        except ChildProcessError:
+            pass
+        process.returncode = -signal.SIGKILL
+
+
 def _read_output(path: Path) -> str:
     """A case's output, at most 1 MiB of it (a case that floods is failed by its size anyway)."""
     try:
@@ -671,8 +739,10 @@ def _run_in_runner(cases: list[Case], directories: dict[str, Path], argvs: dict[
                                            "out": str(directories[case.id] / "case")} for case in pending]))
         results_file.touch()
         log = (root / f"runner-{attempt}.log").open("wb")
+        # a session of its own, so that a kill takes whatever a case started too (measure's processes)
         process = subprocess.Popen([sys.executable, str(RUNNER), str(cases_file), str(results_file)], cwd=root,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_environment(root))
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_environment(root),
+                                   start_new_session=True)
         current, since, rss_at_start, killed, offset = None, 0.0, 0, None, 0
         while True:
             with results_file.open() as stream:
@@ -694,8 +764,7 @@ def _run_in_runner(cases: list[Case], directories: dict[str, Path], argvs: dict[
             elif current is not None and _rss_of(process.pid) - rss_at_start > RUNNER_GROWTH_KILL:
                 killed = f"killed at {(_rss_of(process.pid) - rss_at_start) / 2**30:.1f} GiB grown"
             if killed:
-                process.kill()
-                process.wait()
+                _kill_group(process)
                 break
             time.sleep(0.02)
         log.close()
@@ -736,12 +805,13 @@ def _run_in_own_process(case: Case, directory: Path, argv: list[str], root: Path
             marker = directory / "spinning"
             environment["HOSTILE_MARKER"] = str(marker)
             with out_path.open("wb") as out:
-                process = subprocess.Popen(command, cwd=directory, env=environment, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+                process = subprocess.Popen(command, cwd=directory, env=environment, stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=err, start_new_session=True)
             deadline = time.monotonic() + PROCESS_START_SECONDS
             while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             if process.poll() is not None or not marker.exists():
-                process.kill()
+                _kill_group(process)
                 raise RuntimeError(f"{case.id}: the process did not reach the factory's loop (status {process.returncode})")
             process.send_signal(signal.SIGINT)
             since = time.monotonic()
@@ -751,7 +821,7 @@ def _run_in_own_process(case: Case, directory: Path, argv: list[str], root: Path
             os.close(read_end)  # closed before the child starts: its first write fails whatever the timing
             try:
                 process = subprocess.Popen(command, cwd=directory, env=environment, stdin=subprocess.DEVNULL,
-                                           stdout=write_end, stderr=err)
+                                           stdout=write_end, stderr=err, start_new_session=True)
             finally:
                 os.close(write_end)
             since = time.monotonic()
@@ -760,8 +830,7 @@ def _run_in_own_process(case: Case, directory: Path, argv: list[str], root: Path
             raise ValueError(case.process)
     seconds = time.monotonic() - since
     if code is None:
-        process.kill()
-        process.wait()
+        _kill_group(process)
         record["killed"] = f"killed after {seconds:.0f} s"
         code = _shell_status(process.returncode)
     record.update(code=code, seconds=seconds, process_rss=peak, stdout=_read_output(out_path), stderr=_read_output(err_path))
@@ -827,6 +896,8 @@ def _problems(case: Case, result: dict) -> list[str]:
         length = len(line.replace(str(result["directory"]), "DIR"))
         if length > case.max_chars:
             problems.append(f"the line is {length} characters, at most {case.max_chars}")
+        if any(ord(character) < 32 or ord(character) == 127 for character in line):
+            problems.append("control characters in the line (a hostile name could drive the terminal)")
         problems += [f"the line does not name {text!r}" for text in case.says if text not in line]
         problems += [f"the line blames {text!r}" for text in case.not_says if text in line]
         if case.where is not None and not line.startswith(f"{ERROR_PREFIX} {case.where}"):
