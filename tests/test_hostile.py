@@ -14,7 +14,7 @@ How it runs (fast: importing torch costs seconds, so there is no process per cas
 written into a temporary directory, then one runner process (tests/hostile/runner.py) imports trainmem
 once and calls `trainmem.cli.main(argv)` per case, capturing file descriptors 1 and 2 and measuring time
 and peak RSS per case. A supervisor here watches it: a case that runs past CASE_KILL_SECONDS or grows
-the runner past RUNNER_RSS_KILL is killed and recorded as such; a case that ends the runner (os._exit, a
+the runner by RUNNER_GROWTH_KILL is killed (with whatever it started) and recorded as such; a case that ends the runner (os._exit, a
 crash) gets the runner's exit status as its own, as a shell would see it; the runner then restarts with
 the cases left. The few cases that need a process of their own (Ctrl-C, a closed stdout) start one.
 
@@ -46,10 +46,10 @@ TINY_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd
              "n_positions": 64, "vocab_size": 128}
 
 # --- Bounds -----------------------------------------------------------------------------------------
-# "Within seconds": a refusal takes well under 0.1 s here and the slowest answer in the table (a tiny
-# Llama under --qlora) about 2 s alone; 10 s leaves room for this 2-core machine shared with other
-# work, and is still far below what the hostile inputs cost when unchecked (68 s for the billion laughs,
-# 139 s for 20,000 mlp: layers).
+# "Within seconds": a refusal takes well under 0.1 s here; the slowest cases are those that import
+# transformers or peft on first use, 1-3 s alone and up to 6 s on this 2-core machine loaded by four
+# other jobs. 10 s leaves that room and is still far below what hostile inputs cost when unchecked
+# (68 s for the billion laughs, 139 s for 20,000 mlp: layers, forever for a FIFO).
 CASE_SECONDS = 10.0
 # A case still running after this long has failed its time bound whatever it does next: the supervisor
 # kills the runner (a hung case: a FIFO never opened, a loop) and goes on with the cases left.
@@ -60,13 +60,14 @@ CASE_KILL_SECONDS = CASE_SECONDS + 2.0
 RSS_GROWTH_LIMIT = 500 * 2**20
 # The supervisor kills the runner when a case grows its resident set by this much, so a runaway case
 # cannot take the machine (24 GiB here) down; far above RSS_GROWTH_LIMIT (such a case has already
-# failed) and above the one case whose user file allocates 1.6 GB on purpose.
+# failed) and above the one case whose user file allocates 1 GB on purpose.
 RUNNER_GROWTH_KILL = 4 * 2**30
 # A case in a process of its own (Ctrl-C, closed stdout) is bounded by its whole peak RSS: an estimate
 # process is ~330 MiB after importing torch; plus RSS_GROWTH_LIMIT, rounded up.
 PROCESS_RSS_LIMIT = 1 * 2**30
 # One error line is read by a person: about five 80-column terminal lines. A message must not echo a
-# 100,000-character value or list 12,000 characters of model types.
+# 100,000-character value or list 12,000 characters of model types. The case's temporary directory in a
+# path the line names counts as 3 characters: the length judged is the message's, not the path's.
 LINE_MAX_CHARS = 400
 # A case with a process of its own is timed whole, torch's import included: 2 s alone, four times that
 # with this 2-core machine shared.
