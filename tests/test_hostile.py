@@ -144,6 +144,18 @@ def _hf(config: dict, **changes) -> Callable[[Path], str]:
     return write
 
 
+def _hub_cached(repository: str, config_text: str) -> Callable[[Path], list[str]]:
+    """A config.json in the runner's hub cache (HF_HOME, offline), laid out as huggingface_hub does:
+    hub/models--OWNER--NAME/refs/main names a snapshot, snapshots/REVISION/config.json is the file."""
+    def build(directory: Path) -> list[str]:
+        revision = "0123456789abcdef0123456789abcdef01234567"
+        cached = directory.parent / "hf_home" / "hub" / ("models--" + repository.replace("/", "--"))
+        _write(cached, "refs/main", revision)
+        _write(cached, f"snapshots/{revision}/config.json", config_text)
+        return ["estimate", f"hf:{repository}", "--seq-len", "16"]
+    return build
+
+
 def _spec_case(name: str, spec, *flags: str) -> Callable[[Path], list[str]]:
     def build(directory: Path) -> list[str]:
         text = spec if isinstance(spec, (str, bytes)) else json.dumps(spec)
@@ -454,6 +466,8 @@ def _cases() -> list[Case]:
         # a million measuring processes one after another: a bound is the only answer
         c("measure-runs-million", ("measure", "mlp:10-5", "--runs", str(10**6)), 2, ("--runs",), order=1),
         c("measure-what-does-not-fit", ("measure", HUGE_MLP), 2, ("--force",)),  # refused before anything is allocated
+        c("fit-tiny-model-on-cpu", ("fit", "mlp:10-5", "--format", "json"), 0),  # the batch search must end, quickly
+        c("fit-max-seq-on-mlp", ("fit", "mlp:10-5", "--max-seq"), (0, 2), ("--max-seq",)),
         c("fit-cpu-nothing-fits", ("fit", HUGE_MLP, "--device", "cpu"), 1),
         c("estimate-gpu-does-not-fit", ("estimate", HUGE_MLP, "--device", "t4", "--format", "json"), 1),
         # --- mlp: references -----------------------------------------------------------------------------
@@ -609,6 +623,10 @@ def _cases() -> list[Case]:
         c("hf-config-array", lambda d: ["estimate", "hf:" + _json(d, "model/config.json", [TINY_LLAMA])], 2, ("config.json",)),
         c("hf-vocabulary-ten-billion", _hf_case({"vocab_size": 10**10}, "--seq-len", "16"), 1),  # an answer, on fake tensors
         c("hf-seq-len-beyond-positions", lambda d: ["estimate", _hf(TINY_GPT2)(d), "--seq-len", "100"], 2, ("--seq-len",)),
+        c("hf-cached-config-not-json", _hub_cached("trainmem-hostile/garbled", "{not json"), 2, ("config.json",)),
+        c("hf-cached-config-remote-code", _hub_cached("trainmem-hostile/remote", json.dumps(
+            {**TINY_LLAMA, "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilModel"}})), 2, ("--trust-remote-code",)),
+        c("hf-cached-config-fine", _hub_cached("trainmem-hostile/tiny", json.dumps(TINY_LLAMA)), 0),
         c("hf-remote-code", _hf_case({"auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilModel"}}), 2,
           ("--trust-remote-code",)),
         c("hf-task-unknown", _hf_case({}, "--task", "telepathy"), 2, ("--task",)),
