@@ -190,11 +190,35 @@ def test_custom_code_is_refused_without_trust_remote_code(hub):
     with pytest.raises(ModelRefError, match=r"names the repository's own code \(AutoConfig → configuration_tiny"
                                             r".TinyConfig, .*rerun with --trust-remote-code"):
         from_hf_ref("hf:someone/custom", TrainingSetup())
-    # a model_type transformers knows is built with its own classes, as from_pretrained does without the flag
+    # a model_type transformers knows too: the model card's code may differ from transformers' own classes
     known = {**TINY, "auto_map": custom["auto_map"]}
     cache_repo(hub, "someone/known", {"config.json": json.dumps(known).encode()}, MAIN)
-    source = from_hf_ref("hf:someone/known", TrainingSetup())
-    assert any("built with transformers' own llama classes" in note for note in source.notes)
+    with pytest.raises(ModelRefError, match=r"^hf:someone/known: expected a config without custom code, got auto_map "
+                                            r"naming the repository's own \(AutoConfig → .*\); rerun with "
+                                            r"--trust-remote-code to download and run it, or give a copy of config.json "
+                                            r"without auto_map for transformers' own llama$"):
+        from_hf_ref("hf:someone/known", TrainingSetup())
+    # a tokenizer's classes are not the model's: built with transformers' own
+    tokenizer_only = {**TINY, "auto_map": {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}}
+    cache_repo(hub, "someone/tokenizer-code", {"config.json": json.dumps(tokenizer_only).encode()}, MAIN)
+    assert from_hf_ref("hf:someone/tokenizer-code", TrainingSetup()).name == "someone/tokenizer-code (causal-lm)"
+
+
+def test_seq_len_beyond_learned_positions_is_refused():
+    import torch
+
+    from trainmem.errors import SetupError
+
+    with torch.device("meta"):
+        assert from_hf_ref("hf:gpt2", TrainingSetup(seq_len=1024)).build() is not None
+        with pytest.raises(SetupError, match=r"^--seq-len: expected --seq-len of at most 1024 \(the model's learned "
+                                             r"positions, transformer.wpe\), got 1025$"):
+            from_hf_ref("hf:gpt2", TrainingSetup(seq_len=1025)).build()
+        # RoBERTa's positions start after its padding index: 514 rows, 512 positions
+        with pytest.raises(SetupError, match="at most 512 .*roberta.embeddings.position_embeddings"):
+            from_hf_ref("hf:roberta-base", TrainingSetup(seq_len=513)).build()
+        # rotary positions have no table: longer sequences run (as they do for real)
+        assert from_hf_ref(f"hf:{ROOT / 'tests/data/tiny_llama'}", TrainingSetup(seq_len=4096)).build() is not None
 
 
 TINY_CODE = {
@@ -382,6 +406,15 @@ HOSTILE = [  # (id, reference or a function of the temporary directory, a fragme
     ("decoder-layers", lambda t: "hf:" + _write(t, "config.json", json.dumps({**TINY, "model_type": "t5",
                                                                               "num_decoder_layers": 5000})),
      "num_decoder_layers: expected at most"),
+    ("negative-layers", lambda t: "hf:" + _write(t, "config.json", json.dumps({**TINY, "num_hidden_layers": -1})),
+     "expected a whole number of layers from 0 to 256, got -1"),
+    ("float-layers", lambda t: "hf:" + _write(t, "config.json", json.dumps({**TINY, "num_hidden_layers": 1e5})),
+     "expected a whole number of layers"),
+    ("text-layers", lambda t: "hf:" + _write(t, "config.json", json.dumps({**TINY, "n_layer": "many"})),
+     "n_layer: expected a whole number of layers"),
+    ("seq-len-beyond-positions", lambda t: "hf:" + _write(t, "config.json", json.dumps(
+        {"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 4, "vocab_size": 128})),
+     "--seq-len: expected --seq-len of at most 4"),
     ("depths-sum", lambda t: "hf:" + _write(t, "config.json", json.dumps({**TINY, "depths": [600, 600]})),
      "got 1,200"),
     ("experts", lambda t: "hf:" + _write(t, "config.json", json.dumps({**TINY, "num_local_experts": 10**6})),

@@ -13,11 +13,14 @@ was used.
 
 Every config.json is hostile until checked (`checked_config`): a JSON object of bounded size and depth,
 a string model_type that transformers knows, layer and expert counts within limits, before anything is
-built. A config whose `auto_map` names the repository's own Python code is built with transformers' own
-class for its model_type, as from_pretrained does without trust_remote_code; with an unknown model_type
-it is refused unless the setup's `trust_remote_code` (--trust-remote-code), which downloads and runs
-that code. The model is built with transformers' `from_config` under the meta device, and trained the
-way the Trainer does: the batch carries `labels` and the model computes its own loss.
+built. A config whose `auto_map` names the repository's own Python code for the model (AutoConfig,
+AutoModel…) is refused unless the setup's `trust_remote_code` (--trust-remote-code), which downloads and
+runs that code as from_pretrained(trust_remote_code=True) does: the estimate must not silently build
+another implementation than the one the model card's code runs. Otherwise the model is built with
+transformers' `from_config` under the meta device, and trained the way the Trainer does: the batch
+carries `labels` and the model computes its own loss. A --seq-len beyond a learned position table
+(GPT-2's wpe, BERT's position_embeddings) is refused: on fake tensors the lookup would not fail, for
+real it does.
 
 Tasks (`--task`): causal-lm, masked-lm, seq-cls, seq2seq, image-cls, speech-seq2seq (Whisper),
 contrastive-image-text (CLIP). `--seq-len` sets the token length (default 512, capped by the model's
@@ -56,6 +59,11 @@ MAX_EXPERTS = 4096
 # Nesting of a config's JSON: real ones are 3 deep (text_config.rope_scaling.…); json.loads itself
 # stops at Python's recursion limit, but transformers copies and compares configs recursively.
 MAX_CONFIG_DEPTH = 32
+# Widths, vocabularies and head counts: each a positive whole number (transformers divides by some and
+# sizes tensors by all; 0 fails as a division by zero, "wide" deep inside a layer's constructor).
+SIZE_KEYS = frozenset(("hidden_size", "intermediate_size", "vocab_size", "n_embd", "d_model", "d_ff",
+                       "num_attention_heads", "num_key_value_heads", "n_head", "num_heads", "encoder_attention_heads",
+                       "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim"))
 INT64_MAX = 2**63 - 1  # every number becomes a tensor size or an index somewhere: beyond int64 is not a model
 # Fields of a config.json that describe the checkpoint, not the architecture, dropped as the bundled
 # table drops them: the dtype the weights were saved in (training dtypes come from --precision), how they
@@ -223,6 +231,8 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
         if depth > MAX_CONFIG_DEPTH:
             raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper at "
                                 f"{_clip(path, 60)}", where=where)
+        if isinstance(value, dict):
+            _check_heads(value, path, where)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
             key_path = f"{path}.{key}" if path else str(key)
@@ -238,15 +248,45 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
     if isinstance(value, int) and abs(value) > INT64_MAX:
         raise ModelRefError(f"expected whole numbers within int64, got {_clip(str(value), 30)}",
                             where=f"{where}: {_clip(key_path, 60)}")
-    is_layer_count = key.endswith(("layers", "_layer")) or key in ("depth", "depths")
+    if key in SIZE_KEYS:
+        _check_size(key, value, key_path, where)
+    # counts: num_hidden_layers, encoder_layers, n_layer …; not an index such as vision_feature_layer: -2
+    is_layer_count = key.endswith("layers") or key in ("n_layer", "depth", "depths")
     counts = [value] if isinstance(value, int) else value if key == "depths" and isinstance(value, list) else []
-    total = sum(count for count in counts if isinstance(count, int) and not isinstance(count, bool))
+    if is_layer_count and (isinstance(value, (float, str)) or any(not isinstance(count, int) or count < 0
+                                                                  or isinstance(count, bool) for count in counts)):
+        # a list of layer indices (mlp_only_layers, no_rope_layers …) is not a count and is not checked
+        raise ModelRefError(f"expected a whole number of layers from 0 to {MAX_LAYERS}, got {_clip(repr(value), 40)}",
+                            where=f"{where}: {_clip(key_path, 60)}")
+    total = sum(counts)
     if is_layer_count and total > MAX_LAYERS:
         raise ModelRefError(f"expected at most {MAX_LAYERS:,} layers (trainmem's limit: the deepest released "
                             f"models have 126), got {total:,}", where=f"{where}: {_clip(key_path, 60)}")
     if "experts" in key and isinstance(value, int) and value > MAX_EXPERTS:
         raise ModelRefError(f"expected at most {MAX_EXPERTS:,} experts (trainmem's limit: released models have at "
                             f"most 512), got {value:,}", where=f"{where}: {_clip(key_path, 60)}")
+
+
+def _check_size(key: str, value: Any, key_path: str, where: str) -> None:
+    """A width, a vocabulary or a head count is a positive whole number (null: the model's default); a
+    list of them, one per layer, holds positive whole numbers."""
+    values = value if isinstance(value, list) else [value]
+    if value is not None and not all(isinstance(item, int) and not isinstance(item, bool) and item > 0
+                                     for item in values):
+        raise ModelRefError(f"expected a positive whole number, got {_clip(repr(value), 40)}",
+                            where=f"{where}: {_clip(key_path, 60)}")
+
+
+def _check_heads(config: dict[str, Any], path: str, where: str) -> None:
+    """Attention splits the width into heads: without an explicit head size (head_dim, d_kv, kv_channels)
+    the width must be a multiple of the head count, as transformers' attention layers require."""
+    for width_key, heads_key in (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"), ("d_model", "num_heads")):
+        width, heads = config.get(width_key), config.get(heads_key)
+        if (isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads
+                and not any(key in config for key in ("head_dim", "d_kv", "kv_channels", "attention_head_size"))):
+            key_path = f"{path}.{width_key}" if path else width_key
+            raise ModelRefError(f"expected a multiple of {heads_key} ({heads:,}), got {width:,}",
+                                where=f"{where}: {_clip(key_path, 60)}")
 
 
 def _no_constant(name: str) -> None:
@@ -279,25 +319,37 @@ def _task_from_architectures(architectures: list[str]) -> str:
     return "causal-lm"
 
 
-def _known_model_type(transformers, resolved: HfConfig, trust_remote_code: bool) -> bool:
-    """True: transformers' own class builds it; False: the repository's code does (trusted). Refuses the rest."""
+def _model_code(auto_map: dict[str, Any] | None) -> dict[str, Any]:
+    """The classes of auto_map that build the model (AutoConfig, AutoModel…); a tokenizer's are not ours."""
+    return {key: value for key, value in (auto_map or {}).items() if key == "AutoConfig" or key.startswith("AutoModel")}
+
+
+def _uses_repository_code(transformers, resolved: HfConfig, trust_remote_code: bool) -> bool:
+    """True: the repository's code builds the model (only with trust_remote_code); False: transformers' own
+    classes for the model_type. Refuses custom code without the flag and a model_type transformers lacks."""
+    code = _model_code(resolved.auto_map)
     known = transformers.CONFIG_MAPPING
-    if resolved.model_type in known:
-        return not (trust_remote_code and resolved.auto_map)
     version = transformers.__version__
-    if resolved.auto_map:
-        if trust_remote_code:
-            return False
-        classes = ", ".join(f"{k} → {_clip(str(v), 60)}" for k, v in list(resolved.auto_map.items())[:3])
-        raise ModelRefError(f"expected a model_type transformers {version} knows, got {_clip(resolved.model_type, 60)!r}, "
+    if code and not trust_remote_code:
+        classes = ", ".join(f"{key} → {_clip(str(value), 40)}" for key, value in list(code.items())[:2])
+        if resolved.model_type in known:
+            raise ModelRefError(f"expected a config without custom code, got auto_map naming the repository's own "
+                                f"({classes}); rerun with --trust-remote-code to download and run it, or give a copy of "
+                                f"config.json without auto_map for transformers' own {resolved.model_type}",
+                                where=f"hf:{resolved.name}")
+        raise ModelRefError(f"expected a model_type transformers {version} knows, got {_clip(resolved.model_type, 40)!r}, "
                             f"whose config.json names the repository's own code ({classes}); rerun with "
                             "--trust-remote-code to download and run that code", where=f"hf:{resolved.name}")
-    names = list(known.keys())
-    near = difflib.get_close_matches(resolved.model_type.lower(), names, n=3, cutoff=0.6)
-    hint = f"nearest: {', '.join(near)}; " if near else ""
-    raise ModelRefError(f"expected a model_type transformers {version} knows ({len(names)} do; {hint}list them with "
-                        "python -c \"import transformers; print(*sorted(transformers.CONFIG_MAPPING))\"), got "
-                        f"{_clip(resolved.model_type, 60)!r}; a newer transformers may know it", where=f"hf:{resolved.name}")
+    if code:
+        return True
+    if resolved.model_type not in known:
+        names = list(known.keys())
+        near = difflib.get_close_matches(resolved.model_type.lower(), names, n=3, cutoff=0.6)
+        raise ModelRefError(f"expected a model_type transformers {version} knows, got {_clip(resolved.model_type, 40)!r} "
+                            f"({'nearest: ' + ', '.join(near) + '; ' if near else ''}all {len(names)}: python -c "
+                            "\"import transformers; print(*transformers.CONFIG_MAPPING)\"; a newer transformers may "
+                            "know it)", where=f"hf:{resolved.name}")
+    return False
 
 
 def from_hf_ref(ref: str, setup):
@@ -318,7 +370,7 @@ def from_hf_ref(ref: str, setup):
         config["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) or 0
     seq_len = setup.seq_len or min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
     transformers = _transformers()  # fail here, with the install hint, rather than inside the trace
-    native = _known_model_type(transformers, resolved, trust_remote_code)
+    native = not _uses_repository_code(transformers, resolved, trust_remote_code)
     options, notes = {}, [resolved.origin]
     if resolved.ignored:
         notes.append(f"config.json's {', '.join(resolved.ignored)}: how the checkpoint was saved, not how it trains; "
@@ -329,9 +381,6 @@ def from_hf_ref(ref: str, setup):
     if not native and _AUTO_CLASS[task] not in resolved.auto_map:
         raise ModelRefError(f"expected config.json's auto_map to name {_AUTO_CLASS[task]} for --task {task}, got "
                             f"{_clip(', '.join(sorted(map(str, resolved.auto_map))), 120)}", where=f"hf:{name}")
-    if resolved.auto_map and native:
-        notes.append(f"config.json names the repository's own code (auto_map); built with transformers' own "
-                     f"{model_type} classes, as from_pretrained does without trust_remote_code")
     if setup.checkpointing:
         # transformers turns the key/value cache off under gradient checkpointing in training (a cache
         # would be appended to again when a checkpointed layer is recomputed); so do we
@@ -343,12 +392,14 @@ def from_hf_ref(ref: str, setup):
         notes.append("fp32 expert weights: transformers' eager experts (grouped_mm needs bf16/fp16 weights)")
     if native:
         _native_config(transformers, model_type, config, name)  # a bad value fails here, on one line
-        build = functools.partial(_build_native, model_type, config, task, options)
+        build = functools.partial(_build_native, name, model_type, config, task, options)
     else:
         notes.append(f"--trust-remote-code: built with the repository's own code from {resolved.code_at}")
         overrides = {key: value for key, value in config.items() if resolved.values.get(key) != value}
         build = functools.partial(_build_remote, resolved, overrides, task, options)
 
+    if task in ("causal-lm", "masked-lm", "seq-cls", "seq2seq"):
+        build = functools.partial(_within_positions, build, seq_len)
     return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        resolved={"task": task, "seq_len": seq_len, "seq_len_from": "--seq-len" if setup.seq_len else
@@ -363,14 +414,15 @@ def _native_config(transformers, model_type: str, config: dict[str, Any], name: 
     try:
         return transformers.AutoConfig.for_model(model_type, **config)
     except Exception as error:  # noqa: BLE001 - a config class rejecting a value: one line, the value named
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        # transformers' validators put the reason on the lines after "Class validation error for …:"
+        message = " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__
         raise ModelRefError(f"expected a config transformers' {model_type} accepts, got: {_clip(message, 200)}",
                             where=f"hf:{name}") from None
 
 
-def _build_native(model_type: str, config: dict[str, Any], task: str, options: dict[str, Any]):
+def _build_native(name: str, model_type: str, config: dict[str, Any], task: str, options: dict[str, Any]):
     transformers = _transformers()
-    hf_config = _native_config(transformers, model_type, config, model_type)
+    hf_config = _native_config(transformers, model_type, config, name)
     auto = getattr(transformers, _AUTO_CLASS[task])
     return auto.from_config(hf_config, **options)
 
@@ -407,6 +459,25 @@ def _build_remote(resolved: HfConfig, overrides: dict[str, Any], task: str, opti
 def max_sequence_length(text: str) -> int | None:
     """The longest sequence an hf: reference takes (its position limit), or None."""
     return _max_positions(resolve_config(text).values)
+
+
+def _within_positions(build, seq_len: int):
+    """The built model, refused when its sequences are longer than a learned position table holds: a real
+    run indexes past the table and fails, while the fake tensors of the trace never look at an index.
+    Rotary and relative positions have no table and no such limit."""
+    import torch
+
+    model = build()
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if isinstance(module, torch.nn.Embedding) and ("pos" in leaf or leaf == "wpe"):  # wpe: GPT-2's, GPT-Neo's
+            # OPT and BART shift positions by `offset`; RoBERTa's start after its padding index
+            first = getattr(module, "offset", 0) + (module.padding_idx + 1 if module.padding_idx is not None else 0)
+            positions = module.num_embeddings - first
+            if seq_len > positions:
+                raise SetupError(f"expected --seq-len of at most {positions} (the model's learned positions, {name}), "
+                                 f"got {seq_len}", where="--seq-len")
+    return model
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:
