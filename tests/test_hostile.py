@@ -680,10 +680,6 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
     "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
     "alloc-conf-fraction-half-is-fine": ("H4", "per_process_memory_fraction:0.5 on a100-40gb: 'ValueError: "
                                                "per_process_memory_fraction needs capacity_bytes' (exit 2)"),
-    "hf-zero-heads": ("H2", "names config.json but not the key: 'expected a config transformers' llama accepts, got: "
-                            "integer division or modulo by zero'"),
-    "hf-heads-do-not-divide": ("H2", "quotes only the first line of transformers' error: 'got: Class validation error "
-                                     "for validator 'validate_architecture':' (the reason is on the next line)"),
 }
 
 
