@@ -281,7 +281,7 @@ def _zip_bomb(directory: Path) -> list[str]:
     import zipfile
 
     path = directory / "bomb.pt"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:  # level 1: fast, still ~1000:1
         with archive.open("bomb/data.pkl", "w", force_zip64=True) as member:
             chunk = b"\0" * 2**20
             for _ in range(600):
@@ -291,9 +291,9 @@ def _zip_bomb(directory: Path) -> list[str]:
 
 
 def _many_tensors(directory: Path) -> list[str]:
-    header = {f"layer{index}.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4 * index, 4 * index + 4]}
-              for index in range(200_000)}
-    return _safetensors(json.dumps(header).encode(), data=b"\0" * 800_000)(directory)
+    header = "{" + ",".join(f'"layer{index}.weight":{{"dtype":"F32","shape":[1],"data_offsets":[{4 * index},{4 * index + 4}]}}'
+                            for index in range(200_000)) + "}"
+    return _safetensors(header.encode(), data=b"\0" * 800_000)(directory)
 
 
 def _truncated_checkpoint(directory: Path) -> list[str]:
