@@ -424,6 +424,10 @@ def _cases() -> list[Case]:
         c("target-shape-letters", (*MLP, "--target-shape", "x,y"), 2, ("--target-shape",)),
         c("format-unknown", (*MLP, "--format", "xml"), 2, ("--format",)),
         c("module-loading-unknown", (*MLP, "--device", "a100-40gb", "--module-loading", "later"), 2, ("--module-loading",)),
+        c("precision-bf16-on-v100", (*MLP, "--precision", "bf16-mixed", "--device", "v100-16gb"), 2, ("--precision",)),
+        c("optimizer-impl-fused-rmsprop", (*MLP, "--optimizer", "rmsprop", "--optimizer-impl", "fused"), 2,
+          ("--optimizer-impl",)),
+        c("target-shape-mismatch", (*MLP, "--loss", "mse", "--target-shape", "3"), 2, ("--target-shape",)),
         c("freeze-matches-nothing", (*MLP, "--freeze", "no_such_parameter*"), (0, 2), ("--freeze",), warns=True),
         c("freeze-everything", (*MLP, "--freeze", "*"), 2, ("--freeze",)),
         # --- devices and CUDA settings -------------------------------------------------------------------
@@ -454,6 +458,10 @@ def _cases() -> list[Case]:
         c("activation-on-a-factory", ("estimate", _factory("small"), "--input-shape", "10", "--activation", "tanh"),
           (0, 2), ("--activation",), warns=True),
         c("cuda-context-on-cpu", (*MLP, "--cuda-context", "1GiB"), (0, 2), ("--cuda-context",), warns=True),
+        c("cudnn-benchmark-on-cpu", (*MLP, "--cudnn-benchmark"), (0, 2), ("--cudnn-benchmark",), warns=True),
+        c("module-loading-on-cpu", (*MLP, "--module-loading", "eager"), (0, 2), ("--module-loading",), warns=True),
+        c("alloc-conf-on-cpu", (*MLP, "--alloc-conf", "expandable_segments:True"), (0, 2), ("--alloc-conf",), warns=True),
+        c("cuda-version-on-cpu", (*MLP, "--cuda-version", "12.4"), (0, 2), ("--cuda-version",), warns=True),
         c("fit-batch-size", ("fit", "mlp:10-5", "--batch-size", "8"), (0, 2), ("--batch-size",), warns=True),
         # --- commands ------------------------------------------------------------------------------------
         c("no-arguments", (), 2),
@@ -494,6 +502,10 @@ def _cases() -> list[Case]:
         c("py-forward-raises", ("estimate", _factory("forward_raises"), "--input-shape", "10"), 2, ("ValueError",)),
         c("py-make-batch-returns-text", ("estimate", _factory("wrong_batch_maker")), 2, ("make_batch",)),
         c("py-loss-not-scalar", ("estimate", _factory("loss_not_scalar")), 2, ("loss",)),
+        c("py-model-without-parameters", ("estimate", _factory("no_parameters"), "--input-shape", "10"), 2,
+          ("no_parameters",), not_says=("--freeze",)),
+        c("py-model-all-frozen", ("estimate", _factory("all_frozen"), "--input-shape", "10"), 2, ("all_frozen",),
+          not_says=("--freeze",)),
         c("py-syntax-error", _user_file("broken.py", "def factory(:\n"), 2, ("SyntaxError",)),
         c("py-prints-with-json", ("estimate", _factory("prints"), "--input-shape", "10", "--format", "json"), 0,
           user_output=("hello from the factory's print",)),
@@ -567,6 +579,10 @@ def _cases() -> list[Case]:
         c("json-kernel-larger-than-input",
           _spec_case("net.json", {"input": [3, 4, 4], "layers": [{"conv2d": {"out_channels": 2, "kernel_size": 9}}]}),
           2, ("layer 0",)),
+        # no parameters to train: say so, without blaming --freeze, a flag nobody gave
+        c("json-no-layers", _spec_case("net.json", {"input": [10], "layers": []}), 2, ("layers",), not_says=("--freeze",)),
+        c("json-no-parameters", _spec_case("net.json", {"input": [10], "layers": ["relu"]}), 2, ("net.json",),
+          not_says=("--freeze",)),
         c("json-loss-unknown", _spec_case("net.json", {"input": [10], "loss": "hinge", "layers": ["relu"]}), 2, ("hinge",)),
         c("json-input-dtype-unknown", _spec_case("net.json", {"input": [10], "input_dtype": "float99", "layers": ["relu"]}),
           2, ("float99",)),
@@ -678,6 +694,10 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                                    "weights_only paragraph quoted (~490 characters)"),
     "safetensors-200000-tensors": ("H3a", "a 14 MB header of 200,000 one-element tensors: still running when killed at 12 s"),
     "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
+    "py-model-without-parameters": ("H3a", "a model with no parameters blames --freeze, never given: 'trainmem: error: "
+                                           "--freeze: expected at least one trainable parameter, got none (all frozen?)'"),
+    "py-model-all-frozen": ("H3a", "a factory that freezes every parameter itself: the same line blaming --freeze"),
+    "json-no-parameters": ("H3a", "a spec of one relu: the same line blaming --freeze, not the spec"),
     "alloc-conf-fraction-half-is-fine": ("H4", "per_process_memory_fraction:0.5 on a100-40gb: 'ValueError: "
                                                "per_process_memory_fraction needs capacity_bytes' (exit 2)"),
 }

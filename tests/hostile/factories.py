@@ -129,3 +129,14 @@ class _EndlessForward(nn.Module):
 
 def endless_forward():
     return _EndlessForward()
+
+
+def no_parameters():
+    return nn.Sequential(nn.ReLU(), nn.Tanh())
+
+
+def all_frozen():
+    model = small()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
