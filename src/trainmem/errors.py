@@ -31,9 +31,13 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
 
 
 def short(text: str, limit: int = QUOTE_LIMIT) -> str:
-    """Text used as a `where` (a reference, a path), cut to `limit` characters, unquoted."""
+    """Text used as a `where` (a reference, a path), unquoted, at most about `limit` characters: its
+    start and its end, which for a path is the file's name."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text):,} characters)"
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    return f"{text[:head]}…{text[-(limit - head):]}"
 
 
 def one_line(text: object, limit: int = 4 * QUOTE_LIMIT) -> str:

@@ -8,7 +8,9 @@ Nothing in a checkpoint is executed and no tensor data is read:
   a JSON table of dtype, shape and data offsets per tensor (the format's specification,
   github.com/huggingface/safetensors). Parsing those few lines needs no dependency;
 * a TorchScript archive (a zip with a `code/` folder) is loaded with `torch.jit.load(map_location="meta")`
-  for its parameters and buffers (TorchScript holds only torch operators; nothing is run).
+  for its parameters and buffers. Loading runs a module's scripted `__setstate__` when it defines one
+  (torch/csrc/jit/serialization/import.cpp), which may allocate or print: such archives are refused
+  before loading.
 
 A state dict alone has no forward: it gives the model states (parameters, gradients, optimizer
 state) and the result says that activations need the architecture.
@@ -17,13 +19,25 @@ state) and the result says that activations need the architecture.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import ModelRefError
+from trainmem.errors import ModelRefError, one_line, quote, short
+
+# A state dict's pickle holds names, shapes and storage keys, ~200 bytes a tensor: 64 MiB is 300,000
+# tensors. A larger data.pkl (once inflated) is not a state dict but a zip bomb or pickled data.
+MAX_PICKLE_BYTES = 64 << 20
+# Each tensor becomes a parameter the trace runs forward, backward and the optimizer over; 50,000 is
+# above the largest mixture-of-experts checkpoints (Qwen3-235B-A22B: ~36,000 tensors) and refuses a
+# header that lists hundreds of thousands of one-element tensors to make the trace run for hours.
+MAX_CHECKPOINT_TENSORS = 50_000
+_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                         "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_MAX_ELEMENTS = 2**63 - 1  # a tensor's element count is an int64 (c10 TensorImpl::numel_)
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 _STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
@@ -42,8 +56,15 @@ def from_checkpoint(ref: str):
     from trainmem.frontends import ModelSource
 
     path = Path(ref)
-    if not path.is_file():
-        raise ModelRefError(f"expected a checkpoint file, found none at {ref!r}", where="MODEL")
+    try:
+        exists, size = path.is_file(), path.stat().st_size if path.is_file() else 0
+    except OSError as error:
+        raise ModelRefError(f"expected a checkpoint file, got {quote(ref)} ({error.strerror or type(error).__name__})",
+                            where="MODEL") from None
+    if not exists:
+        raise ModelRefError(f"expected a checkpoint file, found none at {quote(ref)}", where="MODEL")
+    if size == 0:
+        raise ModelRefError("expected a checkpoint, got an empty file", where=short(ref))
     buffers = None  # which tensors are buffers, where the file says (TorchScript)
     if path.suffix.lower() == ".safetensors":
         entries = safetensors_header(path)
@@ -55,22 +76,69 @@ def from_checkpoint(ref: str):
                        make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
 
 def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, dtype name) from a .safetensors header; no tensor bytes are read."""
+    """name -> (shape, dtype name) from a .safetensors header; no tensor bytes are read. Each entry is
+    checked as the format requires: known dtype, whole non-negative dimensions, and data_offsets that
+    span exactly shape × itemsize bytes (a header cannot claim a tensor the file does not hold)."""
+    where = short(str(path))
     try:
         with path.open("rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
             if length > 100 * 2**20:
                 raise ValueError(f"a header of {length} bytes")
             header = json.loads(handle.read(length))
-        entries = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            entries[name] = (tuple(int(d) for d in info["shape"]), _SAFETENSORS_DTYPES[info["dtype"]])
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
+        if not isinstance(header, dict):
+            raise ValueError(f"a header that is a JSON {type(header).__name__}, not an object")
+    except (OSError, ValueError, struct.error) as error:
         raise ModelRefError(f"expected a .safetensors file (8-byte length + JSON header), could not read it: "
-                            f"{error}", where=str(path)) from None
+                            f"{one_line(error)}", where=where) from None
+    if len(header) > MAX_CHECKPOINT_TENSORS:
+        raise ModelRefError(f"expected at most {MAX_CHECKPOINT_TENSORS:,} tensors, got {len(header):,}", where=where)
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        entries[name] = _safetensors_entry(name, info, where)
     return entries
+
+
+def _safetensors_entry(name: str, info: Any, where: str) -> tuple[tuple[int, ...], str]:
+    bad = lambda what: ModelRefError(f"expected tensor {quote(name)} {what}, got {quote(info)}", where=where)  # noqa: E731
+    if not isinstance(info, dict) or info.get("dtype") not in _SAFETENSORS_ITEMSIZE:
+        raise bad(f"with a dtype among {', '.join(_SAFETENSORS_ITEMSIZE)}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise bad("with a shape of whole non-negative numbers")
+    numel = math.prod(shape)
+    if numel > _MAX_ELEMENTS:
+        raise bad(f"within a tensor's int64 element count ({_MAX_ELEMENTS:,})")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+            or offsets[1] - offsets[0] != numel * _SAFETENSORS_ITEMSIZE[info["dtype"]]):
+        raise bad("whose data_offsets span shape × itemsize bytes")
+    return tuple(shape), _SAFETENSORS_DTYPES[info["dtype"]]
+
+
+def _check_zip_members(path: Path) -> None:
+    """A zip bomb inflates a small file into gigabytes when torch reads its data.pkl: the members' sizes
+    are in the zip's central directory, read before anything is inflated."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                if member.filename.endswith(".pkl") and member.file_size > MAX_PICKLE_BYTES:
+                    raise ModelRefError(f"expected a state dict's pickle of at most {MAX_PICKLE_BYTES:,} bytes, got "
+                                        f"{member.filename} of {member.file_size:,} bytes once inflated",
+                                        where=short(str(path)))
+    except (zipfile.BadZipFile, OSError):
+        return  # not a zip (a legacy torch.save file): torch.load reports what it is
+
+
+def _torch_reason(error: BaseException) -> str:
+    """The useful sentence of torch's message: the weights-only unpickler's own reason where it gives
+    one, else the first sentence (miniz and torch.load append paragraphs of advice)."""
+    text = str(error)
+    found = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    first = found.group(1) if found else (text.strip().splitlines() or [type(error).__name__])[0]
+    sentence = re.split(r"(?<=[.!?]) ", first, maxsplit=1)[0].rstrip(".")
+    return one_line(sentence, limit=160)
 
 
 def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -80,6 +148,7 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
     import torch
 
+    _check_zip_members(path)
     try:
         loaded = torch.load(path, map_location="meta", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -87,17 +156,20 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         # global"); its advice to allowlist it is not ours to give for a file we only estimate
         found = re.search(r"GLOBAL (\S+)", str(error))
         detail = (f"it asks for {found.group(1)}, which loading would import and call" if found
-                  else str(error).splitlines()[0])
+                  else _torch_reason(error))
         raise ModelRefError(f"expected a checkpoint that torch.load(weights_only=True) accepts; refused, nothing "
                             f"executed: {detail}. Save model.state_dict() instead, or give the architecture "
-                            "(torchvision:NAME, hf:NAME, file.py:factory)", where=str(path)) from None
-    except (OSError, RuntimeError, EOFError) as error:
-        raise ModelRefError(f"expected a torch.save checkpoint, could not read it: {str(error).splitlines()[0]}",
-                            where=str(path)) from None
+                            "(torchvision:NAME, hf:NAME, file.py:factory)", where=short(str(path))) from None
+    except Exception as error:  # noqa: BLE001 - OSError, RuntimeError, EOFError, IndexError on empty or cut files …
+        raise ModelRefError(f"expected a torch.save checkpoint, could not read it: {_torch_reason(error)}",
+                            where=short(str(path))) from None
     state = _find_state_dict(loaded)
     if not state:
         raise ModelRefError("expected a state dict (a mapping of names to tensors), found no tensors",
-                            where=str(path))
+                            where=short(str(path)))
+    if len(state) > MAX_CHECKPOINT_TENSORS:
+        raise ModelRefError(f"expected at most {MAX_CHECKPOINT_TENSORS:,} tensors, got {len(state):,}",
+                            where=short(str(path)))
     return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in state.items()}
 
 
@@ -170,16 +242,37 @@ def _is_torchscript(path: Path) -> bool:
         return False
 
 
+# The Python source TorchScript stores per class in code/: a few KiB per module type. Reading more to
+# look for __setstate__ would be the attack's work done for it.
+MAX_TORCHSCRIPT_CODE_BYTES = 16 << 20
+
+
+def _refuse_scripted_setstate(path: Path) -> None:
+    """torch.jit.load runs every scripted __setstate__ while it loads (import.cpp), with whatever
+    allocations and prints it holds: an archive whose code defines one is refused unread."""
+    where = short(str(path))
+    with zipfile.ZipFile(path) as archive:
+        code = [member for member in archive.infolist() if "/code/" in member.filename]
+        if sum(member.file_size for member in code) > MAX_TORCHSCRIPT_CODE_BYTES:
+            raise ModelRefError(f"expected TorchScript code of at most {MAX_TORCHSCRIPT_CODE_BYTES:,} bytes", where=where)
+        for member in code:
+            if b"__setstate__" in archive.read(member):
+                raise ModelRefError("expected a TorchScript archive whose modules have no __setstate__ (loading runs it: "
+                                    f"code from the file); {member.filename} defines one. Save model.state_dict() "
+                                    "instead", where=where)
+
+
 def torchscript_entries(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], frozenset[str]]:
     """The parameters and buffers of a TorchScript archive, loaded onto meta, and which are buffers. Its
     scripted forward is not traced (a ScriptModule's parameters cannot be swapped for fake ones): model
     states only."""
     import torch
 
+    _refuse_scripted_setstate(path)
     try:
         scripted = torch.jit.load(str(path), map_location="meta")
-    except RuntimeError as error:
-        raise ModelRefError(f"expected a TorchScript archive, could not load it: {str(error).splitlines()[0]}",
-                            where=str(path)) from None
+    except Exception as error:  # noqa: BLE001 - RuntimeError and whatever a damaged archive raises
+        raise ModelRefError(f"expected a TorchScript archive, could not load it: {_torch_reason(error)}",
+                            where=short(str(path))) from None
     entries = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in scripted.state_dict().items()}
     return entries, frozenset(name for name, _ in scripted.named_buffers())
