@@ -20,10 +20,11 @@ read, only their shapes (from the initializer's dims). Nothing in an ONNX file i
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import ModelRefError
+from trainmem.errors import ModelRefError, one_line, quote, short
 from trainmem.setup import InputSpec
 
 # onnx TensorProto data types → torch dtype names
@@ -483,20 +484,61 @@ def _input_specs(graph, initializers: set[str]) -> tuple[InputSpec, ...]:
     return tuple(specs)
 
 
+# bytes per element of the onnx TensorProto data types an initializer may hold
+_ITEMSIZE = {"float32": 4, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1, "float16": 2,
+             "float64": 8, "bfloat16": 2}
+_MAX_ELEMENTS = 2**63 - 1  # a tensor's element count is an int64 (c10 TensorImpl::numel_)
+
+
+def _check_initializers(graph, where: str) -> None:
+    """Each initializer's dims must describe the data the file holds: a header claiming 100000 × 100000
+    floats over 16 bytes is refused here, before anything is built (and building is on meta anyway).
+    Initializers stored outside the file (external data) are not read: only their dims count."""
+    for tensor in graph.initializer:
+        dims = list(tensor.dims)
+        if any(d < 0 for d in dims) or math.prod(dims) > _MAX_ELEMENTS:
+            raise ModelRefError(f"expected initializer {quote(tensor.name)} with dimensions within int64, got "
+                                f"{dims}", where=where)
+        if tensor.data_location == 1:  # TensorProto.EXTERNAL
+            continue
+        dtype = _DTYPES.get(tensor.data_type)
+        if dtype is None:
+            raise ModelRefError(f"expected initializer {quote(tensor.name)} of a type among {', '.join(_ITEMSIZE)}, got "
+                                f"ONNX data type {tensor.data_type}", where=where)
+        numel = math.prod(dims)
+        if tensor.raw_data:
+            held = len(tensor.raw_data) // _ITEMSIZE[dtype]
+        else:
+            held = max(len(tensor.float_data), len(tensor.int32_data), len(tensor.int64_data), len(tensor.double_data),
+                       len(tensor.uint64_data))
+        if held != numel:
+            raise ModelRefError(f"expected initializer {quote(tensor.name)} to hold the {numel:,} values its dimensions "
+                                f"{dims} declare, got {held:,}", where=where)
+
+
 def from_onnx(ref: str):
+    import torch
+
     from trainmem.frontends import ModelSource
 
     path = Path(ref)
-    if not path.is_file():
-        raise ModelRefError(f"expected an ONNX file, found none at {ref!r}", where="MODEL")
+    where = short(ref)
+    try:
+        exists = path.is_file()
+    except OSError:
+        exists = False
+    if not exists:
+        raise ModelRefError(f"expected an ONNX file, found none at {quote(ref)}", where="MODEL")
     onnx = _onnx()
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # noqa: BLE001 - onnx raises several kinds on a bad file
-        raise ModelRefError(f"expected an ONNX model, could not read it: {str(error).splitlines()[0]}",
-                            where=ref) from None
-    _ops_check = _graph_module  # converting once here reports unknown operators before the trace
-    _ops_check(proto)
+        raise ModelRefError(f"expected an ONNX model, could not read it: {one_line(error)}", where=where) from None
+    if not proto.graph.node:
+        raise ModelRefError("expected an ONNX model with a graph, got none (an empty file, or not ONNX)", where=where)
+    _check_initializers(proto.graph, where)
+    with torch.device("meta"):  # converting once here reports unknown operators before the trace; nothing allocated
+        _graph_module(proto)
     initializers = {t.name for t in proto.graph.initializer}
     return ModelSource(ref=ref, name=path.name, build=lambda: _graph_module(proto),
                        default_inputs=_input_specs(proto.graph, initializers),

@@ -178,7 +178,8 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         raise
     except Exception as error:  # noqa: BLE001 - the user's model failed: one line, where it failed
         failure = recorder.fail(error)
-        if recorder.phase == Phase.FORWARD and make_batch is None and setup.inputs:
+        # torch's own checks of shapes and dtypes raise RuntimeError; anything else is the model's code
+        if recorder.phase == Phase.FORWARD and make_batch is None and setup.inputs and isinstance(error, RuntimeError):
             raise _forward_failed_on_inputs(failure, error, setup, model) from error
         raise failure from error
     finally:

@@ -205,7 +205,14 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
     freeze_parameters(model, setup.freeze)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
-        raise SetupError("expected at least one trainable parameter, got none (all frozen?)", where="--freeze")
+        model_where = source.ref or source.name
+        if not any(True for _ in model.parameters()):
+            raise SetupError("expected a model with parameters to train, got one with none", where=model_where)
+        if setup.freeze:
+            raise SetupError(f"expected --freeze to leave a parameter to train, got {', '.join(setup.freeze)} "
+                             "matching all of them", where="--freeze")
+        raise SetupError("expected a parameter to train, got a model whose parameters all have requires_grad=False",
+                         where=model_where)
     checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
     scaler = torch.amp.GradScaler(device_type) if setup.precision == Precision.FP16_MIXED else None
     loss = setup.loss or source.default_loss or Loss.CROSS_ENTROPY
