@@ -626,3 +626,41 @@ def test_a_device_from_a_setup_file_is_blamed_on_the_file(tmp_path, capsys):
     toml.write_text('device = "h900"\n')
     code, out, err = run(["estimate", "mlp:10-5", "--setup", str(toml)], capsys)
     one_line_exit_2(code, out, err, f"{toml}: device: expected a device among")
+
+
+def test_measure_runs_are_bounded(capsys):
+    code, out, err = run(["measure", "mlp:10-5", "--runs", "1000000"], capsys)
+    one_line_exit_2(code, out, err, "--runs: expected at most 20 runs, got 1,000,000")
+
+
+def test_trainmem_itself_as_the_factory_does_not_recurse(capsys):
+    code, out, err = run(["estimate", "trainmem.cli:main", "--input-shape", "4"], capsys)
+    one_line_exit_2(code, out, err, "expected a model factory, got trainmem's own command line")
+
+
+def test_control_characters_in_a_reference_are_escaped(capsys):
+    code, out, err = run(["estimate", "model\x00.py:factory"], capsys)
+    one_line_exit_2(code, out, err, "model\\x00.py:factory: expected an existing Python file")
+    assert "\x00" not in err
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"", "expected a checkpoint, got an empty file"),
+    (bytes(range(256)) * 16, "expected a checkpoint that torch.load(weights_only=True) accepts"),
+])
+def test_unreadable_checkpoints_are_one_short_line(content, said, tmp_path, capsys):
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    code, out, err = run(["estimate", str(path)], capsys)
+    one_line_exit_2(code, out, err, said)
+    assert "model.pt" in err and len(err) < 400
+
+
+def test_a_safetensors_header_cannot_claim_more_than_the_file_holds(tmp_path, capsys):
+    import struct
+
+    header = json.dumps({"weight": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    code, out, err = run(["estimate", str(path)], capsys)
+    one_line_exit_2(code, out, err, "expected tensor 'weight' whose data_offsets span shape × itemsize bytes")

@@ -31,6 +31,10 @@ INTERRUPTED_LINE = b"trainmem: interrupted\n"
 RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
                                 "max_seq": False, "margin": None}
 _NOT_OPTIONS = {"command", "model", "setup", "debug"}
+# measure --runs starts one fresh process per run (seconds each, the model's memory each): the median
+# of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
+# million would measure for days.
+MAX_RUNS = 20
 
 
 def _version() -> str:
@@ -257,6 +261,8 @@ def _check_run_options(options: Options, command: str) -> list[str]:
         value = options.values[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
+    if options.runs > MAX_RUNS:
+        raise TrainmemError(f"expected at most {MAX_RUNS} runs, got {options.runs:,}", where=where("runs"))
     device = options.device
     try:
         gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
@@ -408,7 +414,22 @@ def _ctrl_c_ends_the_process() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+_running = False  # main() is running in this process: a model factory that calls it again would recurse
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _running
+    if _running:  # e.g. `trainmem estimate trainmem.cli:main`: trainmem itself given as the model's factory
+        raise TrainmemError("expected a model factory, got trainmem's own command line (trainmem.cli.main)",
+                            where="MODEL")
+    _running = True
+    try:
+        return _main(argv)
+    finally:
+        _running = False
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     with _ctrl_c_ends_the_process():

@@ -34,6 +34,8 @@ def short(text: str, limit: int = QUOTE_LIMIT) -> str:
     """Text used as a `where` (a reference, a path), unquoted, at most about `limit` characters: its
     start and its end, which for a path is the file's name."""
     text = " ".join(str(text).split())
+    # control characters (a NUL, an escape sequence) are shown escaped, never sent to the terminal
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     if len(text) <= limit:
         return text
     head = limit // 4

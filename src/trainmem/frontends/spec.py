@@ -141,6 +141,16 @@ def _parse_entry(entry: Any, index: int, where: str) -> tuple[str, dict[str, Any
     raise ModelRefError(f"expected layer {index} as a name or {{name: {{args}}}}, got {quote(entry)}", where=where)
 
 
+def _layer_type_hint(name: str, table: dict[str, Any]) -> str:
+    """The nearest layer type to a typo; the whole list only for a name a person could have typed."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(table), n=1) if len(name) <= 40 else []
+    if close:
+        return f"such as {close[0]}"
+    return f"among {', '.join(sorted(table))}" if len(name) <= 40 else "of torch.nn (linear, conv2d, relu, …)"
+
+
 def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
     """Infer each layer's input-dependent kwargs by running the layers on a meta tensor."""
     import torch
@@ -153,7 +163,7 @@ def _plan_layers(spec: dict[str, Any], where: str) -> list[tuple[str, dict[str, 
     for index, entry in enumerate(spec["layers"]):
         name, kwargs = _parse_entry(entry, index, where)
         if name not in table:
-            raise ModelRefError(f"expected a layer type among {', '.join(sorted(table))}, got {quote(name)} "
+            raise ModelRefError(f"expected a layer type {_layer_type_hint(name, table)}, got {quote(name)} "
                                 f"(layer {index})", where=where)
         constructor, infer = table[name]
         _check_arguments(name, constructor, kwargs, index, where)
