@@ -675,31 +675,13 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
     "py-factory-os-exit": ("H3a", "exit 0 and no output at all; debatable: only a child process could catch os._exit"),
     "py-factory-places-layer-on-cpu": ("H3a", "nn.Linear(…, device='cpu') inside the factory escapes the meta device: "
                                               "1 GB allocated and initialized for real (RSS +977 MiB, ~9 s); debatable"),
-    "checkpoint-truncated": ("H3a", "quotes miniz's whole paragraph: ~420 characters"),
-    "checkpoint-empty": ("H3a", "'IndexError: list index out of range (rerun with --debug …)': names no file"),
-    "checkpoint-garbage": ("H3a", "quotes torch's weights_only paragraph: ~550 characters"),
-    "safetensors-shape-lies": ("H3a", "'RuntimeError: Storage size calculation overflowed …': names no file"),
-    "onnx-empty": ("H3a", "an empty .onnx blames --freeze ('expected at least one trainable parameter'), a flag never given"),
-    "onnx-dims-lie": ("H3a", "an initializer declaring 100000×100000 with 16 bytes of data: tries to allocate 40 GB for "
-                             "real, 'RuntimeError: [enforce fail at alloc_cpu.cpp:127] …', names no file"),
-    "torchscript-setstate-runs": ("H3a", "torch.jit.load runs the archive's __setstate__: it prints on stderr and "
-                                         "allocates 1 GB for real (RSS +980 MiB, ~6 s), then exit 0"),
     "py-name-nul-byte": ("H3a", "the line's where-prefix echoes the reference raw: 'model\\x00.py:factory: …' puts a NUL "
                                 "on the terminal (the quoted part is escaped)"),
     "module-trainmem-main": ("H3a", "trainmem.cli:main as the factory re-enters main with sys.argv: RecursionError, "
                                     "then 111 'trainmem: error:' lines; edge case"),
     "yaml-layer-name-500k-characters": ("H3a", "a 500,000-character layer type: the line lists every layer type and "
                                                "the name, ~370 characters besides the path"),
-    "checkpoint-zip-bomb": ("H3a", "a data.pkl deflating to 600 MiB is inflated whole: RSS +1200 MiB, then torch's "
-                                   "weights_only paragraph quoted (~490 characters)"),
-    "safetensors-200000-tensors": ("H3a", "a 14 MB header of 200,000 one-element tensors: still running when killed at 12 s"),
     "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
-    "py-model-without-parameters": ("H3a", "a model with no parameters blames --freeze, never given: 'trainmem: error: "
-                                           "--freeze: expected at least one trainable parameter, got none (all frozen?)'"),
-    "py-model-all-frozen": ("H3a", "a factory that freezes every parameter itself: the same line blaming --freeze"),
-    "json-no-parameters": ("H3a", "a spec of one relu: the same line blaming --freeze, not the spec"),
-    "alloc-conf-fraction-half-is-fine": ("H4", "per_process_memory_fraction:0.5 on a100-40gb: 'ValueError: "
-                                               "per_process_memory_fraction needs capacity_bytes' (exit 2)"),
 }
 
 
