@@ -215,6 +215,30 @@ def _device_link(name: str, device: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def _link(directory: Path, name: str, target: str) -> str:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+    return str(path)
+
+
+def _fifo_at(directory: Path, name: str) -> str:
+    path = directory / name
+    os.mkfifo(path)
+    return str(path)
+
+
+def _hub_revision_escape(directory: Path) -> list[str]:
+    """hf:OWNER/NAME@REVISION where the revision walks out of the cache to a config.json the case wrote
+    elsewhere (huggingface_hub reads refs/REVISION and snapshots/REVISION as paths)."""
+    outside = directory / "outside"
+    _write(outside, "config.json", json.dumps(TINY_LLAMA))
+    cached = directory.parent / "hf_home" / "hub" / "models--trainmem-hostile--escape"
+    (cached / "snapshots").mkdir(parents=True)
+    escape = os.path.relpath(outside, cached / "snapshots")
+    return ["estimate", f"hf:trainmem-hostile/escape@{escape}", "--seq-len", "16"]
+
+
 def _fifo(directory: Path) -> list[str]:
     """A named pipe nobody writes to: opening it for reading blocks until a writer comes."""
     path = directory / "net.json"
@@ -598,6 +622,8 @@ def _cases() -> list[Case]:
         c("toml-unknown-device", _toml('device = "h900"\n'), 2, ("run.toml", "device")),
         c("toml-array-for-number", _toml("batch_size = [1, 2]\n"), 2, ("run.toml", "batch_size")),
         c("toml-binary", _toml_bytes(bytes(range(256)) * 16), 2, ("run.toml",)),
+        c("toml-reads-dev-zero", lambda d: [*MLP, "--setup", _link(d, "run.toml", "/dev/zero")], 2, ("run.toml",)),
+        c("toml-fifo-without-writer", lambda d: [*MLP, "--setup", _fifo_at(d, "run.toml")], 2, ("run.toml",), order=1),
         c("toml-20-megabyte-value", _big_toml, 2, ("run.toml",)),
         c("toml-is-a-directory", lambda d: [*MLP, "--setup", str(d)], 2, ("toml-is-a-directory",)),
         # --- checkpoints: never unpickled freely ---------------------------------------------------------
@@ -643,6 +669,12 @@ def _cases() -> list[Case]:
         c("hf-cached-config-remote-code", _hub_cached("trainmem-hostile/remote", json.dumps(
             {**TINY_LLAMA, "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilModel"}})), 2, ("--trust-remote-code",)),
         c("hf-cached-config-fine", _hub_cached("trainmem-hostile/tiny", json.dumps(TINY_LLAMA)), 0),
+        c("hf-config-reads-dev-zero", lambda d: ["estimate", "hf:" + _link(d, "model/config.json", "/dev/zero")], 2,
+          ("config.json",)),
+        c("hf-repository-id-invalid", ("estimate", "hf:a/b/c/d"), 2, ("a/b/c/d",)),
+        c("hf-name-100k-characters", ("estimate", "hf:" + "a" * 100_000), 2),
+        # a revision is a name inside the hub cache: it must not reach outside it
+        c("hf-revision-traversal", _hub_revision_escape, 2, ("@",)),
         c("hf-remote-code", _hf_case({"auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilModel"}}), 2,
           ("--trust-remote-code",)),
         c("hf-task-unknown", _hf_case({}, "--task", "telepathy"), 2, ("--task",)),
@@ -681,6 +713,8 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                                     "then 111 'trainmem: error:' lines; edge case"),
     "yaml-layer-name-500k-characters": ("H3a", "a 500,000-character layer type: the line lists every layer type and "
                                                "the name, ~370 characters besides the path"),
+    "toml-fifo-without-writer": ("H3a", "--setup naming a FIFO nobody writes to: opening it blocks; killed at 12 s "
+                                        "(a spec file as a FIFO is refused: 'expected an existing spec file')"),
     "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
 }
 
