@@ -530,6 +530,8 @@ def _cases() -> list[Case]:
           ("no_parameters",), not_says=("--freeze",)),
         c("py-model-all-frozen", ("estimate", _factory("all_frozen"), "--input-shape", "10"), 2, ("all_frozen",),
           not_says=("--freeze",)),
+        c("py-file-fifo-without-writer", lambda d: ["estimate", _fifo_at(d, "model.py") + ":factory"], 2, ("model.py",),
+          order=1),
         c("py-syntax-error", _user_file("broken.py", "def factory(:\n"), 2, ("SyntaxError",)),
         c("py-prints-with-json", ("estimate", _factory("prints"), "--input-shape", "10", "--format", "json"), 0,
           user_output=("hello from the factory's print",)),
@@ -640,12 +642,15 @@ def _cases() -> list[Case]:
         c("checkpoint-zip-bomb", _zip_bomb, 2, ("bomb.pt",), order=1),
         # 200,000 tensors in a 14 MB header: an answer or a refusal, within the bounds
         c("safetensors-200000-tensors", _many_tensors, (0, 2), ("model.safetensors",), order=1),
+        c("safetensors-fifo-without-writer", lambda d: ["estimate", _fifo_at(d, "model.safetensors")], 2,
+          ("model.safetensors",), order=1),
         c("safetensors-header-length-lies", _safetensors(b"{}", declared_length=2**62), 2, ("model.safetensors",)),
         c("safetensors-header-not-json", _safetensors(b"not json at all"), 2, ("model.safetensors",)),
         c("safetensors-shape-lies", _safetensors(
             json.dumps({"weight": {"dtype": "F32", "shape": [10**9, 10**9, 10**9], "data_offsets": [0, 16]}}).encode(),
             data=b"\0" * 16), 2, ("model.safetensors",)),
         # --- ONNX ----------------------------------------------------------------------------------------
+        c("onnx-fifo-without-writer", lambda d: ["estimate", _fifo_at(d, "model.onnx")], 2, ("model.onnx",), order=1),
         c("onnx-garbage", _onnx(lambda: bytes(range(256)) * 16), 2, ("model.onnx",)),
         c("onnx-empty", _onnx(lambda: b""), 2, ("model.onnx",)),
         c("onnx-truncated", _onnx(lambda: _onnx_model_bytes()[:40]), 2, ("model.onnx",)),
@@ -715,6 +720,9 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                                                "the name, ~370 characters besides the path"),
     "toml-fifo-without-writer": ("H3a", "--setup naming a FIFO nobody writes to: opening it blocks; killed at 12 s "
                                         "(a spec file as a FIFO is refused: 'expected an existing spec file')"),
+    "safetensors-fifo-without-writer": ("H3a", "refused, but the quoted path is cut at 80 characters from its end: "
+                                               "'…/safetensors-fifo-without-writer/model.sa' … (89 characters)': the "
+                                               "file's name is what got cut"),
     "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
 }
 
