@@ -712,18 +712,11 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
     "py-factory-os-exit": ("H3a", "exit 0 and no output at all; debatable: only a child process could catch os._exit"),
     "py-factory-places-layer-on-cpu": ("H3a", "nn.Linear(…, device='cpu') inside the factory escapes the meta device: "
                                               "1 GB allocated and initialized for real (RSS +977 MiB, ~9 s); debatable"),
-    "py-name-nul-byte": ("H3a", "the line's where-prefix echoes the reference raw: 'model\\x00.py:factory: …' puts a NUL "
-                                "on the terminal (the quoted part is escaped)"),
-    "module-trainmem-main": ("H3a", "trainmem.cli:main as the factory re-enters main with sys.argv: RecursionError, "
-                                    "then 111 'trainmem: error:' lines; edge case"),
-    "yaml-layer-name-500k-characters": ("H3a", "a 500,000-character layer type: the line lists every layer type and "
-                                               "the name, ~370 characters besides the path"),
     "toml-fifo-without-writer": ("H3a", "--setup naming a FIFO nobody writes to: opening it blocks; killed at 12 s "
                                         "(a spec file as a FIFO is refused: 'expected an existing spec file')"),
     "safetensors-fifo-without-writer": ("H3a", "refused, but the quoted path is cut at 80 characters from its end: "
                                                "'…/safetensors-fifo-without-writer/model.sa' … (89 characters)': the "
                                                "file's name is what got cut"),
-    "measure-runs-million": ("H3a", "--runs 1000000 is accepted: measures until killed at 12 s"),
 }
 
 
