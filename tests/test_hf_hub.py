@@ -219,6 +219,11 @@ def test_seq_len_beyond_learned_positions_is_refused():
             from_hf_ref("hf:roberta-base", TrainingSetup(seq_len=513)).build()
         # rotary positions have no table: longer sequences run (as they do for real)
         assert from_hf_ref(f"hf:{ROOT / 'tests/data/tiny_llama'}", TrainingSetup(seq_len=4096)).build() is not None
+    # fit --max-seq searches up to the same limit: the table's positions, else the config's
+    from trainmem.frontends.hf import max_sequence_length
+
+    assert [max_sequence_length(name) for name in ("roberta-base", "gpt2", str(ROOT / "tests/data/tiny_llama"))] == \
+        [512, 1024, 256]
 
 
 TINY_CODE = {

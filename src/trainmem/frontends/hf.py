@@ -399,7 +399,7 @@ def from_hf_ref(ref: str, setup):
         build = functools.partial(_build_remote, resolved, overrides, task, options)
 
     if task in ("causal-lm", "masked-lm", "seq-cls", "seq2seq"):
-        build = functools.partial(_within_positions, build, seq_len)
+        build = functools.partial(_within_positions, build, seq_len, setup.seq_len is not None)
     return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        resolved={"task": task, "seq_len": seq_len, "seq_len_from": "--seq-len" if setup.seq_len else
@@ -457,27 +457,54 @@ def _build_remote(resolved: HfConfig, overrides: dict[str, Any], task: str, opti
 
 
 def max_sequence_length(text: str) -> int | None:
-    """The longest sequence an hf: reference takes (its position limit), or None."""
-    return _max_positions(resolve_config(text).values)
+    """The longest sequence an hf: reference takes, or None: what its learned position table holds (the
+    model built on meta, as --seq-len is checked), else the config's position limit."""
+    import torch
+
+    from trainmem.errors import TrainmemError
+    from trainmem.setup import TrainingSetup
+
+    resolved = resolve_config(text)
+    limit = _max_positions(resolved.values)
+    if _model_code(resolved.auto_map):  # the repository's code runs only for an estimate the user trusts
+        return limit
+    try:
+        with torch.device("meta"):
+            model = from_hf_ref(f"hf:{text}", TrainingSetup(seq_len=1)).build()
+    except TrainmemError:
+        return limit
+    tables = _position_tables(model)
+    return min(positions for _, positions in tables) if tables else limit
 
 
-def _within_positions(build, seq_len: int):
+def _within_positions(build, seq_len: int, given: bool = True):
     """The built model, refused when its sequences are longer than a learned position table holds: a real
     run indexes past the table and fails, while the fake tensors of the trace never look at an index.
     Rotary and relative positions have no table and no such limit."""
+    model = build()
+    for name, positions in _position_tables(model):
+        if seq_len > positions and given:
+            raise SetupError(f"expected --seq-len of at most {positions} (the model's learned positions, {name}), "
+                             f"got {seq_len}", where="--seq-len")
+        if seq_len > positions:  # the default, from a position limit that counts more rows than positions
+            raise SetupError(f"expected a sequence length of at most {positions} (the model's learned positions, "
+                             f"{name}), got the default {seq_len} from the config; give --seq-len {positions}",
+                             where="--seq-len")
+    return model
+
+
+def _position_tables(model) -> list[tuple[str, int]]:
+    """(module name, positions it holds) for each learned position embedding of `model`."""
     import torch
 
-    model = build()
+    tables = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1].lower()
         if isinstance(module, torch.nn.Embedding) and ("pos" in leaf or leaf == "wpe"):  # wpe: GPT-2's, GPT-Neo's
             # OPT and BART shift positions by `offset`; RoBERTa's start after its padding index
             first = getattr(module, "offset", 0) + (module.padding_idx + 1 if module.padding_idx is not None else 0)
-            positions = module.num_embeddings - first
-            if seq_len > positions:
-                raise SetupError(f"expected --seq-len of at most {positions} (the model's learned positions, {name}), "
-                                 f"got {seq_len}", where="--seq-len")
-    return model
+            tables.append((name, module.num_embeddings - first))
+    return tables
 
 
 def _max_positions(config: dict[str, Any]) -> int | None:
