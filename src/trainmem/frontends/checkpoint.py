@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import ModelRefError, one_line, quote, short
+from trainmem.frontends.files import regular_file
+from trainmem.frontends.torchscript_archive import is_torchscript, torchscript_entries
 
 # A state dict's pickle holds names, shapes and storage keys, ~200 bytes a tensor: 64 MiB is 300,000
 # tensors. A larger data.pkl (once inflated) is not a state dict but a zip bomb or pickled data.
@@ -55,21 +57,18 @@ def is_checkpoint(ref: str) -> bool:
 def from_checkpoint(ref: str):
     from trainmem.frontends import ModelSource
 
-    path = Path(ref)
-    try:
-        exists, size = path.is_file(), path.stat().st_size if path.is_file() else 0
-    except OSError as error:
-        raise ModelRefError(f"expected a checkpoint file, got {quote(ref)} ({error.strerror or type(error).__name__})",
-                            where="MODEL") from None
-    if not exists:
-        raise ModelRefError(f"expected a checkpoint file, found none at {quote(ref)}", where="MODEL")
+    path, size = regular_file(ref, "a checkpoint file")
     if size == 0:
         raise ModelRefError("expected a checkpoint, got an empty file", where=short(ref))
     buffers = None  # which tensors are buffers, where the file says (TorchScript)
     if path.suffix.lower() == ".safetensors":
         entries = safetensors_header(path)
-    elif _is_torchscript(path):
-        entries, buffers = torchscript_entries(path)
+    elif is_torchscript(path):
+        _check_zip_members(path)
+        entries, buffers = torchscript_entries(path, MAX_PICKLE_BYTES)
+        if len(entries) > MAX_CHECKPOINT_TENSORS:
+            raise ModelRefError(f"expected at most {MAX_CHECKPOINT_TENSORS:,} tensors, got {len(entries):,}",
+                                where=short(ref))
     else:
         entries = torch_save_entries(path)
     return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries, buffers),
@@ -131,6 +130,17 @@ def _check_zip_members(path: Path) -> None:
         return  # not a zip (a legacy torch.save file): torch.load reports what it is
 
 
+def _stored_bytes(path: Path) -> int:
+    """The bytes of tensor data the file holds: its storages under data/ (a zip), else the whole file (a
+    pickle from torch before 1.6 stores them after the pickle). No tensor of an honest file is larger:
+    a pickle declaring more describes data that is not there."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(member.file_size for member in archive.infolist() if member.filename.split("/")[1:2] == ["data"])
+    except (zipfile.BadZipFile, OSError):
+        return path.stat().st_size
+
+
 def _torch_reason(error: BaseException) -> str:
     """The useful sentence of torch's message: the weights-only unpickler's own reason where it gives
     one, else the first sentence (miniz and torch.load append paragraphs of advice)."""
@@ -147,10 +157,15 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     import pickle
 
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     _check_zip_members(path)
     try:
-        loaded = torch.load(path, map_location="meta", weights_only=True)
+        # under a fake mode torch.load makes every storage on meta, whatever the format: without it a
+        # pickle from torch before 1.6 has each storage allocated on the CPU at the size its pickle
+        # declares (serialization.py's _legacy_load), then read from the file
+        with FakeTensorMode():
+            loaded = torch.load(path, map_location="meta", weights_only=True)
     except pickle.UnpicklingError as error:
         # torch names the class or function the pickle asks for ("GLOBAL pkg.mod.Name was not an allowed
         # global"); its advice to allowlist it is not ours to give for a file we only estimate
@@ -170,6 +185,11 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     if len(state) > MAX_CHECKPOINT_TENSORS:
         raise ModelRefError(f"expected at most {MAX_CHECKPOINT_TENSORS:,} tensors, got {len(state):,}",
                             where=short(str(path)))
+    held = _stored_bytes(path)
+    for name, tensor in state.items():
+        if tensor.layout == torch.strided and tensor.numel() * tensor.element_size() > held:
+            raise ModelRefError(f"expected tensor {quote(name)} to fit in the {held:,} bytes of tensor data the file "
+                                f"holds, got shape {list(tensor.shape)} of {tensor.dtype}", where=short(str(path)))
     return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in state.items()}
 
 
@@ -232,47 +252,3 @@ def _no_inputs(batch_size: int) -> tuple:
 
 def _output_is_loss(output: Any, inputs: Any, *target: Any) -> Any:
     return output
-
-
-def _is_torchscript(path: Path) -> bool:
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return any("/code/" in name for name in archive.namelist())
-    except zipfile.BadZipFile:
-        return False
-
-
-# The Python source TorchScript stores per class in code/: a few KiB per module type. Reading more to
-# look for __setstate__ would be the attack's work done for it.
-MAX_TORCHSCRIPT_CODE_BYTES = 16 << 20
-
-
-def _refuse_scripted_setstate(path: Path) -> None:
-    """torch.jit.load runs every scripted __setstate__ while it loads (import.cpp), with whatever
-    allocations and prints it holds: an archive whose code defines one is refused unread."""
-    where = short(str(path))
-    with zipfile.ZipFile(path) as archive:
-        code = [member for member in archive.infolist() if "/code/" in member.filename]
-        if sum(member.file_size for member in code) > MAX_TORCHSCRIPT_CODE_BYTES:
-            raise ModelRefError(f"expected TorchScript code of at most {MAX_TORCHSCRIPT_CODE_BYTES:,} bytes", where=where)
-        for member in code:
-            if b"__setstate__" in archive.read(member):
-                raise ModelRefError("expected a TorchScript archive whose modules have no __setstate__ (loading runs it: "
-                                    f"code from the file); {member.filename} defines one. Save model.state_dict() "
-                                    "instead", where=where)
-
-
-def torchscript_entries(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], frozenset[str]]:
-    """The parameters and buffers of a TorchScript archive, loaded onto meta, and which are buffers. Its
-    scripted forward is not traced (a ScriptModule's parameters cannot be swapped for fake ones): model
-    states only."""
-    import torch
-
-    _refuse_scripted_setstate(path)
-    try:
-        scripted = torch.jit.load(str(path), map_location="meta")
-    except Exception as error:  # noqa: BLE001 - RuntimeError and whatever a damaged archive raises
-        raise ModelRefError(f"expected a TorchScript archive, could not load it: {_torch_reason(error)}",
-                            where=short(str(path))) from None
-    entries = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in scripted.state_dict().items()}
-    return entries, frozenset(name for name, _ in scripted.named_buffers())

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 from typing import Any
 
 from trainmem.errors import ModelRefError, one_line, quote, short
+from trainmem.frontends.files import regular_file
 from trainmem.setup import InputSpec
 
 # onnx TensorProto data types → torch dtype names
@@ -521,14 +521,10 @@ def from_onnx(ref: str):
 
     from trainmem.frontends import ModelSource
 
-    path = Path(ref)
+    path, size = regular_file(ref, "an ONNX file")
     where = short(ref)
-    try:
-        exists = path.is_file()
-    except OSError:
-        exists = False
-    if not exists:
-        raise ModelRefError(f"expected an ONNX file, found none at {quote(ref)}", where="MODEL")
+    if size == 0:
+        raise ModelRefError("expected an ONNX model, got an empty file", where=where)
     onnx = _onnx()
     try:
         proto = onnx.load(str(path), load_external_data=False)
