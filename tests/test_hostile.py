@@ -714,9 +714,6 @@ KNOWN_FAILURES: dict[str, tuple[str, str]] = {
                                               "1 GB allocated and initialized for real (RSS +977 MiB, ~9 s); debatable"),
     "toml-fifo-without-writer": ("H3a", "--setup naming a FIFO nobody writes to: opening it blocks; killed at 12 s "
                                         "(a spec file as a FIFO is refused: 'expected an existing spec file')"),
-    "safetensors-fifo-without-writer": ("H3a", "refused, but the quoted path is cut at 80 characters from its end: "
-                                               "'…/safetensors-fifo-without-writer/model.sa' … (89 characters)': the "
-                                               "file's name is what got cut"),
 }
 
 
