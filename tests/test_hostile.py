@@ -552,6 +552,9 @@ def _cases() -> list[Case]:
           _user_file("greedy.py", "import torch\nHOARD = torch.ones(16000, 16000)\n" + SMALL_FACTORY, "--input-shape", "10"),
           0, rss_limit=USER_TENSOR_BYTES + RSS_GROWTH_LIMIT, rss_at_least=USER_TENSOR_BYTES, order=1),
         c("py-file-runs-once", _counting_file, 0, check=_ran_once),
+        c("fit-file-runs-once", lambda d: ["fit", *_counting_file(d)[1:]], 0, check=_ran_once),  # one search, one run
+        c("fit-prints-with-json", ("fit", _factory("prints"), "--input-shape", "10", "--format", "json"), 0,
+          user_output=("hello from the factory's print",)),
         # A factory that names a device builds outside the meta device: debatable whether trainmem must
         # intercept it, but the contract says nothing is allocated for real
         c("py-factory-places-layer-on-cpu", ("estimate", _factory("places_layer_on_cpu"), "--input-shape", "16000"), 0,
