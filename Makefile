@@ -58,7 +58,8 @@ coverage: $(VENV)/.test-ready $(VISION)/.ready
 # .venv-compat-<version> with trainmem installed normally: benchmarks/compat.py runs the core tests and the
 # calibration estimates there and compares them with the dev pin's, in benchmarks/results/compat.md.
 # pip on this machine caps torch below the newest release with a constraint file; an empty constraint file for
-# these commands lifts the cap. Each environment downloads a CUDA build of torch (several GB).
+# these commands lifts the cap (also for the tests: tests/test_install.py asks pip what it would install).
+# Each environment downloads a CUDA build of torch (several GB).
 COMPAT_OLDEST := 2.6.0
 COMPAT_NEWEST := 2.15.0
 COMPAT_VERSIONS := $(COMPAT_OLDEST) $(COMPAT_NEWEST)
@@ -76,5 +77,5 @@ COMPAT_OUT := build/compat
 compat: $(VENV)/.test-ready $(foreach version,$(COMPAT_VERSIONS),.venv-compat-$(version)/.ready)
 	mkdir -p $(COMPAT_OUT)
 	$(BIN)/python benchmarks/compat.py run --no-tests --out $(COMPAT_OUT)/baseline.json
-	$(foreach version,$(COMPAT_VERSIONS),.venv-compat-$(version)/bin/python benchmarks/compat.py run --out $(COMPAT_OUT)/$(version).json &&) true
+	$(foreach version,$(COMPAT_VERSIONS),PIP_CONSTRAINT=/dev/null .venv-compat-$(version)/bin/python benchmarks/compat.py run --out $(COMPAT_OUT)/$(version).json &&) true
 	$(BIN)/python benchmarks/compat.py report --baseline $(COMPAT_OUT)/baseline.json $(foreach version,$(COMPAT_VERSIONS),$(COMPAT_OUT)/$(version).json)

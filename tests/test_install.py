@@ -42,10 +42,16 @@ def _skip_unless_venv_with_pip() -> None:
                     f"({sys.prefix}) says nothing about the environments this project makes")
     if importlib.util.find_spec("pip") is None:
         pytest.skip(f"this virtual environment ({sys.prefix}) has no pip to ask")
-    setuptools = importlib.util.find_spec("setuptools")
-    if setuptools is None or int(importlib.metadata.version("setuptools").split(".")[0]) < 61:
+    if importlib.util.find_spec("setuptools") is None:
         pytest.skip("pip builds the project's metadata with this environment's setuptools (>= 61, "
                     "pyproject.toml's build requirement), which is missing here; without it pip would fetch one")
+    setuptools = tuple(int(part) for part in importlib.metadata.version("setuptools").split(".")[:2])
+    if setuptools < (61, 0):
+        pytest.skip(f"setuptools {setuptools[0]}.{setuptools[1]} here is older than pyproject.toml's build requirement (>= 61)")
+    if setuptools < (70, 1) and importlib.util.find_spec("wheel") is None:
+        # setuptools took bdist_wheel in from the wheel package in 70.1; before, metadata needs `wheel`
+        pytest.skip(f"setuptools {setuptools[0]}.{setuptools[1]} here needs the wheel package to build metadata, "
+                    "and this environment has none; without it pip would fetch one")
 
 
 def test_pip_install_keeps_the_installed_torch(tmp_path):
