@@ -243,8 +243,8 @@ def command_report(args) -> None:
              f"Written by `make compat` (benchmarks/compat.py) on {others[0]['environment']['date'] if others else ''}, "
              f"{platform.machine()}, Python {baseline['environment']['python']}, from commit "
              f"{(others[0] if others else baseline)['environment']['checkout']}. Each torch runs in its own "
-             "environment (.venv-compat-<version>) with trainmem installed as a user installs it (its dependencies "
-             "resolved against that torch); the baseline is the dev environment .venv (torch "
+             "environment (.venv-compat-<version>): that torch first, then trainmem with its dependencies resolved "
+             "against it (`pip install -e .`, which keeps the torch); the baseline is the dev environment .venv (torch "
              f"{baseline['environment']['torch']}, the pin of the Makefile). Every torch here but the baseline is "
              "a CUDA build, run on this machine's CPU.", "",
              "## Environments and core tests", "",
