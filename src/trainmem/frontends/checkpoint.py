@@ -29,6 +29,7 @@ from typing import Any
 from trainmem.errors import ModelRefError, one_line, quote, short
 from trainmem.frontends.files import regular_file
 from trainmem.frontends.torchscript_archive import is_torchscript, torchscript_entries
+from trainmem.frontends.zip_directory import count_members
 
 # A state dict's pickle holds names, shapes and storage keys, ~200 bytes a tensor: 64 MiB is 300,000
 # tensors. A larger data.pkl (once inflated) is not a state dict but a zip bomb or pickled data.
@@ -37,6 +38,10 @@ MAX_PICKLE_BYTES = 64 << 20
 # above the largest mixture-of-experts checkpoints (Qwen3-235B-A22B: ~36,000 tensors) and refuses a
 # header that lists hundreds of thousands of one-element tensors to make the trace run for hours.
 MAX_CHECKPOINT_TENSORS = 50_000
+# Members of a torch.save or TorchScript zip: one per tensor storage, a few records (data.pkl, version,
+# byteorder), and for TorchScript two per scripted class (its code and debug table): the tensor bound
+# and 10,000 more. Counted from the central directory before a zip reader parses it (zip_directory.py).
+MAX_ZIP_MEMBERS = MAX_CHECKPOINT_TENSORS + 10_000
 _SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                          "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 _MAX_ELEMENTS = 2**63 - 1  # a tensor's element count is an int64 (c10 TensorImpl::numel_)
@@ -63,14 +68,16 @@ def from_checkpoint(ref: str):
     buffers = None  # which tensors are buffers, where the file says (TorchScript)
     if path.suffix.lower() == ".safetensors":
         entries = safetensors_header(path)
-    elif is_torchscript(path):
-        _check_zip_members(path)
-        entries, buffers = torchscript_entries(path, MAX_PICKLE_BYTES)
-        if len(entries) > MAX_CHECKPOINT_TENSORS:
-            raise ModelRefError(f"expected at most {MAX_CHECKPOINT_TENSORS:,} tensors, got {len(entries):,}",
-                                where=short(ref))
     else:
-        entries = torch_save_entries(path)
+        count_members(path, MAX_ZIP_MEMBERS)  # a zip's directory is bounded before any zip reader parses it
+        if is_torchscript(path):
+            _check_zip_members(path)
+            entries, buffers = torchscript_entries(path, MAX_PICKLE_BYTES)
+            if len(entries) > MAX_CHECKPOINT_TENSORS:
+                raise ModelRefError(f"expected at most {MAX_CHECKPOINT_TENSORS:,} tensors, got {len(entries):,}",
+                                    where=short(ref))
+        else:
+            entries = torch_save_entries(path)
     return ModelSource(ref=ref, name=path.name, build=lambda: state_dict_module(entries, buffers),
                        make_batch=_no_inputs, loss_fn=_output_is_loss, notes=(STATE_DICT_NOTE,))
 
