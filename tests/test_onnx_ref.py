@@ -160,3 +160,34 @@ def test_shared_batch_norm_statistics_stay_buffers(tmp_path):
                if n.op_type == "BatchNormalization" else n for n in CNN_NODES]]
     est = estimate(_save(tmp_path, nodes, CNN_INITS), batch_size=4, optimizer="adam")
     assert est.parameters == 8 * 27 + 8 + 16 + 5120 + 10
+
+
+def test_files_that_are_not_onnx_models_are_refused_naming_the_file(tmp_path):
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelRefError, match=r"empty\.onnx: expected an ONNX model, got an empty file"):
+        estimate(str(empty))
+    folder = tmp_path / "folder.onnx"
+    folder.mkdir()
+    with pytest.raises(ModelRefError, match=r"folder\.onnx: expected an ONNX file, got a directory"):
+        estimate(str(folder))
+    with pytest.raises(ModelRefError, match=r"missing\.onnx: expected an ONNX file, found none"):
+        estimate(str(tmp_path / "missing.onnx"))
+
+
+def test_initializer_dimensions_beyond_its_data_are_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """Dimensions of 100000 × 100000 over 16 bytes of data: refused from the file, never allocated
+    (the conversion that checks operators builds on meta)."""
+    lying = TensorProto(name="w2", data_type=TensorProto.FLOAT, dims=[100_000, 100_000], raw_data=b"\0" * 16)
+    path = _save(tmp_path, CNN_NODES, [*CNN_INITS[:6], lying, CNN_INITS[7]])
+    real_empty = torch.empty
+
+    def never_large(*size, **kwargs):
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        assert np.prod(shape, dtype=np.float64) < 1e9, f"torch.empty{tuple(shape)} asked for"
+        return real_empty(*size, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", never_large)
+    with pytest.raises(ModelRefError, match=r"tiny\.onnx: expected initializer 'w2' to hold the 10,000,000,000 "
+                                            r"values its dimensions \[100000, 100000\] declare, got 4"):
+        estimate(path)
