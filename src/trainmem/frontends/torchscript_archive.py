@@ -147,7 +147,11 @@ def torchscript_entries(path: Path, max_pickle_bytes: int) -> tuple[Entries, fro
     declared = _declared_lists(texts, root)
     entries: Entries = {}
     buffers: set[str] = set()
-    _collect(module, "", declared, entries, buffers, where)
+    try:
+        _collect(module, "", declared, entries, buffers, where)
+    except RecursionError:  # modules nested thousands deep: no scripted model is
+        raise ModelRefError("expected a TorchScript archive of modules and tensors, got modules nested beyond "
+                            "Python's recursion limit", where=where) from None
     return entries, frozenset(buffers)
 
 
