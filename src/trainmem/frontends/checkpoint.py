@@ -1,16 +1,20 @@
 """Checkpoints as model references: `.pt/.pth/.bin` (torch.save), `.safetensors`, TorchScript archives.
 
 Nothing in a checkpoint is executed and no tensor data is read:
-* torch.save files are opened with `torch.load(weights_only=True, map_location="meta")`: the restricted
-  unpickler refuses any global it does not know (a malicious `__reduce__` is refused before it runs),
-  and meta storages read no bytes;
+* only a regular file is opened (files.py: a FIFO would block, a device never end); a zip's central
+  directory is counted before any zip reader parses it (zip_directory.py), and members that loading
+  inflates (data.pkl) are bounded from their declared sizes (a zip bomb is refused unread);
+* torch.save files are opened with `torch.load(weights_only=True, map_location="meta")` inside a fake
+  mode: the restricted unpickler refuses any global it does not know (a malicious `__reduce__` is
+  refused before it runs), and every storage is made on meta, reading no bytes (without the fake mode,
+  a pickle from torch before 1.6 has its storages allocated on the CPU at their declared sizes); a
+  tensor larger than the tensor data the file holds is refused;
 * `.safetensors` files are read from their header only: 8 bytes of little-endian header length, then
   a JSON table of dtype, shape and data offsets per tensor (the format's specification,
   github.com/huggingface/safetensors). Parsing those few lines needs no dependency;
-* a TorchScript archive (a zip with a `code/` folder) is loaded with `torch.jit.load(map_location="meta")`
-  for its parameters and buffers. Loading runs a module's scripted `__setstate__` when it defines one
-  (torch/csrc/jit/serialization/import.cpp), which may allocate or print: such archives are refused
-  before loading.
+* a TorchScript archive (a zip with a `code/` folder) is never given to torch.jit.load, which compiles
+  the archive's code, runs its scripted `__setstate__` methods and reads every storage even onto meta:
+  its parameters and buffers are read from its data.pkl and code as data (torchscript_archive.py).
 
 A state dict alone has no forward: it gives the model states (parameters, gradients, optimizer
 state) and the result says that activations need the architecture.
