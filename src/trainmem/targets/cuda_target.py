@@ -75,9 +75,13 @@ class CudaTarget:
             raise SetupError("expected the native caching allocator, got backend:cudaMallocAsync "
                              "(CUDA's own pool is not modelled)", where="--alloc-conf")
         if setup.precision.value.startswith("bf16") and not device.gpu.bf16:
-            raise SetupError(f"expected a GPU with bf16 (compute capability 8.0 or newer) for --precision "
-                             f"{setup.precision}, got {device.name} (cc {device.gpu.compute_capability[0]}."
-                             f"{device.gpu.compute_capability[1]})", where="--precision")
+            # name what the user typed: --qlora fills in bf16 itself, so blaming --precision would point
+            # at a flag never given (TrainingSetup.flag_for)
+            flag = setup.flag_for("precision")
+            wanted = flag if flag != "--precision" else f"--precision {setup.precision}"
+            raise SetupError(f"expected a GPU with bf16 (compute capability 8.0 or newer) for {wanted}, got "
+                             f"{device.name} (cc {device.gpu.compute_capability[0]}."
+                             f"{device.gpu.compute_capability[1]})", where=flag)
         runtime = cuda_runtime.resolve_runtime(cuda_version=cuda_version, module_loading=module_loading,
                                                cudnn_benchmark=cudnn_benchmark)
         return cls(device, config, runtime, context_for(device.gpu, runtime, cuda_context))
