@@ -288,15 +288,23 @@ def test_spec_layer_arguments_are_an_allow_list(layer, said, tmp_path, capsys):
     assert code == 2 and out == "" and said in err and len(err.strip().splitlines()) == 1
 
 
+# Peak RSS growth of one CLI run over the process after `import torch` and the CLI: a CUDA build of torch
+# alone starts 200-400 MB above the CPU build (benchmarks/results/compat.md), so an absolute bound would test
+# the build, not the refusal. 400 MB is far below what each refused input costs when it is not refused.
+RSS_GROWTH_PROBE = ("import resource, sys\nimport torch\nfrom trainmem.cli import main\n"
+                    "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+                    "code = main(['estimate', sys.argv[1]])\n"
+                    "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)")
+
+
 def test_a_spec_naming_a_device_allocates_nothing_for_real(tmp_path):
     """The refusal comes before any layer is built: the process stays near an empty estimate's RSS."""
     spec = tmp_path / "net.json"
     spec.write_text(json.dumps({"input": [20000], "layers": [{"linear": {"out_features": 20000, "device": "cpu"}}]}))
-    probe = ("import resource, sys\nfrom trainmem.cli import main\ncode = main(['estimate', sys.argv[1]])\n"
-             "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    probe = RSS_GROWTH_PROBE
     done = subprocess.run([sys.executable, "-c", probe, str(spec)], capture_output=True, text=True, timeout=120)
-    code, max_rss_kib = map(int, done.stdout.split())
-    assert code == 2 and max_rss_kib < 1_000_000  # the weight alone would be 1.6 GB
+    code, growth_kib = map(int, done.stdout.split())
+    assert code == 2 and growth_kib < 400_000  # the weight alone would be 1.6 GB
 
 
 # ---- the CLI contract under hostile input (issue 11, part 3) ---------------------------------------------
@@ -367,14 +375,13 @@ def test_hostile_spec_files_are_refused_at_once_without_memory(name, content, sa
     spec = tmp_path / name
     spec.write_bytes(content if isinstance(content, bytes) else content.encode())
     assert spec.stat().st_size < 2 * 2**20 and (name != "laughs.yaml" or len(BILLION_LAUGHS) < 700)
-    probe = ("import resource, sys\nfrom trainmem.cli import main\ncode = main(['estimate', sys.argv[1]])\n"
-             "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    probe = RSS_GROWTH_PROBE
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", probe, str(spec)], capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - started
-    code, max_rss_kib = map(int, done.stdout.split())
+    code, growth_kib = map(int, done.stdout.split())
     assert code == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert len(done.stderr) < 400 and max_rss_kib < 600_000 and seconds < 60
+    assert len(done.stderr) < 400 and growth_kib < 400_000 and seconds < 60
 
 
 def test_ctrl_c_ends_a_trace_at_once_with_130_and_one_line(tmp_path):
