@@ -17,13 +17,17 @@ from trainmem.targets.onednn.rnn_transients import (
     lstm_forward_transients,
     lstm_scratchpad_bytes,
 )
+from trainmem.targets.onednn.rnn_layout import RnnLayout, rnn_layout
 from trainmem.targets.onednn.rnn_workspace import (
     get_good_ld,
     lstm_module_workspace_bytes,
     lstm_workspace_bytes,
 )
+from trainmem.targets.onednn.scratchpad import round_up
+from trainmem.targets.onednn.version import bundled_onednn_version, parse_onednn_version
 
 _CPU = CpuInfo.this_machine()
+_ONEDNN_3_12 = (3, 12, 0)  # the release the hand-profiled numbers below come from (torch 2.13)
 
 _HAS_MKLDNN = torch.backends.mkldnn.is_available()
 _HAS_BF16 = _HAS_MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -126,8 +130,50 @@ def test_get_good_ld_rules():
 
 
 def test_page_rounding_smallest_case():
-    # 7 regions, each smaller than a page, give 7 pages.
-    assert lstm_workspace_bytes(1, 1, 1, 1) == 7 * 4096
+    # 7 regions, each smaller than a page, give 7 pages; oneDNN 3.5 registers ws_states_iter twice more.
+    assert lstm_workspace_bytes(1, 1, 1, 1, layout=rnn_layout((3, 12, 0))) == 7 * 4096
+    assert lstm_workspace_bytes(1, 1, 1, 1, layout=rnn_layout((3, 5, 3))) == 9 * 4096
+
+
+def test_older_onednn_adds_two_states_regions():
+    """oneDNN 3.5's set_offsets registers ws_states_iter (= ws_states_layer's size) twice more."""
+    T, B, I, H = 64, 8, 128, 256
+    states = round_up(2 * (T + 1) * B * get_good_ld(max(I, H), 4) * 4, 4096)
+    new = lstm_workspace_bytes(T, B, I, H, layout=rnn_layout((3, 12, 0)))
+    assert lstm_workspace_bytes(T, B, I, H, layout=rnn_layout((3, 5, 3))) == new + 2 * states == 10489856
+
+
+def test_rnn_layout_by_onednn_version():
+    assert rnn_layout((3, 5, 3)) == RnnLayout(True, True, True, "oneDNN 3.5.3")
+    assert rnn_layout((3, 12, 0)) == RnnLayout(False, False, True, "oneDNN 3.12.0")
+    assert rnn_layout((3, 13, 3)) == RnnLayout(False, False, True, "oneDNN 3.13.3")
+    # not verified: the larger (older) layout, flagged as a bound (also for releases newer than the checked ones)
+    for unverified in ((3, 7, 1), (3, 9, 0), (3, 14, 0), (2, 7, 3)):
+        layout = rnn_layout(unverified)
+        assert layout.dead_states_registrations and layout.typed_scratch_bookings and not layout.exact
+        assert "oneDNN " + ".".join(map(str, unverified)) in layout.note() and "upper bound" in layout.note()
+
+
+def test_older_onednn_books_the_scratch_buffers_again_by_element_size():
+    """oneDNN 3.5 books key_rnn_gates / key_rnn_ht / key_rnn_diff_ht with byte counts as f32 element
+    counts: 4x each buffer plus 128 bytes each, beside key_rnn_space (measured under torch 2.6)."""
+    T, B, I, H = 64, 8, 128, 256
+    gates, state = 4 * T * B * get_good_ld(4 * H, 4), 4 * B * get_good_ld(H, 4)
+    newer = lstm_scratchpad_bytes(T, B, I, H, 4, CpuInfo("AVX512", 2, (3, 12, 0)))
+    older = lstm_scratchpad_bytes(T, B, I, H, 4, CpuInfo("AVX512", 2, (3, 5, 3)))
+    assert older == newer + 4 * gates + 128 + 2 * (4 * state + 128) == 10748856
+    # the running torch's oneDNN by default
+    assert lstm_scratchpad_bytes(T, B, I, H, 4, CpuInfo("AVX512", 2)) == lstm_scratchpad_bytes(
+        T, B, I, H, 4, CpuInfo("AVX512", 2, bundled_onednn_version()))
+
+
+def test_onednn_version_read_from_the_build_configuration():
+    assert parse_onednn_version("  - Intel(R) MKL-DNN v3.5.3 (Git Hash 66f0cb9e)") == (3, 5, 3)
+    assert parse_onednn_version("  - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa710)") == (3, 12, 0)
+    assert parse_onednn_version("  - Intel(R) MKL-DNN v3.1 (Git Hash 0)") == (3, 1, 0)
+    assert parse_onednn_version("PyTorch built with:\n  - GCC 13.3") is None
+    if _HAS_MKLDNN:
+        assert bundled_onednn_version() == parse_onednn_version(torch.__config__.show()) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,7 +185,8 @@ def test_transients_reproduce_profiled_sequence():
     """nn.LSTM(128, 256, num_layers=2, batch_first=True) on [8, 64, 128] fp32, profiled with
     torch 2.13 / oneDNN 3.12: layer 0 forward and layer 1 backward (grad_output copied from the
     batch_first transpose, grad_hy / grad_cy undefined)."""
-    before, after = lstm_forward_transients(64, 8, 128, 256, 4, cpu=_CPU)
+    profiled = CpuInfo(_CPU.capability, _CPU.threads, _ONEDNN_3_12)
+    before, after = lstm_forward_transients(64, 8, 128, 256, 4, cpu=profiled)
     outputs = [524288, 8192, 8192, 8220672]
     real = [524288, 8192, 8192, 4096, 8220672, 532480, 1064960, 2159160, -2159160, -1064960,
             -532480, -4096]
@@ -147,7 +194,7 @@ def test_transients_reproduce_profiled_sequence():
         x for x in real if x > 0 and x not in outputs)
     assert running_peak(before + outputs + after) == running_peak(real)
 
-    before, after = lstm_backward_transients(64, 8, 256, 256, 4, cpu=_CPU)
+    before, after = lstm_backward_transients(64, 8, 256, 256, 4, cpu=profiled)
     assert before == [524288, 8192, 8192, 4096]
     assert after == [1114112, 1114112, 1064960, 1064960, 4096, 2159160, -2159160, -4096,
                      -1064960, -1064960, -1114112, -1114112, -4096, -8192, -8192, -524288]
@@ -163,13 +210,13 @@ def test_transients_balance(T, B, I, H, s):
 
 
 def test_scratchpad_f32_ignores_threads_bf16_does_not():
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, CpuInfo("AVX512", 1)) == 2159160
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, CpuInfo("AVX512", 64)) == 2159160
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, CpuInfo("AVX512", 1, _ONEDNN_3_12)) == 2159160
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 4, CpuInfo("AVX512", 64, _ONEDNN_3_12)) == 2159160
     # bf16 brgemm: 40-byte batch elements per thread (and transposition buffers in backward)
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2)) == 62280
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2), backward=True) == 53688
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2, _ONEDNN_3_12)) == 62280
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2, _ONEDNN_3_12), backward=True) == 53688
     # one more thread, two more 40-byte batch elements (max_K_Block 2 per thread)
-    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 3)) == 62280 + 2 * 40
+    assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 3, _ONEDNN_3_12)) == 62280 + 2 * 40
 
 
 def _real_in_op(T, B, I, H, dtype, reverse, grads, share):

@@ -1,4 +1,4 @@
-"""The two facts about the CPU that the CPU target's kernel rules depend on, read in one place.
+"""The facts about the CPU that the CPU target's kernel rules depend on, read in one place.
 
 oneDNN picks its kernels by instruction set (the capability decides the channel block: 16 on
 AVX512, 8 on AVX2) and sizes its per-thread scratchpads by the thread count, which is PyTorch's
@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainmem.targets.onednn.version import OneDnnVersion
+
 
 @dataclasses.dataclass(frozen=True)
 class CpuInfo:
     capability: str  # torch.backends.cpu.get_cpu_capability(): "AVX512", "AVX2", "DEFAULT", ...
     threads: int  # torch.get_num_threads()
+    # the oneDNN release whose kernels the rules size (its RNN layout changed between releases,
+    # targets/onednn/rnn_layout.py); None: the one the running torch bundles (onednn/version.py)
+    onednn_version: OneDnnVersion | None = None
 
     def __post_init__(self) -> None:
         if self.threads < 1:

@@ -21,7 +21,8 @@ mode never sees. They come from three places:
      primitive's layout (always new buffers), copied into the PyTorch outputs afterwards.
    * ``tensor scratchpad(pd.scratchpad_desc())``: ideep uses ``scratchpad_mode::user``.
    All are freed, in reverse order, when compute() returns.
-3. oneDNN v3.12 decides those layouts and the scratchpad size:
+3. oneDNN v3.12 decides those layouts and the scratchpad size (older releases, oneDNN 3.5 of
+   torch 2.6, book three more entries: rnn_layout.py):
    * ``ref_rnn.cpp`` ``pd_t::init`` tries ``init_brgemm`` and falls back to ``init_ref``.
      ``init_brgemm`` refuses f32 training ("f32 datatype in brgemm-based implementation"), so
      f32 uses the ref (gemm / matmul) path. bf16 training uses brgemm (avx512_core_bf16 here).
@@ -48,7 +49,8 @@ int8, and the no-grad inference path (``lstm_forward_inference``: no workspace, 
 go into the scratchpad instead).
 
 The bf16 brgemm scratchpad grows with the thread count, which comes in as `cpu.threads` (a
-`CpuInfo`, targets/cpu_info.py); nothing here reads the running process.
+`CpuInfo`, targets/cpu_info.py), and the layout follows `cpu.onednn_version` (when None, the
+oneDNN of the running torch, read once by onednn/version.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from __future__ import annotations
 import struct
 
 from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.onednn.rnn_layout import RnnLayout, rnn_layout
 from trainmem.targets.onednn.rnn_workspace import LSTM_GATES, check_sizes, get_good_ld
 from trainmem.targets.onednn.scratchpad import PAGE_BYTES, book, div_up, round_up
 
@@ -119,6 +122,16 @@ def _rnn_space(gates: int, ht: int, diff_ht: int) -> int:
     return round_up(offset + diff_ht, PAGE_BYTES)  # scratch_cell (0 bytes for LSTM) rounds the end
 
 
+def _rnn_space_booking(layout: RnnLayout, sizes: tuple[int, int, int], element_bytes: tuple[int, int, int]) -> int:
+    """Bytes key_rnn_space costs, plus, in older oneDNN (rnn_layout.py), the three bookings that
+    repeat scratch_gates, scratch_ht and scratch_diff_ht multiplied by the element size of
+    scratch_t, ht_t and gemm_acc_t (a byte count booked as an element count)."""
+    total = book(_rnn_space(*sizes), _RNN_SPACE_ALIGNMENT)
+    if layout.typed_scratch_bookings:
+        total += sum(book(nbytes * element) for nbytes, element in zip(sizes, element_bytes))
+    return total
+
+
 def lstm_scratchpad_bytes(
     seq_len: int,
     batch: int,
@@ -132,8 +145,10 @@ def lstm_scratchpad_bytes(
     """``pd.scratchpad_desc().get_size()`` of the oneDNN LSTM training primitive one call uses.
 
     f32 uses the ref path and does not depend on the thread count. bf16 uses brgemm, whose
-    batch and transposition buffers grow with ``cpu.threads``.
+    batch and transposition buffers grow with ``cpu.threads``. ``cpu.onednn_version`` picks the
+    layout (rnn_layout.py).
     """
+    layout = rnn_layout(cpu.onednn_version)
     size = dtype_bytes
     gate_rows = LSTM_GATES * hidden_size
     # ref_rnn.cpp init_scratchpad: three weight pointer arrays of n_layer*n_dir*1 float*, and the
@@ -143,13 +158,13 @@ def lstm_scratchpad_bytes(
         # Ref path (init_conf). forward: merge_gemm_layer = mb < 128 (input contiguous, the
         # matmul and the gemm variants agree). backward: layer and iter GEMMs are merged.
         gate_steps = seq_len if (backward or batch < 128) else 1
-        space = _rnn_space(
+        space = _rnn_space_booking(layout, (
             4 * gate_steps * batch * get_good_ld(gate_rows, 4),  # scratch_t = f32
             4 * batch * get_good_ld(hidden_size, 4),  # ht_t = f32
             4 * batch * get_good_ld(hidden_size, 4),  # gemm_acc_t = f32
-        )
+        ), (4, 4, 4))
         # The nested matmul scratchpad (key_nested_multiple) was 0 in every measured case.
-        return book(space, _RNN_SPACE_ALIGNMENT) + pointers
+        return space + pointers
     if size != 2:
         raise ValueError(f"dtype_bytes must be 4 (float32) or 2 (bfloat16), got {dtype_bytes}")
     threads = cpu.threads
@@ -157,20 +172,20 @@ def lstm_scratchpad_bytes(
         # rnn_brgemm_t<forward>::configure_brgemm: the layer GEMM is merged over time only for
         # mb == 1 and n_iter >= 2; the layer and iter brgemms are fused when slc == sic.
         merged = batch == 1 and seq_len >= 2
-        space = _rnn_space(
+        space = _rnn_space_booking(layout, (
             4 * (seq_len if merged else 1) * batch * get_good_ld(gate_rows, 4),  # scratch_t = acc (f32)
             2 * batch * get_good_ld(hidden_size, 2),  # ht_t = bf16
-            4 * batch * get_good_ld(hidden_size, 4),
-        )
+            4 * batch * get_good_ld(hidden_size, 4),  # gemm_acc_t = f32
+        ), (4, 2, 4))
         fused = input_size == hidden_size and not merged
         # k_block = K without AMX, so KB1 = KB2 = 1 and max_K_Block = 2 (x2 when fused).
         batch_elements = 2 * (2 if fused else 1) * threads
-        return book(space, _RNN_SPACE_ALIGNMENT) + pointers + book(batch_elements * _BRGEMM_BATCH_ELEMENT_BYTES)
-    space = _rnn_space(
+        return space + pointers + book(batch_elements * _BRGEMM_BATCH_ELEMENT_BYTES)
+    space = _rnn_space_booking(layout, (
         2 * batch * get_good_ld(gate_rows, 2),  # scratch_t = src (bf16), not merged on the brgemm path
-        2 * batch * get_good_ld(hidden_size, 2),
-        4 * batch * get_good_ld(hidden_size, 4),
-    )
+        2 * batch * get_good_ld(hidden_size, 2),  # ht_t = bf16
+        4 * batch * get_good_ld(hidden_size, 4),  # gemm_acc_t = f32
+    ), (2, 2, 4))
     # diff_src K_blocks = n_gates * (dhc / k_block) = 4, diff_wei K_blocks = 1 -> max_K_Block 5.
     batch_elements = (LSTM_GATES + 1) * threads
     padded_k = round_up(round_up(batch, _XF16_VNNI), _XF16_VNNI)  # diff_wei K = rnd_up(mb, 2) for bf16 scratch
@@ -185,7 +200,7 @@ def lstm_scratchpad_bytes(
         src_layer = threads * min(m_block, input_size) * padded_k
         src_iter = threads * min(m_block, hidden_size) * padded_k
     return (
-        book(space, _RNN_SPACE_ALIGNMENT)
+        space
         + pointers
         + book(batch_elements * _BRGEMM_BATCH_ELEMENT_BYTES)
         + book(2 * threads * padded_k * _BRGEMM_BACKWARD_N_BLOCK)  # key_rnn_gates_blocked

@@ -62,17 +62,23 @@ With T=seq_len, B=batch, I=input_size, H=hidden_size, s=dtype_bytes, c=cell_stat
   ws_diff_states_iter   = 2(T+1)* B * ld(max(I,H), 4)  * 4
   ws_diff_states_iter_c = 2(T+1)* B * H                * 4
 
+Which oneDNN: older releases (oneDNN 3.5, torch 2.6) register ``ws_states_iter`` twice more, unused;
+rnn_layout.py has the mechanism and the versions it was checked on:
+  workspace(older) = workspace(newer) + 2 * rnd_up(2(T+1) * B * ld(max(I,H), s) * s, 4096)
+
 f16 is not covered: oneDNN's CPU reference RNN refuses f16 training, and PyTorch only sends f16
 LSTMs to oneDNN when grad mode is off, which allocates no workspace.
 
 The buffers the two ops allocate internally besides their outputs are in rnn_transients.py.
 
-This module is plain arithmetic and does not import torch.
+This module is plain arithmetic; the oneDNN version of the running torch is read by
+onednn/version.py when the caller gives none.
 """
 
 from __future__ import annotations
 
 from trainmem.targets.onednn.scratchpad import PAGE_BYTES, round_up
+from trainmem.targets.onednn.rnn_layout import RnnLayout, rnn_layout
 
 # rnn_utils.cpp, get_good_ld: rows are padded to 64 bytes, and an ld that is a multiple of 256
 # elements gets one more 64-byte chunk.
@@ -85,6 +91,10 @@ _LAYERS = 1
 _DIRECTIONS = 1
 # ref_rnn.hpp: gemm_acc_t is f32 for both the f32 and the bf16 primitives.
 ACCUMULATOR_BYTES = 4
+
+
+# older set_offsets: ws_states_iter registered twice more beside ws_states_layer (rnn_layout.py)
+_DEAD_STATES_REGISTRATIONS = 2
 
 
 def get_good_ld(dim: int, sizeof_dt: int) -> int:
@@ -107,8 +117,10 @@ def lstm_workspace_regions(
     hidden_size: int,
     dtype_bytes: int = 4,
     cell_state_bytes: int | None = None,
+    layout: RnnLayout | None = None,
 ) -> dict[str, int]:
     """Return the unrounded byte size of each workspace region, in ``set_offsets`` order."""
+    layout = layout or rnn_layout()
     cell_bytes = dtype_bytes if cell_state_bytes is None else cell_state_bytes
     gate_cells = _LAYERS * _DIRECTIONS  # cells that save gates: n_layer * n_dir * n_iter
     state_slots = (_LAYERS + 1) * _DIRECTIONS * (seq_len + 1)  # (n_layer+1) * n_dir * (n_iter+1)
@@ -116,10 +128,15 @@ def lstm_workspace_regions(
     states_ld = get_good_ld(max(hidden_size, input_size, hidden_size), dtype_bytes)  # max(sic, max(slc, dlc))
     diff_ld = get_good_ld(max(max(input_size, hidden_size), max(hidden_size, hidden_size)),
                           ACCUMULATOR_BYTES)  # max(slc, dic, sic, dhc)
+    states_bytes = state_slots * batch * states_ld * dtype_bytes
+    # the unused registrations of older oneDNN: ws_states_iter_size, equal to ws_states_layer_size
+    duplicated = {f"ws_states_iter_unused_{index}": states_bytes
+                  for index in range(_DEAD_STATES_REGISTRATIONS if layout.dead_states_registrations else 0)}
     return {
         "ws_gates": gate_cells * seq_len * batch * get_good_ld(hidden_size * LSTM_GATES, dtype_bytes) * dtype_bytes,
         "ws_ht": gate_cells * seq_len * batch * get_good_ld(hidden_size, dtype_bytes) * dtype_bytes,
-        "ws_states_layer": state_slots * batch * states_ld * dtype_bytes,
+        "ws_states_layer": states_bytes,
+        **duplicated,
         "ws_states_iter_c": state_slots * batch * hidden_size * cell_bytes,
         "ws_diff_states_layer": state_slots * batch * diff_ld * ACCUMULATOR_BYTES,
         "ws_diff_states_iter": state_slots * batch * diff_ld * ACCUMULATOR_BYTES,
@@ -136,6 +153,7 @@ def lstm_workspace_bytes(
     bidirectional: bool = False,
     dtype_bytes: int = 4,
     cell_state_bytes: int | None = None,
+    layout: RnnLayout | None = None,
 ) -> int:
     """Return the workspace bytes of one ``aten.mkldnn_rnn_layer`` call (LSTM, grad mode on).
 
@@ -144,12 +162,13 @@ def lstm_workspace_bytes(
     of ``cx`` and defaults to ``dtype_bytes``. ``bidirectional`` mirrors the op's argument and
     does not change the size: PyTorch runs each direction as its own unidirectional primitive
     (``reverse=True`` for the backward direction). A bidirectional module makes two calls per
-    layer, and later layers see ``input_size = 2 * hidden_size``.
+    layer, and later layers see ``input_size = 2 * hidden_size``. ``layout`` is the oneDNN release's
+    (rnn_layout.py), by default the running torch's.
     """
     del bidirectional  # no effect on the size: n_dir is always 1 per call
     check_sizes(dtype_bytes, seq_len, batch, input_size, hidden_size)
     regions = lstm_workspace_regions(
-        seq_len, batch, input_size, hidden_size, dtype_bytes, cell_state_bytes
+        seq_len, batch, input_size, hidden_size, dtype_bytes, cell_state_bytes, layout
     )
     # set_offsets: each register_space rounds the running offset up to a page before adding the
     # region. The final (empty) ws_grid_comp registration rounds the total up once more.
@@ -164,6 +183,7 @@ def lstm_module_workspace_bytes(
     num_layers: int = 1,
     bidirectional: bool = False,
     dtype_bytes: int = 4,
+    layout: RnnLayout | None = None,
 ) -> list[int]:
     """Return the workspace of each ``mkldnn_rnn_layer`` call an ``nn.LSTM`` forward makes, in order."""
     directions = 2 if bidirectional else 1
@@ -171,5 +191,6 @@ def lstm_module_workspace_bytes(
     for layer in range(num_layers):
         layer_input = input_size if layer == 0 else hidden_size * directions
         for _ in range(directions):
-            sizes.append(lstm_workspace_bytes(seq_len, batch, layer_input, hidden_size, bidirectional, dtype_bytes))
+            sizes.append(lstm_workspace_bytes(seq_len, batch, layer_input, hidden_size, bidirectional, dtype_bytes,
+                                              layout=layout))
     return sizes
