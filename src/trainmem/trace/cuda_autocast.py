@@ -10,6 +10,16 @@ lists) and autocast_mode.h (cached_cast, set_opt_dtype, promote_type). The op li
 checked against the kernels the installed torch registers for the AutocastCUDA key
 (tests/test_cuda_semantics.py), so a torch upgrade that moves an op fails a test, not an estimate.
 
+The lists differ between torch versions, so the table holds every op of every supported version,
+each with its policy, and which of them CUDA casts is read from the installed torch's dispatcher
+(the ops with an AutocastCUDA kernel, `cuda_policy`): an op this torch does not register is not
+cast, as on that torch's CUDA. What moved, checked in torch 2.6, 2.13, 2.14 and 2.15
+(`_VERSION_DEPENDENT`): the Dimname overloads of softmax, log_softmax, cumsum, cumprod, prod, sum
+and norm (registered by 2.6, gone by 2.13), rms_norm (not in 2.6, there by 2.13),
+linalg_matrix_sqrth (new in 2.14), and _cudnn_rnn, registered only by builds with cuDNN
+(aten/src/ATen/cudnn/AutocastRNN.cpp), which a CPU trace never calls (a CPU LSTM runs
+mkldnn_rnn_layer or the native cells).
+
 Mechanisms copied from the C++ wrapper:
 * cast, then call the op with the autocast key excluded, so the ops it decomposes into are not cast
   again (WrapFunction_ with ExcludeDispatchKeyGuard);
@@ -53,21 +63,57 @@ _FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2
          "cdist", "renorm", "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d",
          "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
          "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
-         "upsample_bicubic2d", "_upsample_bicubic2d_aa")
+         "upsample_bicubic2d", "_upsample_bicubic2d_aa", "linalg_matrix_sqrth")
+# Dimname overloads, autocast by torch 2.6 (KERNEL_CUDA in its autocast_mode.cpp), not by 2.13
+_NAMED_SET_OPT_DTYPE = ("prod.dim_Dimname", "softmax.Dimname", "log_softmax.Dimname", "cumprod.dimname",
+                        "cumsum.dimname", "sum.dim_DimnameList")
 _FP32_SET_OPT_DTYPE = ("prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
                        "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
-                       "sum.dim_IntList")
+                       "sum.dim_IntList", *_NAMED_SET_OPT_DTYPE)
 # norm has no dtype argument of its own: CUDA calls the overload that takes one
-_FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+# (autocast_mode.h AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE; the names_ overload only up to 2.6-era torch)
+_FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+                      "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype"}
 _PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
             "tensordot", "scatter_add")
 _BANNED = ("binary_cross_entropy",)
+# cuDNN's RNN: AutocastRNN.cpp casts the input, states and weights to the lower precision (and
+# reflattens the weights); a CPU trace never reaches it, the entry keeps the table complete
+_CUDNN_LOWER = ("_cudnn_rnn",)
 
 CUDA_POLICY: dict[str, str] = {
-    **{op: LOWER_PRECISION for op in _LOWER}, **{op: FP32 for op in _FP32},
+    **{op: LOWER_PRECISION for op in (*_LOWER, *_CUDNN_LOWER)}, **{op: FP32 for op in _FP32},
     **{op: FP32_SET_OPT_DTYPE for op in _FP32_SET_OPT_DTYPE}, **{op: FP32_APPEND_DTYPE for op in _FP32_APPEND_DTYPE},
     **{op: PROMOTE for op in _PROMOTE}, **{op: BANNED for op in _BANNED},
 }
+
+
+# Where an op's AutocastCUDA kernel depends on the torch: op -> (torch versions checked to register
+# it, torch versions checked not to). Versions in neither were not checked; the dispatcher decides.
+_NAMED_VERSIONS = (("2.6",), ("2.13", "2.14", "2.15"))
+_VERSION_DEPENDENT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    **{op: _NAMED_VERSIONS for op in (*_NAMED_SET_OPT_DTYPE, "norm.names_ScalarOpt_dim")},
+    "rms_norm": (("2.13", "2.14", "2.15"), ("2.6",)),
+    "linalg_matrix_sqrth": (("2.14", "2.15"), ("2.6", "2.13")),
+}
+CUDNN_BUILD_ONLY = frozenset(_CUDNN_LOWER)  # registered by builds with cuDNN, whatever the version
+
+
+def registered_in(op: str, torch_release: str, cudnn_build: bool) -> bool | None:
+    """Whether torch `torch_release` ("2.6") registers an AutocastCUDA kernel for `op` (None: not checked)."""
+    if op in CUDNN_BUILD_ONLY:
+        return cudnn_build
+    if op not in _VERSION_DEPENDENT:
+        return op in CUDA_POLICY
+    present, absent = _VERSION_DEPENDENT[op]
+    return True if torch_release in present else False if torch_release in absent else None
+
+
+def cuda_policy() -> dict[str, str]:
+    """The policy of every op the installed torch's CUDA autocast casts: the table, limited to the ops
+    this torch registers an AutocastCUDA kernel for (an op another version casts is not cast here)."""
+    registered = torch_private.ops_with_kernel("AutocastCUDA")
+    return {op: policy for op, policy in CUDA_POLICY.items() if op in registered}
 
 
 def _overload(name: str):
@@ -168,11 +214,11 @@ def autocast_dtype() -> torch.dtype | None:
 def cuda_autocast_kernels():
     """For the length of a trace: AutocastCPU follows CUDA's lists (see the module docstring)."""
     library = torch.library.Library("aten", "IMPL")
+    policy = cuda_policy()
     try:
         with torch_private.quiet_kernel_override():
-            for name in sorted(torch_private.ops_with_kernel("AutocastCPU")
-                               | (set(CUDA_POLICY) & torch_private.ops_with_kernel("AutocastCUDA"))):
-                library.impl(name, _kernel(name, CUDA_POLICY.get(name)), "AutocastCPU")
+            for name in sorted(torch_private.ops_with_kernel("AutocastCPU") | set(policy)):
+                library.impl(name, _kernel(name, policy.get(name)), "AutocastCPU")
         yield
     finally:
         torch_private.destroy_library(library)
