@@ -1,0 +1,42 @@
+"""The optimizer transformers' Trainer builds when TrainingArguments.optim is not given: it depends on torch.
+
+transformers/training_args.py (5.x, TrainingArguments.optim): ``default_optim = "adamw_torch"``, and
+``"adamw_torch_fused"`` when ``pytorch_utils.is_torch_greater_or_equal_than_2_8``, which is
+``is_torch_greater_or_equal("2.8", accept_dev=True)``: the base version of the installed torch (read from
+its package metadata, so 2.8.0.dev20250601 counts as 2.8) against 2.8. trainer_optimizer.py
+``_get_adamw_torch`` builds ``torch.optim.AdamW`` for both, adding ``fused=True`` only for the fused
+name; plain ``adamw_torch`` passes no implementation, so torch picks (foreach on CUDA tensors).
+So under torch 2.6 or 2.7 the Trainer's default AdamW is torch's default implementation, not fused.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+# training_args.py: the fused AdamW is the default from torch 2.8 on
+FUSED_DEFAULT_SINCE = (2, 8)
+
+
+def _base_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string ("2.6.0+cu124", "2.8.0.dev20250601")."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"expected a torch version like 2.6.0, got {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def installed_torch_version() -> str:
+    """The installed torch's version as transformers reads it (package metadata, no import of torch)."""
+    return importlib.metadata.version("torch")
+
+
+def trainer_optimizer_impl(torch_version: str | None = None) -> str:
+    """The AdamW implementation (a setup.OptimizerImpl value) the Trainer's default optim asks for."""
+    version = installed_torch_version() if torch_version is None else torch_version
+    return "fused" if _base_release(version) >= FUSED_DEFAULT_SINCE else "default"
+
+
+def trainer_optim_name(torch_version: str | None = None) -> str:
+    """The TrainingArguments.optim default, as transformers names it."""
+    return "adamw_torch_fused" if trainer_optimizer_impl(torch_version) == "fused" else "adamw_torch"
