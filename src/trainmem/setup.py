@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SetupError, expected, one_line, unknown_key
+from trainmem.files import regular_file
 
 
 class Optimizer(enum.StrEnum):
@@ -299,6 +300,7 @@ MAX_SETUP_FILE_BYTES = 64 << 10
 def read_setup_file(path: str | Path) -> dict[str, Any]:
     """A --setup TOML file's table: bounded in size, text, valid TOML; each failure one line naming the file."""
     where = str(path)
+    regular_file(where, "a TOML setup file", SetupError)  # a FIFO nobody writes to would block the open for ever
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_SETUP_FILE_BYTES + 1)

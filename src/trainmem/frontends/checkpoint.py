@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import ModelRefError, one_line, quote, short
-from trainmem.frontends.files import regular_file
+from trainmem.files import regular_file
 from trainmem.frontends.torchscript_archive import is_torchscript, torchscript_entries
 from trainmem.frontends.zip_directory import count_members
 

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from trainmem.errors import ModelRefError, one_line, quote, short
-from trainmem.frontends.files import regular_file
+from trainmem.files import regular_file
 from trainmem.setup import InputSpec
 
 # onnx TensorProto data types → torch dtype names

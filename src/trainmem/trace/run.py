@@ -19,6 +19,7 @@ from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import step as training
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
+from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
 from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode, module_tensor_tables
@@ -147,7 +148,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     from trainmem.trace import finetune
     from trainmem.trace.resolved import BatchProbe, resolved_setup
 
-    with torch.device("meta"):
+    with building_on_meta():
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
         model, finetune_notes = finetune.apply(model, setup)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)

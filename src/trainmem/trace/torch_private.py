@@ -102,3 +102,11 @@ def quiet_kernel_override():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+def device_constructors() -> set:
+    """The torch functions that take a `device=` and allocate: what `with torch.device(...)` redirects
+    when no device is given (torch.utils._device)."""
+    from torch.utils._device import _device_constructors
+
+    return _device_constructors()

@@ -1,0 +1,59 @@
+"""Build the user's model on the meta device, even where its code names a device.
+
+`with torch.device("meta")` only fills in a device that a constructor was not given: a model written
+with `nn.Linear(n, m, device="cpu")` or `torch.zeros(..., device=args.device)` would allocate (and
+initialize) its weights for real while we only estimate them — 28 GB for a 7B model written that way.
+While the model is built, `MetaEverywhere` sends such a call to meta first, which gives the tensor's size
+for free. A small one is then made where the code asked, because construction code may read its values
+(`[x.item() for x in torch.linspace(0, rate, depth, device=...)]`, position tables); a large one stays on
+meta, and so does everything once the small ones made for real add up to a budget. Parameters and buffers
+left on meta are replaced by fake ones before the trace (trace/run.py materialize_fake), as for a model
+that names no device; the small real ones are too, or enter the trace as constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from trainmem.trace.torch_private import device_constructors
+
+# A tensor this small is made where the code asked: 64 KiB holds an 8,192-entry int64 position table or a
+# drop-path schedule, values construction code reads; no weight matrix worth estimating is this small.
+SMALL_TENSOR_BYTES = 64 << 10
+# What all the small ones made for real may add up to, so that ten thousand small layers cannot add up to
+# gigabytes: 64 MiB is a fifth of the process that imports torch, and a thousand times what real models
+# make this way.
+REAL_BUDGET_BYTES = 64 << 20
+
+
+class MetaEverywhere(TorchFunctionMode):
+    """Inside `with torch.device("meta")`: a constructor given another device builds on meta unless what it
+    makes is small (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.constructors = frozenset(device_constructors())
+        self.real_bytes = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if func not in self.constructors or device is None or torch.device(device).type == "meta":
+            return func(*args, **kwargs)
+        on_meta = func(*args, **{**kwargs, "device": "meta"})
+        size = on_meta.untyped_storage().nbytes() if isinstance(on_meta, torch.Tensor) else 0
+        if size > SMALL_TENSOR_BYTES or self.real_bytes + size > REAL_BUDGET_BYTES:
+            return on_meta
+        self.real_bytes += size
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def building_on_meta() -> Iterator[None]:
+    """The model's constructors allocate nothing large for real, whether or not they name a device."""
+    with torch.device("meta"), MetaEverywhere():
+        yield
