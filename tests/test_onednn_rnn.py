@@ -288,3 +288,22 @@ def test_transients_match_real_in_oprunning_peak(T, B, I, H, dtype, reverse, gra
         assert sum(before) + sum(after) == 0
         real_peak, model_peak = running_peak(real), running_peak(before + outs + after)
         assert abs(model_peak - real_peak) <= max(0.01 * real_peak, 8192), (real, before, after)
+
+
+def test_an_unverified_onednn_release_makes_the_lstm_estimate_say_it_is_a_bound():
+    """The layout of a oneDNN release not checked against the real op is the larger known one; the estimate's
+    warnings say so (targets/cpu_target.py CpuTarget.device_stream → process_memory)."""
+    import dataclasses
+    from pathlib import Path
+
+    from trainmem.estimate import assemble_traced, plan, trace
+    from trainmem.setup import TrainingSetup
+
+    setup = TrainingSetup.from_mapping({"batch_size": 2})
+    verified = plan(str(Path(__file__).with_name("models.py")) + ":tiny_lstm", setup)
+    unverified = dataclasses.replace(verified, target=dataclasses.replace(
+        verified.target, cpu=dataclasses.replace(verified.target.cpu, onednn_version=(3, 9, 0))))
+    traced = trace(verified, setup)
+    said = [w for w in assemble_traced(unverified, setup, traced).warnings if "upper bound, not exact" in w]
+    assert len(said) == 1 and "oneDNN 3.9.0" in said[0]
+    assert not [w for w in assemble_traced(verified, setup, traced).warnings if "upper bound, not exact" in w]

@@ -135,7 +135,7 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         help="4-bit NF4 base weights + LoRA (r=64,alpha=16,all linear), bf16-mixed, paged 8-bit "
                              "AdamW, checkpointing; GPU devices" + d("qlora"))
     parser.add_argument("--hf-trainer", action="store_true", default=None,
-                        help="what transformers.Trainer does by default: fused AdamW, clip at 1.0, fp32 outputs "
+                        help="what transformers.Trainer does by default: AdamW (fused from torch 2.8, as transformers picks), clip at 1.0, fp32 outputs "
                              "under mixed precision" + d("hf_trainer"))
     parser.add_argument("--max-grad-norm", type=float, metavar="NORM", help="clip_grad_norm_ before each step"
                         + d("max_grad_norm", "no clipping"))

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainmem.errors import SetupError, expected, one_line, unknown_key
 from trainmem.files import regular_file
+from trainmem.trainer_defaults import trainer_optimizer_impl
 
 
 class Optimizer(enum.StrEnum):
@@ -148,10 +149,12 @@ class LoraSpec:
 # 13B), bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft prepare_model_for_kbit_training)
 QLORA_LORA = LoraSpec(r=64, alpha=16, targets=("all-linear",), dropout=0.1)
 QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "checkpointing": True}
-# transformers TrainingArguments (5.x, with torch >= 2.8): optim adamw_torch_fused, max_grad_norm 1.0,
-# evaluation off; Trainer.training_step: loss / gradient_accumulation_steps, zero_grad to None;
-# under mixed precision the Accelerator converts model outputs to fp32 (trace/step.py outputs_to_fp32)
-HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": "fused", "max_grad_norm": 1.0, "loop": "trainer"}
+# transformers TrainingArguments (5.x): optim adamw_torch_fused with torch >= 2.8, adamw_torch (torch's default
+# AdamW implementation) before (trainer_defaults.py); max_grad_norm 1.0, evaluation off; Trainer.training_step:
+# loss / gradient_accumulation_steps, zero_grad to None; under mixed precision the Accelerator converts model
+# outputs to fp32 (trace/step.py outputs_to_fp32)
+HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": trainer_optimizer_impl(), "max_grad_norm": 1.0,
+                       "loop": "trainer"}
 
 
 @dataclasses.dataclass(frozen=True)

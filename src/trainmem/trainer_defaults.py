@@ -28,7 +28,12 @@ def _base_release(version: str) -> tuple[int, int]:
 
 def installed_torch_version() -> str:
     """The installed torch's version as transformers reads it (package metadata, no import of torch)."""
-    return importlib.metadata.version("torch")
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch built from source, not installed as a package
+        import torch
+
+        return torch.__version__
 
 
 def trainer_optimizer_impl(torch_version: str | None = None) -> str:
