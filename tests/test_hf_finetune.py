@@ -150,7 +150,10 @@ def test_lora_without_targets_names_the_layers_to_choose_from(tiny):
 
 def test_hf_trainer_defaults():
     setup = TrainingSetup.from_mapping({"hf_trainer": True})
-    assert (setup.optimizer, setup.optimizer_impl, setup.max_grad_norm) == ("adamw", "fused", 1.0)
+    from trainmem.trainer_defaults import trainer_optimizer_impl
+
+    # fused from torch 2.8 on, as transformers picks (trainer_defaults.py)
+    assert (setup.optimizer, setup.optimizer_impl, setup.max_grad_norm) == ("adamw", trainer_optimizer_impl(), 1.0)
     kept = TrainingSetup.from_mapping({"hf_trainer": True, "optimizer": "sgd"})
     assert kept.optimizer == "sgd"
 

@@ -55,5 +55,11 @@ class MetaEverywhere(TorchFunctionMode):
 @contextlib.contextmanager
 def building_on_meta() -> Iterator[None]:
     """The model's constructors allocate nothing large for real, whether or not they name a device."""
+    # torch._dynamo runs code at import that makes tensors and reads their values (torch 2.6:
+    # variables/torch_function.py populate_builtin_to_tensor_fn_map); a model's module that imports it
+    # lazily (transformers' GenerationMixin) would run that code on meta and fail. The trace imports
+    # it anyway (FakeTensorMode), so importing it first costs nothing.
+    import torch._dynamo  # noqa: F401
+
     with torch.device("meta"), MetaEverywhere():
         yield
