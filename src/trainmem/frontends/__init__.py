@@ -5,7 +5,9 @@
     path/to/file.py:factory          a factory in a file the user points at as code
     package.module:factory           a factory in an importable module
     torchvision:NAME | timm:NAME[?k=v&…]    a vision model by name (frontends/vision.py)
-    hf:NAME | hf:DIR | hf:config.json       a Hugging Face model from its configuration (frontends/hf.py)
+    hf:NAME | hf:owner/name[@rev] | hf:DIR | hf:config.json
+                                     a Hugging Face model from its config.json, bundled, from the hub
+                                     or local (frontends/hf.py, hf_hub.py)
     model.onnx                              an ONNX graph converted to torch (frontends/onnx_ref.py)
     model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
     an nn.Module object              (Python API only)
