@@ -383,7 +383,10 @@ def _nested(depth: int) -> str:
 HOSTILE = [  # (id, reference or a function of the temporary directory, a fragment of the one line)
     ("empty", "hf:", "expected a model after hf:"),
     ("spaces", "hf:   ", "expected a model after hf:"),
-    ("dot-dot-passwd", "hf:../../etc/passwd", "expected a JSON config.json, could not parse it"),
+    # as many ../ as it takes from the repository root (the CLI's working directory) to reach /etc/passwd,
+    # wherever the checkout lies
+    ("dot-dot-passwd", lambda _: "hf:" + os.path.relpath("/etc/passwd", ROOT),
+     "expected a JSON config.json, could not parse it"),
     ("absolute-passwd", "hf:/etc/passwd", "expected a JSON config.json, could not parse it"),
     ("missing-path", "hf:./no/such/config.json", "expected an existing directory or config.json"),
     ("three-parts", "hf:a/b/c", "expected an existing directory or config.json"),
