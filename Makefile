@@ -21,7 +21,7 @@ $(VENV)/.demo-ready: $(VENV)/.torch-ready pyproject.toml
 	$(BIN)/pip install --quiet -e . $(DEV_TORCH)
 	touch $@
 
-# the test extras (pytest, pyyaml, transformers, peft, onnx) on top
+# the test extras (pytest, pyyaml, transformers, peft, onnx, tensorflow-cpu, keras) on top
 $(VENV)/.test-ready: $(VENV)/.demo-ready pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]' $(DEV_TORCH)
 	touch $@
