@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from trainmem.alloc.replay import ReplayResult
 from trainmem.targets import DeviceEvent
@@ -326,17 +326,21 @@ class BfcReplay:
     garbage_collections: int
     zero_byte_requests: int  # TensorFlow allocates no buffer for an empty tensor
     out_of_memory: str | None = None
+    optional_failed: int = 0  # optional requests (scratch that may fail) the allocator could not serve
 
 
-def replay_bfc(events: Iterable[DeviceEvent], config: BfcConfig) -> BfcReplay:
+def replay_bfc(events: Iterable[DeviceEvent], config: BfcConfig,
+               optional: Callable[[DeviceEvent], bool] | None = None) -> BfcReplay:
     """Replay alloc/free events (by key) through a BFCAllocator built with `config`. A free of a key
-    never allocated is ignored, as the CUDA replay does; the replay stops at the first failed request.
+    never allocated is ignored, as the CUDA replay does; the replay stops at the first failed request,
+    unless `optional(event)` says the request may fail (AllocationAttributes.retry_on_failure false: TF's
+    convolution scratch, whose failure only skips an algorithm): it is then counted and skipped.
     The live set at the peak is rebuilt at the end by undoing the changes made since the peak."""
     allocator = BfcAllocator(config)
     handles: dict[int, int] = {}
     live: dict[int, tuple[DeviceEvent, int]] = {}  # key -> (alloc event, chunk size)
     since_peak: list[tuple[int, tuple[DeviceEvent, int] | None]] = []
-    requested = tensor_peak = peak_index = zero = 0
+    requested = tensor_peak = peak_index = zero = skipped = 0
     best, failure = -1, None
     for index, event in enumerate(events):
         if event.action != "alloc":
@@ -351,6 +355,9 @@ def replay_bfc(events: Iterable[DeviceEvent], config: BfcConfig) -> BfcReplay:
         try:
             handle = allocator.allocate(event.nbytes)
         except BfcOutOfMemory as error:
+            if optional is not None and optional(event):
+                skipped += 1
+                continue
             failure = f"OOM when allocating {event.nbytes:,} B for {_where(event)}: {error}"
             break
         handles[event.key] = handle
@@ -361,7 +368,8 @@ def replay_bfc(events: Iterable[DeviceEvent], config: BfcConfig) -> BfcReplay:
         if allocator.stats.bytes_in_use > best:
             best, peak_index = allocator.stats.bytes_in_use, index
             since_peak.clear()
-    return _result(allocator, _undo(live, since_peak), peak_index, tensor_peak, zero, failure)
+    result = _result(allocator, _undo(live, since_peak), peak_index, tensor_peak, zero, failure)
+    return dataclasses.replace(result, optional_failed=skipped)
 
 
 def _undo(live: dict, changes: list) -> dict:
