@@ -127,3 +127,16 @@ def test_conv_autotune_scratch():
     # high: each candidate may ask for the 4 GiB TF_CUDNN_WORKSPACE_LIMIT_IN_MB cap, more than the 1 GiB
     # limit holds: such a request fails harmlessly, and the workspace may take all that is left -> the limit
     assert f.peak_in_use_high == GiB and f.fits
+
+
+def test_backprop_filter_autotune_shadows_the_filter_gradient():
+    # Conv2DBackpropFilter(x, filter_sizes, dy) -> dw [3,3,3,16] (1,728 B): autotuning shadows dw, not dy:
+    # 1,728 + 16 MiB = 16,778,944 -> 16,779,008 B (256-B rounding); the explicit-GEMM workspace is the same
+    # im2col matrix, 884,736 + 16 MiB = 17,661,952 B.
+    traced = _trace(conv=True)
+    x, w, y = traced.trace.kernel_calls[0].args[0], traced.trace.kernel_calls[0].args[1], TensorMeta(
+        (8, 32, 32, 16), 4, "float32")
+    sizes = TensorMeta((4,), 4, "int32")
+    traced.trace.kernel_calls[0] = KernelCall("Conv2DBackpropFilter", 2, 1, (x, sizes, y, {}), (w,), (3,))
+    f = tf_gpu_figures(traced, get_device(CARD), "limit:1GiB")
+    assert f.live_at_peak[Category.RUNTIME] == 1280 + 16_779_008 + 17_661_952

@@ -9,15 +9,16 @@ import: the step comes as a KerasTraced (trace/keras_traced.py), the GPU as a de
   the reserve. With a fraction the limit is fraction × total memory. A logical device's memory_limit (MB,
   tf.config.set_logical_device_configuration) is used as given: `static_cast<int64>(mb) * (1ll << 20)`.
 * The allocator: GPUBFCAllocator (alloc/tf_bfc.py) over that limit, on cuMemAlloc regions
-  (gpu_process_state.cc CreateSubAllocator: DeviceMemAllocator; the virtual-memory allocator is compiled
-  out). Three modes: "default" (allow_growth false: the first allocation maps one region of the whole limit,
+  (gpu_process_state.cc CreateSubAllocator: DeviceMemAllocator, whose SupportsCoalescing is false —
+  xla/stream_executor/integrations/device_mem_allocator.h; the virtual-memory allocator is compiled out). Three modes: "default" (allow_growth false: the first allocation maps one region of the whole limit,
   and the first allocation comes when the device is created — BaseGPUDevice::InitScratchBuffers allocates
   Eigen's scratch, Eigen::kGpuScratchSize (1024) + sizeof(unsigned int) bytes); "growth" (allow_growth /
   set_memory_growth: regions from 2 MiB, doubling); "limit:SIZE" (a logical device's memory_limit: one region
   of that size). "fraction:F" takes per_process_gpu_memory_fraction.
 * cuDNN convolution workspaces as TF requests them (conv_ops_gpu.cc AutotuneUnfusedConv, autotune_conv_impl.h
   AutotuneConvImpl): autotuning is on by default (TF_CUDNN_USE_AUTOTUNE) and runs at the first call of each
-  convolution configuration: the output is shadowed by a copy with 8 MiB redzones on each side
+  convolution configuration: the op's result (output, input or filter gradient) is shadowed by a copy with
+  8 MiB redzones on each side
   (RedzoneAllocator::kDefaultRedzoneSize, "8MiB per side, 16MiB total"), and every candidate algorithm's
   workspace is allocated with its redzones, run, and freed. Those requests may fail without failing the step
   (scratch is allocated with retry_on_failure false: the algorithm is skipped). Each workspace is capped by
@@ -250,24 +251,26 @@ def _conv_scratch(trace: Trace) -> tuple[dict, dict, list[str]]:
             continue
         at = call.at_seq + call.outputs_allocated
         geometry = _geometry(call)
+        workspace = _gemm_workspace(*geometry) if geometry is not None else 0
         if geometry is None:
             gaps.append(f"{call.op} without tensor shapes: its cuDNN workspace is sized only in the high figures")
-            workspace, y_bytes = 0, 0
-        else:
-            x, w, y = geometry
-            workspace, y_bytes = _gemm_workspace(x, w, y), y.itemsize * math.prod(y.shape)
+        # the buffer autotuning shadows is the op's result: output, input gradient or filter gradient
+        out = call.outputs[0] if call.outputs and isinstance(call.outputs[0], TensorMeta) else None
+        out_bytes = out.itemsize * math.prod(out.shape) if out is not None and min(out.shape, default=1) > 0 else 0
         key = (call.op, tuple(a.shape for a in call.args if isinstance(a, TensorMeta)))
         first = key not in seen
         seen.add(key)
-        point.setdefault(at, []).extend(_candidates(call.op, workspace, y_bytes, first))
-        high.setdefault(at, []).extend(_candidates(call.op, CUDNN_WORKSPACE_LIMIT, y_bytes, first))
+        point.setdefault(at, []).extend(_candidates(call.op, workspace, out_bytes, first))
+        high.setdefault(at, []).extend(_candidates(call.op, CUDNN_WORKSPACE_LIMIT, out_bytes, first))
     return point, high, gaps
 
 
-def _candidates(op: str, workspace: int, y_bytes: int, autotune: bool) -> list[tuple[int, str]]:
+def _candidates(op: str, workspace: int, out_bytes: int, autotune: bool) -> list[tuple[int, str]]:
+    """The first call of a configuration autotunes (conv_ops_gpu.cc: WrapRedzoneBestEffort shadows the result
+    while each candidate's workspace comes and goes); later calls run the chosen algorithm's workspace."""
     if not autotune:
         return [(workspace, f"cuDNN workspace, {op}")] if workspace else []
-    out = [(y_bytes + 2 * REDZONE_BYTES, f"cuDNN autotune output copy with redzones, {op} (held)")]
+    out = [(out_bytes + 2 * REDZONE_BYTES, f"cuDNN autotune result copy with redzones, {op} (held)")]
     return out + [(workspace + 2 * REDZONE_BYTES, f"cuDNN autotune workspace with redzones, {op}")]
 
 
