@@ -140,3 +140,28 @@ def test_backprop_filter_autotune_shadows_the_filter_gradient():
     traced.trace.kernel_calls[0] = KernelCall("Conv2DBackpropFilter", 2, 1, (x, sizes, y, {}), (w,), (3,))
     f = tf_gpu_figures(traced, get_device(CARD), "limit:1GiB")
     assert f.live_at_peak[Category.RUNTIME] == 1280 + 16_779_008 + 17_661_952
+
+
+def test_seed_mlp_traced_by_tensorflow():
+    # The seed MLP 1000-100x4-10, batch 256, Adam, traced on TensorFlow's graph (needs the extra): its
+    # 131,410 fp32 weights (525,640 B) and Adam's two slots (1,051,280 B) are in use at the peak, each
+    # tensor in a chunk of at least its 256-B rounding; the chunks at the peak sum to get_memory_info's peak.
+    pytest.importorskip("tensorflow")
+    keras_graph = pytest.importorskip("trainmem.trace.keras_graph")
+    from trainmem.frontends.keras_import import import_keras
+    from trainmem.setup import TrainingSetup
+
+    keras = import_keras()
+
+    def build():
+        dense = [keras.layers.Dense(100, activation="relu") for _ in range(4)]
+        return keras.Sequential([keras.Input((1000,)), *dense, keras.layers.Dense(10)])
+
+    traced = keras_graph.trace_keras(build, TrainingSetup(batch_size=256), name="seed")
+    f = tf_gpu_figures(traced, get_device("a100-80gb"), "growth")
+    assert sum(f.live_at_peak.values()) == f.peak_in_use and f.fits
+    assert f.live_at_peak[Category.PARAMETERS] >= 525_640
+    assert f.live_at_peak[Category.OPTIMIZER_STATE] >= 2 * 525_640
+    assert f.region_bytes >= f.peak_in_use and f.process_bytes == CONTEXT + f.region_bytes
+    default = tf_gpu_figures(traced, get_device("a100-80gb"), "default")
+    assert default.region_bytes == default.memory_limit == (81920 - 256 - 1536) * MiB

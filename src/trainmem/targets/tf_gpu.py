@@ -5,26 +5,28 @@ import: the step comes as a KerasTraced (trace/keras_traced.py), the GPU as a de
   SingleVirtualDeviceMemoryLimit): `available` is the free memory cuMemGetInfo reports once the CUDA context
   exists; without per_process_gpu_memory_fraction the limit is available − MinSystemMemory(available, cc
   major): 225 MiB when available < 2 GiB, else 500 MiB (cc ≤ 6), 1050 MiB (7), 1536 MiB (8), 1800 MiB (9 and
-  newer) — the table of TF 2.17+; PR #44810 introduced the first three. TF_DEVICE_MIN_SYS_MEMORY_IN_MB replaces
+  newer) — the table of the 2024 source read (xla/ include paths, PJRT-era); tensorflow PR #44810 (TF 2.5)
+  introduced the first three, the 1800 MiB row came later. TF_DEVICE_MIN_SYS_MEMORY_IN_MB replaces
   the reserve. With a fraction the limit is fraction × total memory. A logical device's memory_limit (MB,
   tf.config.set_logical_device_configuration) is used as given: `static_cast<int64>(mb) * (1ll << 20)`.
 * The allocator: GPUBFCAllocator (alloc/tf_bfc.py) over that limit, on cuMemAlloc regions
   (gpu_process_state.cc CreateSubAllocator: DeviceMemAllocator, whose SupportsCoalescing is false —
-  xla/stream_executor/integrations/device_mem_allocator.h; the virtual-memory allocator is compiled out). Three modes: "default" (allow_growth false: the first allocation maps one region of the whole limit,
-  and the first allocation comes when the device is created — BaseGPUDevice::InitScratchBuffers allocates
-  Eigen's scratch, Eigen::kGpuScratchSize (1024) + sizeof(unsigned int) bytes); "growth" (allow_growth /
-  set_memory_growth: regions from 2 MiB, doubling); "limit:SIZE" (a logical device's memory_limit: one region
-  of that size). "fraction:F" takes per_process_gpu_memory_fraction.
+  xla/stream_executor/integrations/device_mem_allocator.h; the virtual-memory allocator is compiled out).
+  Modes: "default" (allow_growth false: the first allocation maps one region of the whole limit, and it
+  comes when the device is created — BaseGPUDevice::InitScratchBuffers allocates Eigen's scratch,
+  Eigen::kGpuScratchSize (1024) + sizeof(unsigned int) bytes); "growth" (allow_growth / set_memory_growth:
+  regions from 2 MiB, doubling); "limit:SIZE" (a logical device's memory_limit: one region of that size);
+  "fraction:F" (per_process_gpu_memory_fraction).
 * cuDNN convolution workspaces as TF requests them (conv_ops_gpu.cc AutotuneUnfusedConv, autotune_conv_impl.h
   AutotuneConvImpl): autotuning is on by default (TF_CUDNN_USE_AUTOTUNE) and runs at the first call of each
   convolution configuration: the op's result (output, input or filter gradient) is shadowed by a copy with
-  8 MiB redzones on each side
-  (RedzoneAllocator::kDefaultRedzoneSize, "8MiB per side, 16MiB total"), and every candidate algorithm's
+  8 MiB redzones on each side (RedzoneAllocator::kDefaultRedzoneSize, "8MiB per side, 16MiB total"; the
+  check is on unless TF_DISABLE_RZ_CHECK), and every candidate algorithm's
   workspace is allocated with its redzones, run, and freed. Those requests may fail without failing the step
   (scratch is allocated with retry_on_failure false: the algorithm is skipped). Each workspace is capped by
   TF_CUDNN_WORKSPACE_LIMIT_IN_MB, default 1 << 32 B (4 GiB). Which algorithms cuDNN offers and what each asks
   for is known only on the GPU, so the point stream takes the explicit-GEMM candidate, whose workspace is the
-  im2col matrix (targets/cudnn.py im2col_bytes), at every call (autotuning adds the output copy and redzones
+  im2col matrix (as targets/cudnn.py sizes it for PyTorch; here over TF's HWIO filters), at every call (autotuning adds the output copy and redzones
   at the first); the high stream lets every call ask for the 4 GiB cap, which, when it cannot be served, means
   the workspace may take all the memory left: the high figures are then the limit.
 * Outside the allocator: the CUDA context. TensorFlow 2.21 is built with CUDA 12.5 (its `and-cuda` extra:
@@ -42,7 +44,6 @@ import math
 from trainmem.alloc.tf_bfc import BfcConfig, BfcReplay, replay_bfc
 from trainmem.errors import SetupError
 from trainmem.targets import DeviceEvent
-from trainmem.targets.cudnn import im2col_bytes
 from trainmem.targets.cuda_runtime import LAZY, CudaRuntime, context_fact
 from trainmem.trace.events import Category, KernelCall, Phase, TensorMeta, Trace
 from trainmem.units import parse_bytes
@@ -98,7 +99,8 @@ def default_memory_limit(device, context: int, *, min_sys_memory_mb: int | None 
         limit = available - reserve if reserve < available else available
         how = f"available {available:,} B − MinSystemMemory {reserve:,} B (cc {cc_major}.x)"
     if min_sys_memory_mb is not None and min_sys_memory_mb * MiB <= available:
-        limit, how = available - min_sys_memory_mb * MiB, f"available − TF_DEVICE_MIN_SYS_MEMORY_IN_MB={min_sys_memory_mb}"
+        limit = available - min_sys_memory_mb * MiB
+        how = f"available − TF_DEVICE_MIN_SYS_MEMORY_IN_MB={min_sys_memory_mb}"
     return MemoryLimit(limit, available, available - limit, how)
 
 
