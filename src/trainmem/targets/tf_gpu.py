@@ -13,8 +13,9 @@ import: the step comes as a KerasTraced (trace/keras_traced.py), the GPU as a de
   (gpu_process_state.cc CreateSubAllocator: DeviceMemAllocator, whose SupportsCoalescing is false —
   xla/stream_executor/integrations/device_mem_allocator.h; the virtual-memory allocator is compiled out).
   Modes: "default" (allow_growth false: the first allocation maps one region of the whole limit, and it
-  comes when the device is created — BaseGPUDevice::InitScratchBuffers allocates Eigen's scratch,
-  Eigen::kGpuScratchSize (1024) + sizeof(unsigned int) bytes); "growth" (allow_growth / set_memory_growth:
+  comes with the first op the device runs — BaseGPUDevice::ReinitializeGpuDevice → InitScratchBuffers
+  allocates Eigen's scratch, Eigen::kGpuScratchSize (1024) + sizeof(unsigned int) bytes, before the op's
+  outputs, so it heads the stream); "growth" (allow_growth / set_memory_growth:
   regions from 2 MiB, doubling); "limit:SIZE" (a logical device's memory_limit: one region of that size);
   "fraction:F" (per_process_gpu_memory_fraction).
 * cuDNN convolution workspaces as TF requests them (conv_ops_gpu.cc AutotuneUnfusedConv, autotune_conv_impl.h
@@ -214,7 +215,7 @@ def device_streams(trace: Trace) -> tuple[list[DeviceEvent], list[DeviceEvent], 
 
 def _build(trace: Trace, inserts: dict[int, list[tuple[int, str]]]) -> list[DeviceEvent]:
     events = [DeviceEvent("alloc", EIGEN_SCRATCH_BYTES, -1, Category.RUNTIME, Phase.INIT, "",
-                          "Eigen GPU scratch (BaseGPUDevice::InitScratchBuffers)", 0, 0)]
+                          "Eigen GPU scratch (BaseGPUDevice::InitScratchBuffers, at the first op)", 0, 0)]
     for event in trace.events:
         _scratch(events, inserts.get(event.seq, []), event)
         category = trace.storages[event.sid].category
