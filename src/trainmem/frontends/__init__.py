@@ -11,6 +11,9 @@
     model.onnx                              an ONNX graph converted to torch (frontends/onnx_ref.py)
     model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
     an nn.Module object              (Python API only)
+    model.keras | a SavedModel directory    Keras models (frontends/keras_ref.py: resolve_model picks the
+                                     framework; factories returning a keras.Model and, with --framework
+                                     keras, mlp: and specs too)
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Kind:
 
     MLP, VISION, HF, ONNX, CHECKPOINT, SPEC, PYTHON, MODULE, UNKNOWN = (
         "mlp", "vision", "hf", "onnx", "checkpoint", "spec", "python", "module", "unknown")
+    KERAS, SAVED_MODEL = "keras", "saved-model"  # a .keras file; a SavedModel directory (found by a stat)
 
 
 def reference_kind(model: Any) -> str:
@@ -61,6 +65,8 @@ def reference_kind(model: Any) -> str:
         return Kind.HF
     if lowered.endswith(".onnx"):
         return Kind.ONNX
+    if lowered.rstrip("/").endswith(".keras"):
+        return Kind.KERAS
     from trainmem.frontends.checkpoint import is_checkpoint
 
     if is_checkpoint(ref):
@@ -69,10 +75,18 @@ def reference_kind(model: Any) -> str:
         return Kind.SPEC
     if ":" in ref:
         return Kind.PYTHON
+    from trainmem.frontends.keras_saved_model import saved_model_dir
+
+    if saved_model_dir(ref) is not None:
+        return Kind.SAVED_MODEL
     return Kind.UNKNOWN
 
 
 def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
+    """The torch resolver (frontends/keras_ref.py resolve_model is the one across frameworks). A ModelSource
+    already resolved passes through."""
+    if isinstance(model, ModelSource):
+        return model
     kind = reference_kind(model)
     if kind == Kind.MODULE:
         from trainmem.frontends.module_object import from_module
@@ -104,10 +118,34 @@ def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
 
         return from_spec_file(ref)
     if kind == Kind.PYTHON:
-        from trainmem.frontends.python_ref import from_python_ref
+        from trainmem.frontends.python_ref import load_factory
 
-        return from_python_ref(ref)
+        return torch_source_of_factory(ref, load_factory(ref))
+    if kind in (Kind.KERAS, Kind.SAVED_MODEL):
+        raise ModelRefError(f"expected a PyTorch model with --framework torch, got a Keras model {quote(ref)} "
+                            "(--framework auto or keras estimates it)", where="MODEL")
     raise ModelRefError(
         "expected a model reference such as mlp:1000-100-10, net.yaml, path/file.py:factory, "
-        f"package.module:factory, torchvision:NAME, hf:NAME, model.onnx or a checkpoint file, got {quote(ref)}",
-        where="MODEL")
+        f"package.module:factory, torchvision:NAME, hf:NAME, model.onnx, a checkpoint file, model.keras or a "
+        f"SavedModel directory, got {quote(ref)}", where="MODEL")
+
+
+def torch_source_of_factory(ref: str, factory: Callable[[], Any]) -> ModelSource:
+    """A loaded `file.py:factory` for the torch engine (frontends/python_ref.py says what it may return). A
+    factory that returns a Keras model is told to use Keras's path, not traced as an nn.Module."""
+    from trainmem.errors import one_line, short
+
+    def build() -> Any:
+        try:
+            result = factory()
+        except SystemExit as stop:  # a script's habit; here it would end trainmem with the factory's code
+            raise ModelRefError(f"expected the factory to return an nn.Module, it called sys.exit({quote(stop.code)})",
+                                where=short(ref)) from None
+        except Exception as error:  # noqa: BLE001
+            raise ModelRefError(f"the factory raised {type(error).__name__}: {one_line(error)}", where=short(ref)) from error
+        if type(result).__module__.split(".")[0] == "keras":
+            raise ModelRefError(f"expected an nn.Module, got a Keras {type(result).__name__}: estimate it with "
+                                "--framework keras", where=short(ref))
+        return result
+
+    return ModelSource(ref=ref, name=ref.rpartition(":")[2], build=build)

@@ -1,0 +1,236 @@
+"""Keras model references in, a KerasSource out (or, on Keras's torch backend, the torch engine's ModelSource).
+
+    model.keras | a directory save(zipped=False) wrote    config.json only, safe_mode (frontends/keras_file.py)
+    a SavedModel directory (saved_model.pb + variables/)  its signature, restored in a graph (keras_saved_model.py)
+    path/to/file.py:factory | package.module:factory      a factory returning a keras.Model
+    mlp:1000-100-10 | net.yaml | net.json                 with --framework keras (frontends/keras_layers.py)
+    a keras.Model object                                  (Python API) rebuilt from its config
+
+`build()` is called by the trace inside a fresh tf.Graph (trace/keras_graph.py): the model's variables are
+graph variables whose initializers never run, so no weight is allocated. Which framework a reference is:
+`.keras` files and SavedModel directories are Keras; a factory is Keras when its module refers to Keras or
+TensorFlow and not to torch; mlp: and specs are torch unless --framework keras. Every Keras and TensorFlow
+import goes through frontends/keras_import.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import ModelRefError, SetupError, one_line, quote, short
+from trainmem.setup import InputSpec, Loss, TrainingSetup
+
+FRAMEWORKS = ("auto", "torch", "keras")
+KERAS_ROOTS = frozenset({"keras", "tensorflow", "tf_keras"})
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasSource:
+    """How to build a Keras model: `build()` inside the trace's tf.Graph returns a keras.Model."""
+
+    ref: str  # re-resolvable in a fresh process ("" for a model object)
+    name: str
+    build: Callable[[], Any]
+    kind: str  # keras-file | saved-model | factory | mlp | spec | model-object
+    default_inputs: tuple[InputSpec, ...] = ()  # () : the model's own Input shapes
+    default_loss: Loss | None = None
+    notes: tuple[str, ...] = ()  # what the reference says or cannot tell (the file's own optimizer …)
+
+
+def is_keras_file(ref: str) -> bool:
+    return ref.lower().rstrip("/").endswith(".keras")
+
+
+def is_keras_reference(ref: Any, framework: str = "auto") -> bool:
+    """Whether `ref` is estimated as Keras, from its text and a stat (nothing is read, imported or run).
+    A factory's framework under "auto" is decided when its file is loaded (resolve_model)."""
+    from trainmem.frontends.keras_saved_model import saved_model_dir
+
+    if _is_keras_object(ref):
+        return True
+    if not isinstance(ref, str) or framework == "torch":
+        return False
+    if framework == "keras":
+        return True
+    return is_keras_file(ref.strip()) or saved_model_dir(ref.strip()) is not None
+
+
+def check_framework(framework: str, keras_backend: str | None, where: str = "--framework") -> None:
+    from trainmem.frontends.keras_import import KERAS_BACKENDS
+
+    if framework not in FRAMEWORKS:
+        raise SetupError(f"expected {'|'.join(FRAMEWORKS)}, got {quote(framework)}", where=where)
+    if keras_backend is not None and keras_backend not in KERAS_BACKENDS:
+        raise SetupError(f"expected {'|'.join(KERAS_BACKENDS)}, got {quote(keras_backend)}", where="--keras-backend")
+
+
+def resolve_model(model: Any, setup: TrainingSetup, framework: str = "auto", keras_backend: str | None = None):
+    """The one resolver across frameworks: a torch ModelSource or a KerasSource. A factory's file is loaded
+    once, here, whichever framework it turns out to be."""
+    from trainmem.frontends import Kind, reference_kind, resolve
+
+    check_framework(framework, keras_backend)
+    if keras_backend == "torch":
+        return _on_torch_backend(model, setup)
+    if isinstance(model, str) and framework != "torch" and reference_kind(model) == Kind.PYTHON:
+        return _from_factory(model.strip(), setup, framework, keras_backend)
+    if is_keras_reference(model, framework):
+        return resolve_keras(model, setup, framework, keras_backend)
+    return resolve(model, setup)
+
+
+def resolve_keras(ref: Any, setup: TrainingSetup, framework: str = "keras", keras_backend: str | None = None):
+    """A KerasSource for a Keras reference on TensorFlow; the torch backend goes to frontends/keras_torch.py."""
+    from trainmem.frontends import Kind, reference_kind
+    from trainmem.frontends.keras_saved_model import saved_model_dir
+
+    if keras_backend == "torch" or (keras_backend is None and _backend_in_use() == "torch"):
+        return _on_torch_backend(ref, setup)
+    if _is_keras_object(ref):
+        return _from_object(ref)
+    ref = ref.strip()
+    kind = reference_kind(ref)
+    if is_keras_file(ref):
+        return _from_keras_file(ref)
+    if (directory := saved_model_dir(ref)) is not None:
+        return _from_saved_model(directory, ref)
+    if kind == Kind.MLP:
+        return _from_mlp(ref, setup)
+    if kind == Kind.SPEC:
+        return _from_spec(ref)
+    if kind == Kind.PYTHON:
+        return _from_factory(ref, setup, "keras", keras_backend)
+    raise ModelRefError("expected a Keras model reference (model.keras, a SavedModel directory, file.py:factory, "
+                        f"mlp:…, a layer spec), got {quote(ref)}", where="MODEL")
+
+
+def _backend_in_use() -> str | None:
+    from trainmem.frontends.keras_import import keras_backend_in_use
+
+    return keras_backend_in_use()
+
+
+def _on_torch_backend(model: Any, setup: TrainingSetup):
+    try:
+        from trainmem.frontends.keras_torch import resolve_keras_torch
+    except ImportError:
+        raise SetupError("expected a trainmem with Keras on the torch backend (frontends/keras_torch.py), got one "
+                         "without it; use --keras-backend tensorflow", where="--keras-backend") from None
+    return resolve_keras_torch(model, setup)
+
+
+def _is_keras_object(model: Any) -> bool:
+    import sys
+
+    keras = sys.modules.get("keras")
+    return keras is not None and not isinstance(model, str) and isinstance(model, getattr(keras, "Model", ()))
+
+
+def _from_object(model: Any) -> KerasSource:
+    def build() -> Any:
+        from trainmem.frontends.keras_import import import_keras
+
+        keras = import_keras()
+        try:  # Sequential and functional models rebuild from their config; a subclass needs get_config
+            return keras.models.clone_model(model)
+        except Exception as error:  # noqa: BLE001 - the user's model class: one line
+            raise ModelRefError(f"expected a Keras model that clone_model can rebuild without weights, got "
+                                f"{type(error).__name__}: {one_line(error)}", where=type(model).__name__) from None
+
+    return KerasSource("", getattr(model, "name", type(model).__name__), build, "model-object")
+
+
+def _from_keras_file(ref: str) -> KerasSource:
+    from trainmem.frontends.keras_file import read_keras_config, rebuild, saved_compile
+
+    config = read_keras_config(ref)
+    optimizer, loss = saved_compile(config)
+    notes = (f"{Path(ref).name} was compiled with optimizer {optimizer} and loss {loss}; the estimate uses "
+             "the setup's (--optimizer, --loss)",) if optimizer or loss else ()
+    return KerasSource(ref, Path(ref.rstrip("/")).stem, lambda: rebuild(config, ref), "keras-file", notes=notes)
+
+
+def _from_saved_model(directory: Path, ref: str) -> KerasSource:
+    from trainmem.frontends.keras_saved_model import build_from_saved_model, read_signature
+
+    signature = read_signature(directory, ref)
+    inputs = (InputSpec(signature.shape, signature.dtype),)
+    note = (f"the SavedModel's signature {signature.name!r} is the forward: its ops run inside function calls "
+            "(StatefulPartitionedCall), and the SavedModel holds no Keras layers, so the per-layer table has one row")
+    return KerasSource(ref, directory.resolve().name, lambda: build_from_saved_model(directory, signature, ref),
+                       "saved-model", default_inputs=inputs, notes=(note,))
+
+
+def _from_mlp(ref: str, setup: TrainingSetup) -> KerasSource:
+    from trainmem.frontends.keras_layers import build_keras_mlp
+    from trainmem.frontends.mlp import parse_widths
+
+    widths = parse_widths(ref)
+    activation, dropout = str(setup.activation), setup.dropout
+    return KerasSource(ref, ref, lambda: build_keras_mlp(widths, activation, dropout), "mlp",
+                       default_inputs=(InputSpec((widths[0],)),), default_loss=Loss.CROSS_ENTROPY)
+
+
+def _from_spec(ref: str) -> KerasSource:
+    from trainmem.frontends import spec
+    from trainmem.frontends.keras_layers import build_keras_spec, keras_input_shape
+
+    data = spec.read_spec(ref)
+    plan = spec._plan_layers(data, ref)  # noqa: SLF001 - the spec's one planner, torch's sizes inferred on meta
+    default = spec._default_input(data, plan)  # noqa: SLF001
+    shape = keras_input_shape(default.shape, plan)
+    notes = (f"the spec's input {list(default.shape)} is channels-first; Keras takes it as {list(shape)}",
+             ) if shape != default.shape else ()
+    return KerasSource(ref, data.get("name", Path(ref).stem),
+                       lambda: build_keras_spec(plan, default.shape, default.dtype, ref), "spec",
+                       default_inputs=(InputSpec(shape, default.dtype, default.max_value),),
+                       default_loss=spec._spec_loss(data.get("loss", "cross-entropy"), ref), notes=notes)  # noqa: SLF001
+
+
+def _from_factory(ref: str, setup: TrainingSetup, framework: str, keras_backend: str | None):
+    """Load the file once; Keras when --framework keras or its module refers to Keras/TensorFlow, not torch."""
+    from trainmem.frontends.python_ref import load_factory
+
+    if framework == "keras" and keras_backend is not None:  # Keras fixes its backend at its first import
+        from trainmem.frontends.keras_import import import_keras
+
+        import_keras(backend=keras_backend, where=short(ref))
+    factory = load_factory(ref)
+    if framework == "auto" and not _refers_to_keras(factory):
+        from trainmem.frontends import torch_source_of_factory
+
+        return torch_source_of_factory(ref, factory)
+    if _backend_in_use() == "torch":
+        return _on_torch_backend(ref, setup)
+    return KerasSource(ref, ref.rpartition(":")[2], lambda: call_keras_factory(factory, ref), "factory")
+
+
+def _refers_to_keras(factory: Any) -> bool:
+    roots = {_root(value) for value in getattr(factory, "__globals__", {}).values()}
+    return bool(roots & KERAS_ROOTS) and "torch" not in roots
+
+
+def _root(value: Any) -> str:
+    name = getattr(value, "__name__", "") if isinstance(value, type(dataclasses)) else getattr(value, "__module__", "")
+    return (name or "").split(".")[0] if isinstance(name, str) else ""
+
+
+def call_keras_factory(factory: Callable[[], Any], ref: str) -> Any:
+    """The factory's keras.Model (called inside the trace's graph); anything else is one line."""
+    from trainmem.frontends.keras_import import import_keras
+
+    try:
+        model = factory()
+    except SystemExit as stop:
+        raise ModelRefError(f"expected the factory to return a keras.Model, it called sys.exit({quote(stop.code)})",
+                            where=short(ref)) from None
+    except Exception as error:  # noqa: BLE001 - the user's code: one line
+        raise ModelRefError(f"the factory raised {type(error).__name__}: {one_line(error)}", where=short(ref)) from error
+    keras = import_keras(where=short(ref))
+    if not isinstance(model, keras.Model):
+        raise ModelRefError(f"expected the factory to return a keras.Model, got {type(model).__name__}",
+                            where=short(ref))
+    return model
