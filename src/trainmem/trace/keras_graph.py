@@ -1,0 +1,169 @@
+"""Trace the step Keras's `model.fit` runs on TensorFlow, from shapes alone, without allocating a weight.
+
+The model is built inside a fresh tf.Graph: its variables are graph variables (VarHandleOp + an
+initializer that never runs), so no weight memory is allocated. There `model.train_step((x, y))` on
+placeholders builds the same ops as fit's step (keras/src/backend/tensorflow/trainer.py train_step:
+forward under GradientTape, compute_loss, loss tracker, tape.gradient, optimizer.apply_gradients).
+Only the ops made by that call are the step. trace/tf_lifetimes.py then replays them as TensorFlow's
+executor holds tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainmem.errors import ModelRefError, TraceError, TrainmemError, one_line
+from trainmem.setup import Loss, TrainingSetup
+from trainmem.trace import keras_setup
+from trainmem.trace.events import Category, Phase
+from trainmem.trace.keras_layers import LayerHooks, layer_rows, variables_of
+from trainmem.trace.keras_traced import KerasTraced
+from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners
+from trainmem.trace.tf_lifetimes import replay
+from trainmem.trace.tf_ops import StepGraph
+
+ORDER = ("the ops in the order the step's graph was built (forward, loss, gradients from the loss back, "
+         "optimizer updates layer by layer): a topological order TensorFlow's executor may follow; the "
+         "executor runs ready ops as their inputs complete, cheap ones inline, expensive ones on its "
+         "inter-op threads (executor.cc ExecutorState::ScheduleReady), so branches that are independent may "
+         "interleave differently in a real run")
+
+
+def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str) -> KerasTraced:
+    """Trace one Keras model's fit step; `build` is called inside a fresh tf.Graph and returns the model."""
+    from trainmem.frontends.keras_import import import_keras, import_tensorflow
+
+    keras_setup.check_supported(setup)
+    keras = import_keras("tensorflow", where=name)
+    tf = import_tensorflow(where=name)
+    graph = tf.Graph()
+    try:
+        with graph.as_default(), keras_setup.dtype_policy(keras, setup.precision):
+            model = _build(build, keras, name)
+            built = _build_step(model, keras, tf, graph, setup)
+    except TrainmemError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the model's code failed while its step was built
+        raise TraceError(f"expected a Keras model whose fit step can be built, got {type(error).__name__}: "
+                         f"{one_line(error)}", where=name) from error
+    step_graph, hooks, warnings = built
+    result = replay(step_graph, steps=setup.steps)
+    return _traced(model, step_graph, hooks, result, warnings, setup, keras)
+
+
+def _build(build: Callable[[], Any], keras: Any, name: str) -> Any:
+    model = build()
+    if not isinstance(model, keras.Model):
+        raise ModelRefError(f"expected a Keras Model, got {type(model).__name__}", where=name)
+    return model
+
+
+def _build_step(model: Any, keras: Any, tf: Any, graph: Any, setup: TrainingSetup) -> tuple[StepGraph, LayerHooks, list[str]]:
+    loss, loss_kind = keras_setup.make_loss(keras, setup, model)
+    model.compile(optimizer=keras_setup.make_optimizer(keras, setup), loss=loss, jit_compile=False)
+    _freeze(model, setup.freeze)
+    model.optimizer.build(model.trainable_variables)
+    spec_probe = _output_shape(model, setup, tf)
+    spec = keras_setup.batch_spec(setup, model, spec_probe, loss_kind)
+    xs = [tf.compat.v1.placeholder(dtype, shape, name=f"x{i}") for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes))]
+    y = tf.compat.v1.placeholder(spec.target_dtype, spec.target_shape, name="y") if spec.target_shape is not None else None
+    x = xs[0] if len(xs) == 1 else xs
+    start = len(graph.get_operations())
+    hooks = LayerHooks(model, graph)
+    with hooks:
+        model.train_step((x, y))
+    ops = graph.get_operations()[start:]
+    from trainmem.trace.tf_extract import tensor_info
+
+    inputs = {t.op.name: tensor_info(t) for t in xs + ([y] if y is not None else [])}
+    return _step_graph(model, ops, hooks, inputs), hooks, []
+
+
+def _output_shape(model: Any, setup: TrainingSetup, tf: Any) -> tuple:
+    """The model's output shape for this batch, from one call on placeholders made before the step (its
+    ops are not part of the step)."""
+    spec = keras_setup.batch_spec(setup, model, (), Loss.SUM)  # x alone: the sum loss needs no target
+    xs = [tf.compat.v1.placeholder(dtype, shape) for shape, dtype in zip(spec.shapes, spec.dtypes)]
+    out = model(xs[0] if len(xs) == 1 else xs, training=False)
+    first = out[0] if isinstance(out, (list, tuple)) else (next(iter(out.values())) if isinstance(out, dict) else out)
+    return tuple(first.shape.as_list())
+
+
+def _freeze(model: Any, patterns: tuple[str, ...]) -> None:
+    import fnmatch
+
+    from trainmem.errors import SetupError
+
+    for pattern in patterns:
+        layers = [layer for layer in model._flatten_layers(include_self=False) if fnmatch.fnmatchcase(layer.name, pattern)]
+        if not layers:
+            raise SetupError(f"expected --freeze {pattern!r} to match Keras layer names such as "
+                             f"{', '.join(l.name for l in model.layers[:4])}, it matched none", where="--freeze")
+        for layer in layers:
+            layer.trainable = False
+
+
+def _step_graph(model: Any, ops: list, hooks: LayerHooks, inputs: dict) -> StepGraph:
+    modules = hooks.modules_by_index(len(ops))
+    phases = hooks.phases_by_index(ops)
+    forward = [(op.name, modules[i]) for i, op in enumerate(ops) if phases[i] == Phase.FORWARD and modules[i]]
+    owners = scope_owners(forward)
+
+    def module_of(index: int, op: Any) -> str:
+        if phases[index] == Phase.BACKWARD:
+            return gradient_owner(op.name, owners)
+        return modules[index]
+
+    records = graph_ops(ops, lambda i, op: phases[i], module_of)
+    from trainmem.trace.tf_extract import tensor_info
+
+    constants = {op.name: tensor_info(op.outputs[0]) for op in ops if op.type == "Const"}
+    variables = variables_of(model, ops)
+    step = StepGraph(records, variables, inputs, constants, gradients=set(hooks.gradients))
+    known = {r.name for r in records} | set(variables) | set(inputs)
+    step.external = {ref[0] for r in records for ref in r.inputs if ref[0] not in known}
+    return step
+
+
+def _traced(model: Any, step: StepGraph, hooks: LayerHooks, result: Any, warnings: list[str],
+            setup: TrainingSetup, keras: Any) -> KerasTraced:
+    trace = result.trace
+    counts: dict[str, int] = {}
+    for op in step.ops:
+        counts[op.type] = counts.get(op.type, 0) + 1
+    notes = list(warnings)
+    if result.unsupported:
+        notes.append("TensorFlow ops without a memory rule, traced by their outputs' sizes: "
+                     + ", ".join(f"{k} ×{v}" for k, v in sorted(result.unsupported.items())))
+    if result.unknown_sizes:
+        notes.append("op outputs of unknown size counted as 0 bytes: "
+                     + ", ".join(f"{k} ×{v}" for k, v in sorted(result.unknown_sizes.items())))
+    slot_bytes = sum(v.nbytes for v in step.variables.values()
+                     if v.category in (Category.OPTIMIZER_STATE, Category.OPTIMIZER_SCALARS))
+    trainable = sum(int(_numel(w)) for w in model.trainable_weights)
+    first_inputs = sum(r.nbytes for r in trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0)
+    buffers = sum(v.nbytes for v in step.variables.values() if v.category == Category.BUFFERS)
+    return KerasTraced(
+        trace=trace, parameters=int(model.count_params()), trainable_parameters=trainable,
+        optimizer_slot_bytes=slot_bytes, layers=layer_rows(model, hooks, trace),
+        op_counts=counts, unsupported_ops=dict(result.unsupported), order=ORDER, warnings=notes,
+        model_name=model.name, input_bytes=first_inputs, buffer_bytes=buffers,
+        runtime_graph="unoptimized", jit_compile_on_gpu=_jit_on_gpu(model))
+
+
+def _numel(weight: Any) -> int:
+    count = 1
+    for d in weight.shape:
+        count *= int(d)
+    return count
+
+
+def _jit_on_gpu(model: Any) -> bool:
+    """Keras's jit_compile="auto" on a machine with a GPU: XLA when every layer supports it
+    (keras/src/trainers/trainer.py _resolve_auto_jit_compile, model_supports_jit)."""
+    try:
+        return all(layer.supports_jit for layer in model._flatten_layers())
+    except AttributeError:
+        return False
+

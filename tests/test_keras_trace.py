@@ -1,0 +1,209 @@
+"""The TensorFlow trace of a Keras model's fit step (trace/keras_graph.py) and the executor lifetime
+model it is replayed with (trace/tf_lifetimes.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmem.errors import SetupError
+from trainmem.setup import InputSpec, TrainingSetup
+from trainmem.trace.events import Category, Phase
+from trainmem.trace.tf_lifetimes import live_at, replay
+from trainmem.trace.tf_ops import GraphOp, StepGraph, TensorInfo, VariableInfo
+
+F32 = "float32"
+
+
+# ---- the lifetime rules on hand-made graphs (no TensorFlow) ------------------------------------------
+def _op(name, kind, inputs=(), shape=(256, 100), phase=Phase.FORWARD, outputs=1):
+    return GraphOp(name, kind, tuple((i, 0) if isinstance(i, str) else i for i in inputs),
+                   tuple(TensorInfo(shape, F32) for _ in range(outputs)), phase, "layer")
+
+
+def _graph(ops, variables=(), inputs=None):
+    return StepGraph(list(ops), {v.name: v for v in variables}, inputs or {"x": TensorInfo((256, 100), F32)}, {})
+
+
+def _events(result):
+    return [(e.action, e.op, e.nbytes) for e in result.trace.events]
+
+
+def test_a_tensor_is_freed_right_after_its_last_consumer():
+    ops = [_op("a", "MatMul", ["x"]), _op("b", "MatMul", ["a"]), _op("c", "MatMul", ["b", "a"])]
+    result = replay(_graph(ops))
+    # storages: x 0, a 1, b 2, c 3. x dies at a; a and b die at c, after c's output is allocated; c has
+    # no consumer and is dropped at once
+    assert [(e.action, e.sid) for e in result.trace.events] == [
+        ("alloc", 0), ("alloc", 1), ("free", 0), ("alloc", 2), ("alloc", 3), ("free", 2), ("free", 1), ("free", 3)]
+
+
+def test_cwise_ops_forward_a_dying_input_and_only_a_dying_one():
+    # Relu takes MatMul's buffer (its last consumer); Tanh cannot: `a` is still read by `d`
+    ops = [_op("a", "MatMul", ["x"]), _op("r", "Relu", ["a"]), _op("t", "Tanh", ["r"]), _op("d", "MatMul", ["t", "r"])]
+    result = replay(_graph(ops))
+    allocs = [e.op for e in result.trace.events if e.action == "alloc"]
+    assert allocs == ["IteratorGetNext", "MatMul", "Tanh", "MatMul"]
+
+
+def test_a_read_variable_aliases_and_a_write_under_a_live_read_copies():
+    var = VariableInfo("w", (256, 100), F32, Category.PARAMETERS, "layer")
+    ops = [_op("read", "ReadVariableOp", [("w", 0)]), _op("m", "MatMul", ["x", "read"]),
+           GraphOp("upd", "AssignSubVariableOp", (("w", 0), ("m", 0)), (), Phase.OPTIMIZER, ""),
+           _op("late", "Neg", ["read"])]
+    result = replay(_graph(ops, [var]))
+    assert result.copy_on_write == 1  # `read` still holds the old buffer when the update runs
+    copies = [r for r in result.trace.storages.values() if r.category == Category.PARAMETERS]
+    assert len(copies) == 2 and all(r.nbytes == 102400 for r in copies)
+    # without the late read, the update writes in place
+    result = replay(_graph(ops[:3], [var]))
+    assert result.copy_on_write == 0
+
+
+def test_an_op_without_a_rule_is_traced_by_size_and_counted():
+    ops = [_op("a", "MatMul", ["x"]), _op("f", "SomeCustomOp", ["a"], shape=(256, 7))]
+    result = replay(_graph(ops))
+    assert result.unsupported["SomeCustomOp"] == 1
+    assert ("alloc", "SomeCustomOp", 256 * 7 * 4) in _events(result)
+
+
+def test_forward_outputs_alive_when_backward_starts_are_activations():
+    ops = [_op("a", "MatMul", ["x"]), _op("t", "MatMul", ["a"]), _op("u", "Neg", ["t"]),
+           _op("g", "ReluGrad", ["u", "a"], phase=Phase.BACKWARD)]
+    result = replay(_graph(ops))
+    cats = {r.op: r.category for r in result.trace.storages.values() if r.phase == Phase.FORWARD}
+    assert cats["MatMul"] == Category.ACTIVATIONS  # `a` (the first MatMul's) is read by the gradient
+    seq = result.backward_start[0]
+    assert all(r.category == Category.ACTIVATIONS for r in result.trace.storages.values()
+               if r.sid in live_at(result.trace, seq) and r.phase == Phase.FORWARD)
+
+
+# ---- real Keras models ----------------------------------------------------------------------------
+def seed_mlp():
+    import keras
+
+    layers = [keras.layers.Dense(100, activation="relu") for _ in range(4)]
+    return keras.Sequential([keras.Input((1000,)), *layers, keras.layers.Dense(10)])
+
+
+@pytest.fixture(scope="module")
+def seed():
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras")
+    from trainmem.trace.keras_graph import trace_keras
+
+    return trace_keras(seed_mlp, TrainingSetup(batch_size=256), name="seed")
+
+
+def test_seed_mlp_counts_parameters_and_adam_slots_exactly(seed):
+    assert seed.parameters == seed.trainable_parameters == 131_410
+    # adam.py build(): momentums and velocities per parameter (fp32); base_optimizer.py: `iterations`
+    # (int64) and `learning_rate` (float32) scalars
+    assert seed.optimizer_slot_bytes == 2 * 4 * 131_410 + 8 + 4
+    state = sum(r.nbytes for r in seed.trace.storages.values() if r.category == Category.OPTIMIZER_STATE)
+    assert state == 2 * 4 * 131_410
+
+
+def test_seed_mlp_keeps_each_hidden_relu_output_and_the_loss_gradient(seed):
+    # MatMul's output is forwarded through BiasAdd into Relu (one buffer per layer); ReluGrad and the
+    # next layer's weight gradient read it: 256×100 fp32 kept per hidden layer. The logits die in the
+    # loss; SparseSoftmaxCrossEntropyWithLogits' backprop output (256×10) is kept for the gradient.
+    rows = {row.name: row for row in seed.layers}
+    for name in ("dense", "dense_1", "dense_2", "dense_3"):
+        assert rows[name].activation_bytes == 256 * 100 * 4
+        assert rows[name].output_shape == (256, 100)
+    assert rows["dense_4"].activation_bytes == 0
+    loss = sum(r.nbytes for r in seed.trace.storages.values()
+               if r.step == 0 and r.category == Category.ACTIVATIONS and r.module == "")
+    assert 256 * 10 * 4 <= loss < 256 * 10 * 4 + 64  # and the loss's scalars the gradient reads
+    assert seed.input_bytes == 256 * 1000 * 4 + 256 * 8  # x fp32, y int64 labels
+
+
+def test_seed_mlp_lifetimes_end_at_the_last_use(seed):
+    trace = seed.trace
+    alloc = {e.sid: e.seq for e in trace.events if e.action == "alloc"}
+    for event in trace.events:
+        if event.action == "free":
+            assert alloc[event.sid] <= event.seq
+    # every step frees what it made: only variables (some in buffers an AssignVariableOp adopted) and
+    # the Const kernels' tensors stay
+    live = live_at(trace, len(trace.events))
+    assert {trace.storages[sid].category for sid in live} <= {
+        Category.PARAMETERS, Category.OPTIMIZER_STATE, Category.OPTIMIZER_SCALARS, Category.BUFFERS, Category.RUNTIME}
+    assert not seed.unsupported_ops
+    assert any(call.op == "MatMul" for call in trace.kernel_calls)
+
+
+def _trace(build, **setup):
+    pytest.importorskip("tensorflow")
+    from trainmem.trace.keras_graph import trace_keras
+
+    return trace_keras(build, TrainingSetup(**setup), name="test")
+
+
+def test_conv_batchnorm_model():
+    def build():
+        import keras
+        L = keras.layers
+        return keras.Sequential([keras.Input((16, 16, 3)), L.Conv2D(8, 3, padding="same"), L.BatchNormalization(),
+                                 L.ReLU(), L.Flatten(), L.Dense(10)])
+
+    traced = _trace(build, batch_size=8)
+    assert traced.parameters == (3 * 3 * 3 * 8 + 8) + 4 * 8 + (16 * 16 * 8 * 10 + 10)
+    assert traced.trainable_parameters == traced.parameters - 2 * 8  # moving mean and variance
+    buffers = sum(r.nbytes for r in traced.trace.storages.values() if r.category == Category.BUFFERS and r.phase == Phase.INIT)
+    assert buffers >= 2 * 8 * 4
+    conv = [c for c in traced.trace.kernel_calls if c.op.startswith("Conv2D")]
+    assert {c.op for c in conv} == {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"}
+    assert conv[0].outputs[0].shape == (8, 16, 16, 8) and conv[0].args[-1]["padding"] == "SAME"
+
+
+def test_embedding_model_densifies_its_gradient():
+    def build():
+        import keras
+        L = keras.layers
+        return keras.Sequential([keras.Input((50,), dtype="int32"), L.Embedding(1000, 16),
+                                 L.GlobalAveragePooling1D(), L.Dense(10)])
+
+    traced = _trace(build, batch_size=4, inputs=(InputSpec((50,), "int32", 1000),))
+    assert traced.parameters == 1000 * 16 + 16 * 10 + 10
+    # keras optimizers turn the IndexedSlices gradient into a dense table (UnsortedSegmentSum)
+    dense = [r for r in traced.trace.storages.values() if r.op == "UnsortedSegmentSum" and r.step == 0]
+    assert dense and all(r.nbytes == 1000 * 16 * 4 for r in dense)
+
+
+def test_lstm_while_loop_is_reported_not_dropped():
+    def build():
+        import keras
+        return keras.Sequential([keras.Input((20, 8)), keras.layers.LSTM(32), keras.layers.Dense(10)])
+
+    traced = _trace(build, batch_size=4)
+    assert traced.parameters == 4 * (8 * 32 + 32 * 32 + 32) + 32 * 10 + 10
+    assert traced.op_counts.get("While", 0) + traced.op_counts.get("StatelessWhile", 0) == 2
+    assert "While" in traced.unsupported_ops and any("While" in w for w in traced.warnings)
+
+
+def test_unsupported_setups_are_refused():
+    with pytest.raises(SetupError, match="grad-accum"):
+        _trace(seed_mlp, batch_size=4, grad_accum=2)
+    with pytest.raises(SetupError, match="optimizer"):
+        _trace(seed_mlp, batch_size=4, optimizer="adamw-8bit")
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_large_model_is_traced_without_allocating_its_weights():
+    def build():
+        import keras
+        return keras.Sequential([keras.Input((10_000,)), keras.layers.Dense(10_000), keras.layers.Dense(10)])
+
+    _trace(seed_mlp, batch_size=2)  # TensorFlow and Keras loaded, their first-use allocations made
+    before = _rss()
+    traced = _trace(build, batch_size=2)
+    grown = _rss() - before
+    assert traced.parameters == 10_000 * 10_001 + 10 * 10_001
+    weights = 4 * traced.parameters  # 400 MB; Adam's slots would add 800 MB
+    assert grown < weights // 4, f"RSS grew by {grown:,} bytes while tracing a {weights:,}-byte model"
