@@ -5,6 +5,8 @@ mode "rss":     no profiler; peak RSS (VmHWM) after the steps, and RSS after imp
 mode "tensors": torch.profiler memory events (they include allocations made inside kernels, below
                 the dispatcher); the tensor peak is the running sum of 64-byte-rounded sizes,
                 as PyTorch's CPU allocator rounds each request (c10/core/impl/alloc_cpu.cpp).
+A request with "keras_backend": "torch" measures a Keras model on the torch backend: the steps are
+`model.fit` itself (measure/child.py _fit_keras), not trainmem's loop.
 mode "cuda":    the steps on GPU 0 (model, batch and optimizer made under torch.device("cuda"));
                 torch.cuda.max_memory_allocated / max_memory_reserved, the process's memory as
                 nvidia-smi reports it at the end (the cache is still held), and the GPU, driver,
@@ -46,6 +48,10 @@ def _profile_peak(prof) -> tuple[int, int]:
 
 def run(request: dict) -> dict:
     after_import = _rss_now()
+    if request.get("keras_backend"):  # before torch: Keras takes its backend at its first import
+        from trainmem.frontends.keras_import import import_keras
+
+        import_keras(request["keras_backend"])
     import torch
 
     after_torch = _rss_now()
@@ -57,7 +63,12 @@ def run(request: dict) -> dict:
     torch.manual_seed(request.get("seed", 0))
     if request.get("threads"):
         torch.set_num_threads(int(request["threads"]))
-    source = resolve(request["model"], setup)
+    if request.get("keras_backend") == "torch":
+        from trainmem.frontends.keras_torch import resolve_keras_torch
+
+        source = resolve_keras_torch(request["model"], setup)
+    else:
+        source = resolve(request["model"], setup)
     result = {"mode": request["mode"], "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "rss_before_torch": after_import["rss"],
               "rss_after_torch": after_torch["rss"], "rss_file_after_torch": after_torch["rss_file"]}
@@ -83,12 +94,43 @@ def run(request: dict) -> dict:
 
 def _train(source, setup, training, device_type: str = "cpu"):
     from trainmem.trace import finetune
+    from trainmem.trace.keras_torch_step import is_keras_model
 
     model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    if is_keras_model(model):
+        return _fit_keras(model, source, setup)
     model, _ = finetune.apply(model, setup)
     prepared = training.prepare(model, make_batch, loss_fn, setup, source, device_type)
     training.run_steps(prepared, setup, training.Observer())
     return prepared
+
+
+class _Fitted:
+    def __init__(self, model) -> None:
+        self.model = model
+
+
+def _fit_keras(model, source, setup):
+    """What a Keras user runs: compile, then model.fit for `steps` batches from a torch DataLoader whose
+    dataset makes each batch when asked (as a loader reading from disk does), with no collation copy
+    (batch_size=None). Only the data and the compile arguments come from trainmem (keras_torch_step's
+    batch maker, optimizer and loss mapping); the step is Keras's TorchTrainer.fit/train_step."""
+    import torch
+
+    from trainmem.trace import keras_torch_step as keras_step
+
+    keras_step.check_setup(setup)
+    model.compile(optimizer=keras_step.keras_optimizer(setup), loss=keras_step.keras_loss(setup, source.default_loss))
+    make_data = keras_step.batch_maker(model, setup, source)
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            while True:
+                yield make_data(setup.batch_size)
+
+    model.fit(torch.utils.data.DataLoader(Batches(), batch_size=None), steps_per_epoch=setup.steps, epochs=1,
+              shuffle=False, verbose=0)  # a DataLoader is not reshuffled by fit (epoch_iterator.py)
+    return _Fitted(model)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import torch
 from trainmem.errors import TraceError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.setup import Precision, TrainingSetup
+from trainmem.trace import keras_torch_step
 from trainmem.trace import step as training
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
@@ -77,7 +78,16 @@ class _RecordingObserver(training.Observer):
     def after_backward(self, model: torch.nn.Module) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         self.recorder.set_category(self.recorder.storage_ids_of(grads), Category.GRADIENTS)
+        if keras_torch_step.is_keras_model(model):
+            self.recorder.set_owner(keras_torch_step.gradient_owners(model))
+            return
         self.recorder.set_owner({name: [p.grad] for name, p in model.named_parameters() if p.grad is not None})
+
+    def after_keras_optimizer(self, optimizer: Any) -> None:
+        slots, scalars, owners = keras_torch_step.optimizer_tensors(optimizer)
+        self.recorder.set_category(self.recorder.storage_ids_of(slots), Category.OPTIMIZER_STATE)
+        self.recorder.set_category(self.recorder.storage_ids_of(scalars), Category.OPTIMIZER_SCALARS)
+        self.recorder.set_owner(owners)
 
     def after_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
         names = {id(p): name for name, p in self.model.named_parameters()}
@@ -140,17 +150,40 @@ def _forward_failed_on_inputs(failure: TraceError, error: Exception, setup: Trai
                       where="--input-dtype" if about_dtypes else "--input-shape")
 
 
+def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup, source: ModelSource,
+                 semantics: TraceSemantics | None, recorder: TraceRecorder, observer: _RecordingObserver):
+    """A torch model's steps, inside the fake mode and recorder: fake parameters, torch.optim, the loop."""
+    from trainmem.trace import finetune
+    from trainmem.trace.resolved import BatchProbe, resolved_setup
+
+    materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
+    prepared = training.prepare(model, make_batch, loss_fn, setup, source,
+                                cuda_semantics=semantics is not None and semantics.cuda_semantics)
+    prepared.make_batch = probe = BatchProbe(prepared.make_batch)
+    recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
+    recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
+    recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
+    training.run_steps(prepared, setup, observer)
+    facts = _model_facts(model)
+    resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
+                              prepared.optimizer, finetune.lora_used(model))
+    counts = {"quantized_parameters": sum(finetune.quantized_facts(model).values()),
+              "adapter_parameters": finetune.adapter_parameters(model),
+              "quantized_storage_bytes": finetune.quantized_storage_bytes(model)}
+    return prepared, facts, resolved, counts
+
+
 def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozenset[str] = frozenset(),
                    semantics: TraceSemantics | None = None) -> TraceResult:
     """Trace two training steps, recording the calls of `kernel_ops` for the target's kernel rules. With
     `semantics` (the target's), the trace follows what that device's run does differently; for CUDA
     (autocast lists, attention backend, optimizer default) see trace/cuda_autocast.py, cuda_composites.py."""
     from trainmem.trace import finetune
-    from trainmem.trace.resolved import BatchProbe, resolved_setup
 
     with building_on_meta():
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
-        model, finetune_notes = finetune.apply(model, setup)
+        keras = keras_torch_step.is_keras_model(model)  # Keras's own train_step and optimizer
+        model, finetune_notes = (model, []) if keras else finetune.apply(model, setup)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
@@ -161,20 +194,14 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
         # SameDtypeKernels sits right above fake_mode, so it sees each op as its kernel would (dtype_checks.py)
         with fake_mode, SameDtypeKernels(), tracker, recorder, switched as notes:
-            materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
-            prepared = training.prepare(model, make_batch, loss_fn, setup, source,
-                                        cuda_semantics=semantics is not None and semantics.cuda_semantics)
-            prepared.make_batch = probe = BatchProbe(prepared.make_batch)
-            recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
-            recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
-            recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
-            training.run_steps(prepared, setup, observer)
-            facts = _model_facts(model)
-            resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
-                                      prepared.optimizer, finetune.lora_used(model))
-            counts = {"quantized_parameters": sum(finetune.quantized_facts(model).values()),
-                      "adapter_parameters": finetune.adapter_parameters(model),
-                      "quantized_storage_bytes": finetune.quantized_storage_bytes(model)}
+            if keras:
+                prepared = keras_torch_step.trace_run(model, setup, source, recorder, observer)
+                facts = keras_torch_step.model_facts(model)
+                resolved = keras_torch_step.resolved_setup(setup, source, prepared)
+                counts = {}
+            else:
+                prepared, facts, resolved, counts = _torch_steps(model, make_batch, loss_fn, setup, source,
+                                                                 semantics, recorder, observer)
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's model failed: one line, where it failed
@@ -186,8 +213,12 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     finally:
         recorder.closed = True
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
-    owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     parameters, trainable, per_module, trainable_shapes = facts
+    if keras:
+        owners, leaves = keras_torch_step.layer_sets(model, per_module)
+    else:
+        owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+        leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
     return TraceResult(
         trace=recorder.trace, parameters=parameters, trainable_parameters=trainable, module_parameters=per_module,
         op_counts=recorder.op_counts,
@@ -195,7 +226,8 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
                   + (notes.summary() if notes is not None else [])),
         checkpointed=prepared.checkpointed, model_name=type(model).__name__,
         output_elements=tracker.output_elements, parameter_modules=owners, trainable_shapes=trainable_shapes,
-        leaf_modules={name for name, m in model.named_modules() if not any(True for _ in m.children())},
-        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        leaf_modules=leaves,
+        buffer_bytes=(keras_torch_step.non_trainable_bytes(model) if keras
+                      else sum(b.numel() * b.element_size() for b in model.buffers())),
         input_bytes=sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
         resolved=resolved, **counts)

@@ -35,6 +35,9 @@ class Observer:
 
     def after_optimizer(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None: ...
 
+    def after_keras_optimizer(self, optimizer: Any) -> None:
+        """A Keras model's step (trace/keras_torch_step.py): its Keras optimizer has built or updated."""
+
 
 @dataclasses.dataclass
 class Prepared:
