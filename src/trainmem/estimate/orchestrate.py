@@ -42,7 +42,8 @@ def setup_of(setup: TrainingSetup | None, setup_values: dict[str, Any], where: s
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", depth: int = 2,
              cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
              module_loading: str | None = None, cudnn_benchmark: bool | None = None,
-             compare_loop: bool = False, **setup_values: Any) -> Estimate:
+             compare_loop: bool = False, framework: str = "auto", keras_backend: str | None = None,
+             tf_memory: str | None = None, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
@@ -59,12 +60,34 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     setup = setup_of(setup, setup_values, "estimate()")
     options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
                    module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
+    model = _framework_source(model, setup, framework, keras_backend)
+    if _is_keras_source(model):
+        from trainmem.estimate.keras_estimate import estimate_keras
+
+        return estimate_keras(model, setup, device, depth=depth, memory_mode=tf_memory, **options)
+    if tf_memory is not None:
+        raise SetupError(f"expected a Keras model on TensorFlow with --tf-memory, got a PyTorch model {model.name!r}",
+                         where="--tf-memory")
     chosen = plan(model, setup, device, depth, **options)
     est = assemble_traced(chosen, setup, trace(chosen, setup))
     if compare_loop and setup.loop != Loop.LEAN:
         lean = dataclasses.replace(setup, loop=Loop.LEAN)
         return _with_lean_loop(est, assemble_traced(chosen, lean, trace(chosen, lean)))
     return est
+
+
+def _framework_source(model: Any, setup: TrainingSetup, framework: str, keras_backend: str | None) -> Any:
+    """The model resolved once across frameworks: a torch ModelSource (plan() takes it as it is) or a
+    KerasSource (frontends/keras_ref.py)."""
+    from trainmem.frontends.keras_ref import resolve_model
+
+    return resolve_model(model, setup, framework, keras_backend)
+
+
+def _is_keras_source(source: Any) -> bool:
+    from trainmem.frontends.keras_ref import KerasSource
+
+    return isinstance(source, KerasSource)
 
 
 def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Plan:

@@ -1,0 +1,88 @@
+"""The terminal report of a Keras estimate on TensorFlow: TensorFlow's own numbers by their own names
+(get_memory_info's peak, the BFC regions, nvidia-smi; peak RSS on the CPU), the breakdown in PyTorch's
+categories, and the layer table as `model.summary()` prints it, with the memory of each layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmem.estimate.result import ModuleRow, module_label, step_label
+from trainmem.report.text import _table  # noqa: PLC2701 - the report's one table layout
+from trainmem.units import format_bytes
+
+
+def module_rows(traced, live: dict[int, Any]) -> tuple[ModuleRow, ...]:
+    """One row per Keras layer (traced.layers, in the model's order) and one for what no layer owns (the
+    loss, the optimizer's updates): parameters, activations kept for backward, bytes alive at the peak."""
+    at_peak: dict[str, int] = {}
+    for event in live.values():
+        at_peak[event.module] = at_peak.get(event.module, 0) + event.nbytes
+    rows = [ModuleRow(row.name, row.parameters, row.activation_bytes, at_peak.pop(row.name, 0)) for row in traced.layers]
+    rest = sum(at_peak.values())
+    return tuple(rows + [ModuleRow(module_label(""), 0, 0, rest)])
+
+
+def _shape(shape: Any) -> str:
+    if isinstance(shape, tuple) and shape and isinstance(shape[0], tuple):
+        return ", ".join(_shape(item) for item in shape)
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")" if isinstance(shape, tuple) else str(shape)
+
+
+def _peak_table(est) -> list[str]:
+    verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
+    figures = est.tf_figures
+    if est.device.kind == "cuda":
+        return _table([
+            ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B as requested"],
+            ["in use (peak)", format_bytes(est.allocated_bytes), f"{est.allocated_bytes:,} B  "
+             "tf.config.experimental.get_memory_info('GPU:0')['peak']"],
+            ["BFC regions", format_bytes(est.reserved_bytes or 0), f"{est.reserved_bytes or 0:,} B  memory mode "
+             f"{figures.get('memory_mode')}, limit {format_bytes(figures.get('memory_limit', 0))}"],
+            ["process (nvidia-smi)", format_bytes(est.process_bytes), verdict],
+        ], "lrl")
+    return _table([
+        ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
+        ["allocated", format_bytes(est.allocated_bytes), "= tensors: TensorFlow's CPU allocator caches nothing"],
+        ["process (peak RSS)", format_bytes(est.process_bytes), verdict],
+    ], "lrl")
+
+
+def _layer_table(est) -> list[str]:
+    """model.summary()'s columns (Layer (type), Output Shape, Param #) and the memory of each layer."""
+    at_peak = {row.module: row.bytes_at_peak for row in est.modules}
+    rows = [["Layer (type)", "Output Shape", "Param #", "kept for backward", "at peak"]]
+    rows += [[f"{row.name} ({row.class_name})", _shape(row.output_shape), f"{row.parameters:,}",
+              format_bytes(row.activation_bytes), format_bytes(at_peak.get(row.name, 0))] for row in est.layers]
+    rest = at_peak.get(module_label(""), 0)
+    rows.append([f"{module_label('')}: loss, gradients' tape, optimizer", "", "", "", format_bytes(rest)])
+    return _table(rows, "llrrr")
+
+
+def render_keras(est) -> str:
+    s = est.setup
+    out = [f"trainmem — {est.model_name}: {est.parameters:,} parameters ({est.trainable_parameters:,} trainable) · "
+           f"Keras on TensorFlow",
+           f"  batch {s.batch_size} · {s.optimizer} (Keras's) · {s.precision} · device {est.device.name}",
+           "  loop model.fit: one train_step per batch (forward, loss, GradientTape, optimizer.apply)", "",
+           "Peak memory (TensorFlow)", *_peak_table(est)]
+    if est.process_bytes_high > est.process_bytes:
+        out += _table([["process, high end", format_bytes(est.process_bytes_high),
+                        "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")
+    out += ["", f"Where: {step_label(est.peak_step, s.steps)}, {est.peak_phase}, layer "
+                f"'{module_label(est.peak_module)}', op {est.peak_op}", "", "Breakdown at the peak"]
+    rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
+    total = est.allocated_bytes
+    out += _table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
+    out += ["", "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"]
+    out += _table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
+    out += ["", "What TensorFlow's numbers are"] + [f"  · {line}" for line in est.tf_explanation]
+    out += ["", "Layers (as model.summary() lists them)", *_layer_table(est)]
+    out += ["", "How this adds up (by hand → traced)"]
+    for row in est.explanation.rows:
+        out.append(f"  {row.what}: {row.formula} = {row.hand_bytes:,} B → traced {row.traced_bytes:,} B")
+        if row.note:
+            out.append(f"      {row.note}")
+    out += ["", f"Order assumed: {est.order}"]
+    if est.warnings:
+        out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
+    return "\n".join(out)
