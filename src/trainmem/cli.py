@@ -29,7 +29,8 @@ INTERRUPTED_LINE = b"trainmem: interrupted\n"
 # the --setup file are merged (argparse's own defaults are None, so that "not given" can be told apart
 # from "given as the default": a file's device is overridden only by a --device the user typed).
 RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
-                                "max_seq": False, "margin": None}
+                                "max_seq": False, "margin": None, "framework": "auto", "keras_backend": None,
+                                "tf_memory": None}
 _NOT_OPTIONS = {"command", "model", "setup", "debug"}
 # measure --runs starts one fresh process per run (seconds each, the model's memory each): the median
 # of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
@@ -87,6 +88,11 @@ def _references_help() -> str:
         "  hf:DIR | hf:config.json          no weights)\n"
         "  model.onnx                       an ONNX graph, converted to torch\n"
         "  model.pt|.pth|.bin|.ckpt|.safetensors  a checkpoint's tensors (never unpickled freely)\n"
+        "  model.keras                      a Keras model: its config.json only, rebuilt with safe_mode (no weights)\n"
+        "  SAVED_MODEL_DIR                  a TensorFlow SavedModel (saved_model.pb + variables/), through its\n"
+        "                                   serving signature, from shapes alone\n"
+        "  --framework keras                builds mlp: and specs as Keras models; file.py:factory returning a\n"
+        "                                   keras.Model is detected (its file imports keras or tensorflow)\n"
         f"optimizers: {', '.join(member.value for member in Optimizer)}\n"
         "exit codes: 0 fits, 1 does not fit, 2 bad input or a failed trace, 130 interrupted, 141 closed pipe")
 
@@ -155,6 +161,15 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "the run (default: lazy; eager before CUDA 11.7)")
     parser.add_argument("--cudnn-benchmark", action="store_true", default=None,
                         help="GPU devices: torch.backends.cudnn.benchmark = True in the run (default: off)")
+    parser.add_argument("--framework", metavar="auto|torch|keras", help="how MODEL is read: auto takes .keras files, "
+                        "SavedModel directories and factories that import keras as Keras, the rest as PyTorch"
+                        + _run_default("framework"))
+    parser.add_argument("--keras-backend", metavar="tensorflow|torch", help="Keras models: the backend Keras trains "
+                        "on (torch: traced by the PyTorch engine) (default: tensorflow, or the backend of a Keras "
+                        "already imported)")
+    parser.add_argument("--tf-memory", metavar="MODE", help="Keras on TensorFlow, GPU devices: default (TensorFlow "
+                        "maps almost all GPU memory at start) | growth (allow_growth) | limit:SIZE (a logical "
+                        "device's memory_limit) | fraction:F (per_process_gpu_memory_fraction) (default: default)")
     parser.add_argument("--format", choices=["table", "json"], help="report format" + _run_default("format"))
     parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + _run_default("depth"))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -182,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
                      "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
+    _add_setup_flags(add("compare", "the same mlp: or layer-spec model in PyTorch and in Keras on TensorFlow, side "
+                         "by side, each difference explained"))
     commands.add_parser("devices", help="list target devices").add_argument(
         "--format", choices=["table", "json"], default="table", help="(default: table)")
     return parser
@@ -252,7 +269,7 @@ def _check_run_options(options: Options, command: str) -> list[str]:
     from trainmem.flag_rules import Invocation, check
     from trainmem.frontends import reference_kind
 
-    where = lambda key: options.origins.get(key, f"--{key}")  # noqa: E731
+    where = lambda key: options.origins.get(key, f"--{key.replace('_', '-')}")  # noqa: E731
     for key in ("device", "format"):
         if not isinstance(options.values[key], str):
             raise TrainmemError(f"expected text, got {quote(options.values[key])}", where=where(key))
@@ -264,6 +281,7 @@ def _check_run_options(options: Options, command: str) -> list[str]:
             raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
     if options.runs > MAX_RUNS:
         raise TrainmemError(f"expected at most {MAX_RUNS} runs, got {options.runs:,}", where=where("runs"))
+    _check_framework_options(options, where)
     device = options.device
     try:
         gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
@@ -271,6 +289,27 @@ def _check_run_options(options: Options, command: str) -> list[str]:
         raise TrainmemError(getattr(error, "message", str(error)), where=where("device")) from None
     run = Invocation(command, options.model, reference_kind(options.model), device, gpu, options.given, options.origins)
     return check(run)
+
+
+def _check_framework_options(options: Options, where) -> None:
+    """--framework, --keras-backend and --tf-memory values, from flags or a --setup file; which runs they
+    apply to is flag_rules.py's table."""
+    from trainmem.frontends.keras_import import KERAS_BACKENDS
+    from trainmem.frontends.keras_ref import FRAMEWORKS
+
+    for key, choices in (("framework", FRAMEWORKS), ("keras_backend", KERAS_BACKENDS)):
+        value = options.values[key]
+        if value is not None and value not in choices:
+            raise TrainmemError(f"expected {'|'.join(choices)}, got {quote(value)}", where=where(key))
+    if options.tf_memory is not None:
+        from trainmem.targets.tf_gpu import parse_mode
+
+        if not isinstance(options.tf_memory, str):
+            raise TrainmemError(f"expected text, got {quote(options.tf_memory)}", where=where("tf_memory"))
+        try:
+            parse_mode(options.tf_memory)
+        except TrainmemError as error:
+            raise TrainmemError(error.message, where=where("tf_memory")) from None
 
 
 def _gpu_options(options: Options) -> dict[str, Any]:
@@ -297,13 +336,18 @@ def _estimate(options: Options, setup: Any) -> Outcome:
     from trainmem.estimate import estimate
 
     result = estimate(options.model, setup=setup, device=options.device, depth=options.depth,
-                      compare_loop=True, **_gpu_options(options))
+                      compare_loop=True, **_framework_options(options), **_gpu_options(options))
     text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
     return Outcome(text, EXIT_OK if result.fits else EXIT_DOES_NOT_FIT, _trace_warnings(result.warnings, options.format))
 
 
 def _fit(options: Options, setup: Any) -> Outcome:
     from trainmem.fit import fit
+    from trainmem.frontends.keras_ref import is_keras_reference
+
+    if is_keras_reference(options.model, options.framework):
+        raise TrainmemError("expected a PyTorch model for fit (it searches PyTorch models; estimate a Keras model at "
+                            f"the batch sizes you consider), got a Keras model {quote(options.model)}", where="MODEL")
 
     result = fit(options.model, setup, options.device, sequence=bool(options.max_seq), margin=options.margin,
                  **_gpu_options(options))
@@ -311,8 +355,26 @@ def _fit(options: Options, setup: Any) -> Outcome:
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
 
 
+def _framework_options(options: Options) -> dict[str, Any]:
+    return {"framework": options.framework, "keras_backend": options.keras_backend, "tf_memory": options.tf_memory}
+
+
+def _compare(options: Options, setup: Any) -> Outcome:
+    from trainmem.compare import compare
+
+    result = compare(options.model, setup, options.device)
+    return Outcome(json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result), EXIT_OK)
+
+
 def _measure(options: Options, setup: Any) -> Outcome:
     from trainmem.measure.cpu import measure
+    from trainmem.frontends.keras_ref import is_keras_reference
+
+    if options.keras_backend != "torch" and is_keras_reference(options.model, options.framework):
+        from trainmem.estimate.keras_measured import measure_keras_beside_estimate
+
+        result = measure_keras_beside_estimate(options.model, setup, runs=options.runs, force=bool(options.force))
+        return Outcome(json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result), EXIT_OK)
 
     if options.device != "cpu":  # one JSON line: measured on this machine's GPU, estimated for it
         from trainmem.measure.cuda import measure_on_gpu
@@ -339,7 +401,7 @@ def _trace_warnings(warnings: list[str], fmt: str) -> tuple[str, ...]:
     return tuple(f"warning: {warning}" for warning in warnings if warning.startswith("aten."))
 
 
-_COMMANDS = {"estimate": _estimate, "measure": _measure, "fit": _fit}
+_COMMANDS = {"estimate": _estimate, "measure": _measure, "fit": _fit, "compare": _compare}
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:

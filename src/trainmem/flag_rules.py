@@ -68,12 +68,46 @@ def _device_with_cc(run: Invocation) -> str:
     return f"--device {run.device} (compute capability {major}.{minor})"
 
 
+def _framework(run: Invocation) -> str:
+    return str(run.values.get("framework", "auto")).strip().lower()
+
+
+def keras_run(run: Invocation) -> bool:
+    """Whether the run is a Keras model, as far as the text tells (a factory's file decides under auto)."""
+    framework = _framework(run)
+    return framework == "keras" or (framework == "auto" and run.kind in (Kind.KERAS, Kind.SAVED_MODEL))
+
+
+def _keras_on_tensorflow(run: Invocation) -> bool:
+    return str(run.values.get("keras_backend", "tensorflow")) != "torch" and (
+        keras_run(run) or (_framework(run) == "auto" and run.kind == Kind.PYTHON))
+
+
+_NOT_FOR_KERAS = (Kind.HF, Kind.VISION, Kind.ONNX, Kind.CHECKPOINT)
 _DEVICE_CPU = lambda run: f"--device {run.device}"  # noqa: E731
 _MLP = lambda run: run.kind == Kind.MLP  # noqa: E731
 _HF = lambda run: run.kind == Kind.HF  # noqa: E731
 _GPU_MEASURE = lambda run: run.command == "measure" and run.on_gpu  # noqa: E731
 
 RULES: tuple[FlagRule, ...] = (
+    FlagRule("framework", lambda run: _framework(run) != "keras" or run.kind not in _NOT_FOR_KERAS, REFUSE,
+             "a Keras model reference with --framework keras (model.keras, a SavedModel directory, file.py:factory, "
+             "mlp:, a layer spec)"),
+    FlagRule("framework", lambda run: run.command != "fit" or _framework(run) == "torch", REFUSE,
+             "--framework torch with fit (fit searches PyTorch models; estimate a Keras model at the batch sizes you "
+             "consider)", lambda run: quote(run.values["framework"])),
+    FlagRule("framework", lambda run: run.command != "compare", REFUSE, "no --framework with compare (it estimates "
+             "both frameworks)", lambda run: quote(run.values["framework"])),
+    FlagRule("keras_backend", lambda run: _framework(run) != "torch" and run.command != "compare", REFUSE,
+             "a Keras model (--framework auto or keras; compare uses TensorFlow)",
+             lambda run: f"--framework {_framework(run)}" if run.command != "compare" else "compare"),
+    FlagRule("keras_backend", lambda run: run.command != "measure" or run.values["keras_backend"] != "torch", REFUSE,
+             "--keras-backend tensorflow with measure (Keras on the torch backend is estimated, not yet measured, "
+             "from the command line)", lambda run: quote(run.values["keras_backend"])),
+    FlagRule("tf_memory", lambda run: run.on_gpu, REFUSE, "a GPU --device (--tf-memory sets how TensorFlow maps GPU "
+             "memory)", lambda run: f"--device {run.device}"),
+    FlagRule("tf_memory", lambda run: _keras_on_tensorflow(run) or run.command == "compare", REFUSE,
+             "a Keras model on TensorFlow (--tf-memory is TensorFlow's GPU memory mode; PyTorch's is --alloc-conf)"),
     FlagRule("seq_len", _HF, REFUSE, "an hf: model (--seq-len sets its tokens per sample; for other models "
              "the sequence length is part of --input-shape)"),
     FlagRule("task", _HF, REFUSE, "an hf: model (--task chooses its head and loss)"),

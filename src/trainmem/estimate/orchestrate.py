@@ -92,13 +92,14 @@ def _is_keras_source(source: Any) -> bool:
 
 def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Plan:
     """Resolve the model and the target and check the target's options, without tracing."""
-    from trainmem.frontends import resolve
+    from trainmem.frontends import ModelSource, resolve
     from trainmem.targets import target_for
 
     target_device = get_device(device)
     _check_context_fits(target_device, options.get("cuda_context"))
     target = target_for(target_device, setup, **options)
-    return Plan(resolve(model, setup), target_device, depth, options, target)
+    source = model if isinstance(model, ModelSource) else resolve(model, setup)  # resolved once by estimate()
+    return Plan(source, target_device, depth, options, target)
 
 
 def _check_context_fits(device: Device, cuda_context: int | None) -> None:

@@ -1,0 +1,63 @@
+"""`trainmem measure --framework keras` on the CPU: the estimate beside real `model.fit` runs
+(measure/keras_cpu.py measure_keras: fresh processes, peak RSS as median and spread), with the error.
+
+The measured runs fit the model for the setup's steps on synthetic numpy data of steps × batch samples,
+which is the dataset the CPU estimate assumes (targets/tf_cpu.py), so the two answer the same question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainmem.setup import TrainingSetup
+from trainmem.units import format_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasMeasured:
+    estimate: Any  # estimate/keras_estimate.py KerasEstimate
+    measured: Any  # measure/keras_cpu.py KerasMeasurement
+
+    @property
+    def error(self) -> float:
+        """Estimated process bytes over the measured median, minus 1 (negative: the estimate is low)."""
+        return self.estimate.process_bytes / self.measured.peak_rss_bytes - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {"model": est.model_name, "framework": "keras", "keras_backend": "tensorflow",
+                "estimate": {"process_bytes": est.process_bytes, "process_bytes_high": est.process_bytes_high,
+                             "tensor_bytes": est.tensor_bytes, "process": dict(est.process_parts)},
+                "measured": self.measured.to_dict(), "error": self.error,
+                "within_high": self.measured.peak_rss_bytes <= est.process_bytes_high}
+
+    def __str__(self) -> str:
+        est, m = self.estimate, self.measured
+        low, high = m.spread
+        lines = [f"trainmem measure — {est.model_name} (Keras on TensorFlow, CPU): batch {m.batch_size}, "
+                 f"{m.steps} model.fit steps, {len(m.runs)} fresh process(es)",
+                 f"  estimated peak RSS  {format_bytes(est.process_bytes)} (high end {format_bytes(est.process_bytes_high)})",
+                 f"  measured peak RSS   {format_bytes(m.peak_rss_bytes)} median (spread {format_bytes(low)}–"
+                 f"{format_bytes(high)})",
+                 f"  error               {self.error:+.1%} of the measured median",
+                 f"  measured at the peak: anonymous {format_bytes(m.anon_at_peak)}, file-backed "
+                 f"{format_bytes(m.file_at_peak)} (library pages)"]
+        if m.gpu_peak_bytes is not None:
+            lines.append(f"  GPU get_memory_info peak {format_bytes(m.gpu_peak_bytes)} (the runs found a GPU)")
+        return "\n".join(lines)
+
+
+def measure_keras_beside_estimate(model_ref: str, setup: TrainingSetup, *, runs: int = 1,
+                                  force: bool = False) -> KerasMeasured:
+    """Estimate first (a model that cannot be traced is not run); then `runs` real fits in fresh processes.
+    Without `force`, a run the estimate says does not fit this machine's memory is refused."""
+    from trainmem.errors import MeasureError
+    from trainmem.estimate.keras_estimate import estimate_keras
+    from trainmem.measure.keras_cpu import measure_keras
+
+    est = estimate_keras(model_ref, setup, "cpu")
+    if not est.fits and not force:
+        raise MeasureError(f"expected a run that fits this machine's memory, the estimate says "
+                           f"{format_bytes(est.process_bytes)} (--force runs it anyway)", where=model_ref)
+    return KerasMeasured(est, measure_keras(model_ref, setup, runs=runs))
