@@ -19,7 +19,8 @@ from trainmem.trace import keras_setup
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.keras_layers import LayerHooks, layer_rows, variables_of
 from trainmem.trace.keras_traced import KerasTraced
-from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners
+from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners, tensor_info
+from trainmem.trace.tf_loops import LOOP_OPS, loop_sizes
 from trainmem.trace.tf_lifetimes import replay
 from trainmem.trace.tf_ops import StepGraph
 
@@ -74,10 +75,8 @@ def _build_step(model: Any, keras: Any, tf: Any, graph: Any, setup: TrainingSetu
     with hooks:
         model.train_step((x, y))
     ops = graph.get_operations()[start:]
-    from trainmem.trace.tf_extract import tensor_info
-
     inputs = {t.op.name: tensor_info(t) for t in xs + ([y] if y is not None else [])}
-    return _step_graph(model, ops, hooks, inputs), hooks, []
+    return _step_graph(model, ops, hooks, inputs, tf, graph), hooks, []
 
 
 def _output_shape(model: Any, setup: TrainingSetup, tf: Any) -> tuple:
@@ -104,7 +103,20 @@ def _freeze(model: Any, patterns: tuple[str, ...]) -> None:
             layer.trainable = False
 
 
-def _step_graph(model: Any, ops: list, hooks: LayerHooks, inputs: dict) -> StepGraph:
+def _sized(tf: Any, graph: Any, op: Any) -> tuple[tuple, int] | None:
+    """Outputs a shape does not size: while loops' TensorLists (tf_loops.py) and the list a tensor is
+    split into (TensorListFromTensor: one element per leading index, the tensor's bytes in all)."""
+    if op.type in LOOP_OPS:
+        return loop_sizes(tf, graph, op)
+    if op.type == "TensorListFromTensor":
+        source = tensor_info(op.inputs[0])
+        return ((source.nbytes if source.known else None),), 0
+    if op.type in ("TensorListReserve", "EmptyTensorList"):
+        return (0,), 0  # empty until elements are set; the elements are counted where they are made
+    return None
+
+
+def _step_graph(model: Any, ops: list, hooks: LayerHooks, inputs: dict, tf: Any, graph: Any) -> StepGraph:
     modules = hooks.modules_by_index(len(ops))
     phases = hooks.phases_by_index(ops)
     forward = [(op.name, modules[i]) for i, op in enumerate(ops) if phases[i] == Phase.FORWARD and modules[i]]
@@ -115,9 +127,7 @@ def _step_graph(model: Any, ops: list, hooks: LayerHooks, inputs: dict) -> StepG
             return gradient_owner(op.name, owners)
         return modules[index]
 
-    records = graph_ops(ops, lambda i, op: phases[i], module_of)
-    from trainmem.trace.tf_extract import tensor_info
-
+    records = graph_ops(ops, lambda i, op: phases[i], module_of, lambda op: _sized(tf, graph, op))
     constants = {op.name: tensor_info(op.outputs[0]) for op in ops if op.type == "Const"}
     variables = variables_of(model, ops)
     step = StepGraph(records, variables, inputs, constants, gradients=set(hooks.gradients))

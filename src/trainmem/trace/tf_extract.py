@@ -30,16 +30,19 @@ def _attrs(op: Any) -> tuple:
     return tuple(out)
 
 
-def graph_ops(ops: Sequence[Any], phase_of: Callable[[int, Any], Phase], module_of: Callable[[int, Any], str]) -> list[GraphOp]:
+def graph_ops(ops: Sequence[Any], phase_of: Callable[[int, Any], Phase], module_of: Callable[[int, Any], str],
+              sizes_of: Callable[[Any], tuple[tuple, int] | None] = lambda op: None) -> list[GraphOp]:
     """`ops` in creation order (a topological order: an op can only take inputs from ops made before it)."""
     out = []
     for index, op in enumerate(ops):
+        sized = sizes_of(op) or ((), 0)
         out.append(GraphOp(
             name=op.name, type=op.type,
             inputs=tuple((t.op.name, t.value_index) for t in op.inputs),
             outputs=tuple(tensor_info(t) for t in op.outputs),
             phase=phase_of(index, op), module=module_of(index, op),
-            control_inputs=tuple(c.name for c in op.control_inputs), attrs=_attrs(op)))
+            control_inputs=tuple(c.name for c in op.control_inputs), attrs=_attrs(op),
+            output_bytes=sized[0], scratch_bytes=sized[1]))
     return out
 
 

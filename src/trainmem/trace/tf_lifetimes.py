@@ -135,7 +135,8 @@ class _Replayer:
     def _run(self, op: GraphOp) -> None:
         rule = rule_for(op.type)
         if rule is None:
-            self.unsupported[op.type] += 1
+            if not op.output_bytes:  # a rule sized it (trace/tf_loops.py) or nothing knows it
+                self.unsupported[op.type] += 1
             rule = Rule("allocate")
         at_seq, first_sid = len(self.trace.events), len(self.trace.storages)
         sids = self._outputs(op, rule)
@@ -171,18 +172,23 @@ class _Replayer:
             return [None] * len(op.outputs)
         if kind == "alias" or (op.type == "Cast" and self._same_dtype(op)) or (op.type == "BroadcastTo" and self._same_shape(op)):
             return self._aliases(op)
+        scratch = self._alloc(op.scratch_bytes, Category.TEMPORARIES) if op.scratch_bytes else None
         sids: list[int | None] = []
         for index, info in enumerate(op.outputs):
             forwarded = self._forwardable(op, rule, info) if index == 0 and kind == "forward" else None
-            sids.append(forwarded if forwarded is not None else self._alloc_output(op, info))
+            sized = op.output_bytes[index] if index < len(op.output_bytes) else None
+            sids.append(forwarded if forwarded is not None else self._alloc_output(op, info, sized))
+        if scratch is not None:
+            self._release_if_dead(scratch)
         return sids
 
-    def _alloc_output(self, op: GraphOp, info: TensorInfo) -> int | None:
+    def _alloc_output(self, op: GraphOp, info: TensorInfo, sized: int | None = None) -> int | None:
         if info.dtype in ("resource",):
             return None
-        if not info.known or (info.dtype == "variant"):
+        if sized is None and (not info.known or info.dtype == "variant"):
             self.unknown[op.type] += 1
-        return self._alloc(info.nbytes, _PROVISIONAL.get(self.phase, Category.TEMPORARIES), info)
+        nbytes = sized if sized is not None else info.nbytes
+        return self._alloc(nbytes, _PROVISIONAL.get(self.phase, Category.TEMPORARIES), info)
 
     def _input_sid(self, op: GraphOp, index: int) -> int | None:
         if index >= len(op.inputs):

@@ -51,6 +51,8 @@ class GraphOp:
     module: str  # the Keras layer whose call created it ("" outside layers)
     control_inputs: tuple[str, ...] = ()
     attrs: tuple = ()  # (name, value) pairs kept for kernel calls: strides, padding, data_format…
+    output_bytes: tuple = ()  # where a rule sized the outputs itself (while loops' TensorLists): bytes or None
+    scratch_bytes: int = 0  # held while the op runs, gone after (a loop's per-iteration temporaries)
 
 
 @dataclasses.dataclass(frozen=True)
