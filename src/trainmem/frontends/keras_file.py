@@ -13,6 +13,7 @@ so nothing in the file runs code the user did not name. No TensorFlow import at 
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -147,8 +148,8 @@ def _refusal(error: BaseException) -> str:
     if "Lambda" in text and "safe_mode" in text:
         return ("expected a model without Python code: a Lambda layer holds Python bytecode, which trainmem never "
                 "runs from a .keras file (Keras's safe_mode); rebuild it in a file.py:factory you name instead")
-    if "Could not locate" in text or "custom" in text.lower() and "register" in text:
-        name = text.split("'")[1] if text.count("'") >= 2 else "a class"
-        return (f"expected Keras's own layers or registered custom objects, got the unknown {quote(name)}: "
+    unknown = re.search(r"Could not (?:locate|deserialize) (?:class|function|\w+) '([^']{1,200})'", text)
+    if unknown:  # Keras nests the inner error's text in the outer one's (a layer inside a Sequential …)
+        return (f"expected Keras's own layers or registered custom objects, got the unknown {quote(unknown[1])}: "
                 "name a file.py:factory that imports (registers) it and builds the model instead")
     return f"expected a config Keras can rebuild, got {type(error).__name__}: {one_line(error)}"
