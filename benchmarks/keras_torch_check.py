@@ -1,0 +1,154 @@
+"""Keras 3 on the torch backend: trainmem's tensor peak against `trainmem measure`'s (the profiler's memory
+events while `model.fit` runs for real, measure/child.py _fit_keras), for an MLP, a CNN with BatchNorm and
+an LSTM. Writes benchmarks/results/keras_torch.md.
+
+    .venv/bin/python benchmarks/keras_torch_check.py
+
+Each row runs in fresh processes with KERAS_BACKEND=torch (Keras fixes its backend at its first import):
+one for the estimate, one for the measured run. The factories below are the models (file.py:factory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve()
+ROWS = [("mlp", 8192), ("cnn_bn", 64), ("lstm", 256)]
+
+
+def mlp():
+    """The seed MLP 1000-100×4-10 (131,410 parameters)."""
+    import keras
+
+    layers = [keras.layers.Dense(100, activation="relu") for _ in range(4)]
+    return keras.Sequential([keras.Input((1000,)), *layers, keras.layers.Dense(10)])
+
+
+def cnn_bn():
+    """Three 3×3 convolutions with BatchNormalization on 32×32×3 images."""
+    import keras
+
+    L = keras.layers
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        L.Conv2D(32, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
+        L.Conv2D(64, 3, padding="same"), L.BatchNormalization(), L.ReLU(), L.MaxPooling2D(),
+        L.Conv2D(64, 3, padding="same"), L.BatchNormalization(), L.ReLU(), L.GlobalAveragePooling2D(),
+        L.Dense(10)])
+
+
+def lstm():
+    """Embedding(5000, 64) → LSTM(128) → Dense(10) over 50 token ids."""
+    import keras
+
+    L = keras.layers
+    return keras.Sequential([keras.Input((50,), dtype="int32"), L.Embedding(5000, 64), L.LSTM(128), L.Dense(10)])
+
+
+ESTIMATE = """
+import json, sys
+from trainmem.frontends.keras_import import import_keras
+import_keras("torch")
+from trainmem.devices import get_device
+from trainmem.estimate.orchestrate import Plan, assemble_traced, trace
+from trainmem.frontends.keras_torch import resolve_keras_torch
+from trainmem.setup import TrainingSetup
+from trainmem.targets import target_for
+from trainmem.trace.events import Category
+setup = TrainingSetup.from_mapping(json.loads(sys.argv[2]))
+device = get_device("cpu")
+plan = Plan(resolve_keras_torch(sys.argv[1], setup), device, 2, {}, target_for(device, setup))
+traced = trace(plan, setup)
+est = assemble_traced(plan, setup, traced)
+by = {}
+for record in traced.trace.storages.values():
+    by[str(record.category)] = by.get(str(record.category), 0) + record.nbytes
+print(json.dumps({"tensor_bytes": est.tensor_bytes, "parameters": traced.parameters,
+                  "trainable": traced.trainable_parameters, "allocated_by_category": by}))
+"""
+
+
+def child_env() -> dict[str, str]:
+    src = str(ROOT / "src")
+    return {**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+
+
+def last_json(done: subprocess.CompletedProcess, what: str) -> dict:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{what} printed no result (exit {done.returncode}): {done.stderr[-2000:]}")
+    result = json.loads(lines[-1])
+    if "error" in result:
+        raise RuntimeError(f"{what} failed: {result['error']}")
+    return result
+
+
+def estimate(ref: str, setup: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", ESTIMATE, ref, json.dumps(setup)], capture_output=True,
+                          text=True, env=child_env(), timeout=900)
+    return last_json(done, "the estimate")
+
+
+def measure(ref: str, setup: dict) -> dict:
+    """measure/child.py in tensors mode, as `trainmem measure` runs it, with the Keras backend named."""
+    from trainmem.setup import TrainingSetup
+
+    request = {"model": ref, "setup": TrainingSetup.from_mapping(setup).to_dict(), "mode": "tensors", "seed": 0,
+               "keras_backend": "torch"}
+    done = subprocess.run([sys.executable, "-m", "trainmem.measure.child", json.dumps(request)],
+                          capture_output=True, text=True, env=child_env(), timeout=900)
+    return last_json(done, "the measured run")
+
+
+def versions() -> str:
+    done = subprocess.run([sys.executable, "-c", "import keras, torch; print(keras.__version__, torch.__version__)"],
+                          capture_output=True, text=True, env=child_env())
+    keras_version, torch_version = done.stdout.split()
+    return f"Keras {keras_version} (torch backend), torch {torch_version}, Python {platform.python_version()}"
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT / "src"))
+    rows = []
+    for name, batch in ROWS:
+        ref, setup = f"{HERE}:{name}", {"batch_size": batch}
+        started = time.perf_counter()
+        est = estimate(ref, setup)
+        measured = measure(ref, setup)
+        error = (est["tensor_bytes"] - measured["tensor_peak_bytes"]) / measured["tensor_peak_bytes"]
+        rows.append((name, batch, est, measured, error, time.perf_counter() - started))
+        print(f"{name} batch {batch}: estimate {est['tensor_bytes']:,} B, measured "
+              f"{measured['tensor_peak_bytes']:,} B, {error:+.3%}", flush=True)
+    write(rows)
+
+
+def write(rows: list) -> None:
+    lines = ["# Keras 3 on the torch backend: estimated vs measured tensor peak", "",
+             f"{versions()}; {platform.machine()}, {os.cpu_count()} CPUs.", "",
+             "Command: `.venv/bin/python benchmarks/keras_torch_check.py` (benchmarks/keras_torch_check.py).", "",
+             "Estimate: the torch engine's trace of Keras's TorchTrainer.train_step and Keras optimizer (Adam, "
+             "SparseCategoricalCrossentropy(from_logits=True)), 2 steps as fit loops them, model built on meta. "
+             "Measured: measure/child.py in tensors mode — `model.fit` for 2 steps on a torch DataLoader under "
+             "torch.profiler, peak of the running sum of its memory events (64-byte rounded), build and compile "
+             "included.", "",
+             "| model | batch | parameters | estimated tensor peak (B) | measured (B) | error |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, batch, est, measured, error, _ in rows:
+        lines.append(f"| {name} | {batch} | {est['parameters']:,} | {est['tensor_bytes']:,} | "
+                     f"{measured['tensor_peak_bytes']:,} | {error:+.3%} |")
+    out = ROOT / "benchmarks" / "results" / "keras_torch.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
