@@ -1,0 +1,144 @@
+"""The command line with Keras models: estimate's JSON keys, compare, measure --framework keras, and one-line
+errors with exit 2 for options that do not apply."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainmem.cli import main
+
+SEED = "mlp:1000-100-100-100-100-10"
+SEED_ARGS = [SEED, "--batch-size", "256", "--optimizer", "adam"]
+SEED_PARAMETERS = 131_410
+DESIGN_KEYS = {"trainmem_version", "model", "setup", "device", "peak", "breakdown", "fits"}
+PEAK_KEYS = {"tensor_bytes", "allocated_bytes", "reserved_bytes", "process_bytes", "phase", "module", "op"}
+CATEGORIES = {"parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "inputs", "runtime"}
+
+
+def run(args, capsys):
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def tensorflow():
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras")
+
+
+def _floor_committed() -> bool:
+    from trainmem.targets import tf_cpu
+
+    return tf_cpu.DATA.exists()
+
+
+def test_seed_mlp_on_a_gpu_json(tensorflow, capsys):
+    code, out, err = run(["estimate", *SEED_ARGS, "--framework", "keras", "--device", "a100-40gb",
+                          "--tf-memory", "growth", "--format", "json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) >= DESIGN_KEYS | {"keras", "framework"} and set(data["peak"]) >= PEAK_KEYS
+    assert set(data["breakdown"]) >= CATEGORIES and all(isinstance(v, int) for v in data["breakdown"].values())
+    assert data["model"]["parameters"] == data["model"]["trainable_parameters"] == SEED_PARAMETERS
+    assert data["framework"] == {"name": "keras", "keras_backend": "tensorflow"}
+    # allocated = get_memory_info's peak = the BFC chunks in use, which the breakdown splits
+    assert sum(data["breakdown"].values()) == data["peak"]["allocated_bytes"] == data["keras"]["tensorflow"]["peak_in_use"]
+    assert data["peak"]["reserved_bytes"] == data["keras"]["tensorflow"]["region_bytes"]
+    # Keras Adam: momentums and velocities per weight, iterations (int64) and the learning rate (float32)
+    state = next(row for row in data["explanation"]["rows"] if row["what"] == "optimizer_state")
+    assert state["traced_bytes"] == 2 * 4 * SEED_PARAMETERS + 8 + 4
+    layers = data["keras"]["layers"]
+    assert [row["parameters"] for row in layers if row["class_name"] == "Dense"] == [100_100, 10_100, 10_100,
+                                                                                      10_100, 1_010]
+    shown = data["keras"]["tensorflow"]["nvidia_smi_by_mode"]
+    assert shown["default"] > shown["growth"] == data["peak"]["process_bytes"]
+
+
+def test_seed_mlp_on_the_cpu_text(tensorflow, capsys):
+    if not _floor_committed():
+        pytest.skip("targets/data/tf_cpu_floor.json is not in this tree")
+    code, out, err = run(["estimate", *SEED_ARGS, "--framework", "keras"], capsys)
+    assert code == 0, err
+    assert "131,410 parameters" in out and "Keras on TensorFlow" in out and "process (peak RSS)" in out
+    assert "Layer (type)" in out and "dense_0 (Dense)" in out and "100,100" in out
+    assert "What TensorFlow's numbers are" in out and "tf_import_file" in out
+
+
+def test_compare_seed_mlp(tensorflow, capsys):
+    if not _floor_committed():
+        pytest.skip("targets/data/tf_cpu_floor.json is not in this tree")
+    code, out, err = run(["compare", *SEED_ARGS, "--format", "json"], capsys)
+    assert code == 0, err
+    rows = {row["what"]: row for row in json.loads(out)["rows"]}
+    assert rows["parameters"]["torch"] == rows["parameters"]["keras"] == SEED_PARAMETERS
+    assert rows["optimizer slots"]["torch"] == 2 * 4 * SEED_PARAMETERS  # torch Adam's exp_avg and exp_avg_sq
+    assert rows["optimizer slots"]["difference"] == 12  # Keras's iterations and learning-rate variables
+    assert all(row["why"] for row in rows.values())
+    code, text, _ = run(["compare", *SEED_ARGS], capsys)
+    assert code == 0 and "Why they differ" in text and "Keras − PyTorch" in text
+
+
+def test_compare_on_a_gpu_explains_the_floor(tensorflow, capsys):
+    code, out, err = run(["compare", *SEED_ARGS, "--device", "h100-80gb"], capsys)
+    assert code == 0, err
+    assert "maps almost the whole card" in out and "131,410" in out
+
+
+@pytest.mark.parametrize("argv, where, words", [
+    (["estimate", SEED, "--framework", "tf"], "--framework", "expected auto|torch|keras, got 'tf'"),
+    (["estimate", SEED, "--keras-backend", "jax"], "--keras-backend", "expected tensorflow|torch, got 'jax'"),
+    (["estimate", SEED, "--framework", "torch", "--keras-backend", "torch"], "--keras-backend", "a Keras model"),
+    (["estimate", SEED, "--tf-memory", "growth", "--framework", "keras"], "--tf-memory", "a GPU --device"),
+    (["estimate", SEED, "--tf-memory", "growth", "--device", "a100-40gb"], "--tf-memory", "a Keras model on TensorFlow"),
+    (["estimate", SEED, "--tf-memory", "lots", "--device", "a100-40gb", "--framework", "keras"], "--tf-memory",
+     "expected a TensorFlow GPU memory mode"),
+    (["estimate", "hf:gpt2", "--framework", "keras"], "--framework", "a Keras model reference"),
+    (["compare", SEED, "--framework", "keras"], "--framework", "no --framework with compare"),
+    (["compare", "hf:gpt2"], "MODEL", "expected mlp:… or a layer spec"),
+    (["fit", "model.keras", "--device", "a100-40gb"], "MODEL", "expected a PyTorch model for fit"),
+    (["fit", SEED, "--device", "a100-40gb", "--framework", "keras"], "--framework", "--framework torch with fit"),
+])
+def test_bad_keras_options_are_one_line_exit_2(argv, where, words, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    line = err.strip()
+    assert "\n" not in line and line.startswith(f"trainmem: error: {where}: ") and words in line
+
+
+def test_framework_from_a_setup_file(tensorflow, tmp_path, capsys):
+    setup = tmp_path / "run.toml"
+    setup.write_text('framework = "keras"\ndevice = "a100-40gb"\ntf_memory = "limit:4GiB"\nbatch_size = 8\n')
+    code, out, err = run(["estimate", "mlp:20-10-2", "--setup", str(setup), "--format", "json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["framework"]["name"] == "keras" and data["keras"]["tensorflow"]["memory_limit"] == 4 << 30
+    setup.write_text('framework = "jax"\n')
+    code, _, err = run(["estimate", "mlp:20-10-2", "--setup", str(setup)], capsys)
+    assert code == 2 and f"{setup}: framework: expected auto|torch|keras" in err
+
+
+def test_help_names_the_keras_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    out = capsys.readouterr().out
+    assert "--framework" in out and "--keras-backend" in out and "--tf-memory" in out and "model.keras" in out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "compare" in capsys.readouterr().out
+
+
+def test_measure_framework_keras_on_a_tiny_model(tensorflow, tmp_path, capsys):
+    if not _floor_committed():
+        pytest.skip("targets/data/tf_cpu_floor.json is not in this tree")
+    factory = tmp_path / "tiny.py"
+    factory.write_text("import keras\n\ndef model():\n    return keras.Sequential([keras.Input((32,)), "
+                       "keras.layers.Dense(16, activation='relu'), keras.layers.Dense(4)])\n")
+    code, out, err = run(["measure", f"{factory}:model", "--framework", "keras", "--batch-size", "8",
+                          "--format", "json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["framework"] == "keras" and data["measured"]["peak_rss_bytes"] > 0
+    assert data["estimate"]["process_bytes"] > 0 and isinstance(data["error"], float)
+    assert Path(data["measured"]["model"].rpartition(":")[0]).name == "tiny.py"
