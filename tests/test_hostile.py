@@ -345,6 +345,31 @@ def _onnx_model_bytes(weight_dims=(4, 3), raw_bytes: int | None = None) -> bytes
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
+def _keras_zip(config: bytes, name: str = "model.keras") -> Callable[[Path], list[str]]:
+    """A .keras archive whose config.json is `config` (deflated: a bomb stays small on disk)."""
+    import zipfile
+
+    def write(directory: Path) -> list[str]:
+        path = directory / name
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("config.json", config)
+        return ["estimate", str(path)]
+    return write
+
+
+def _keras_directory(directory: Path) -> list[str]:
+    (directory / "model.keras").mkdir()
+    return ["estimate", str(directory / "model.keras")]
+
+
+def _giant_saved_model(directory: Path) -> list[str]:
+    """A SavedModel whose saved_model.pb claims 1 TiB (a sparse file: its size without its bytes)."""
+    (directory / "exported").mkdir()
+    with open(directory / "exported" / "saved_model.pb", "wb") as handle:
+        handle.truncate(1 << 40)
+    return ["estimate", str(directory / "exported")]
+
+
 def _onnx(content: Callable[[], bytes]) -> Callable[[Path], list[str]]:
     return lambda directory: ["estimate", _write(directory, "model.onnx", content())]
 
@@ -656,6 +681,15 @@ def _cases() -> list[Case]:
         # The estimate needs shapes only: the data, named outside the model's directory, is never read
         # (it is a FIFO nobody writes to: reading it would hang the case)
         c("onnx-external-data-outside", _onnx_external_data, 0),
+        # --- Keras files: refused while config.json / saved_model.pb is read, before TensorFlow is imported --
+        c("keras-config-zip-bomb", _keras_zip(b" " * (64 << 20), "bomb.keras"), 2, ("bomb.keras",)),
+        c("keras-config-nested-100000-deep", _keras_zip(b"[" * 100_000 + b"]" * 100_000), 2, ("model.keras",)),
+        c("keras-config-not-a-model", _keras_zip(b'{"layers": []}'), 2, ("model.keras",)),
+        c("keras-not-a-zip", lambda d: ["estimate", _write(d, "model.keras", bytes(range(256)) * 16)], 2,
+          ("model.keras",)),
+        c("keras-directory-without-config", _keras_directory, 2, ("model.keras",)),
+        c("keras-fifo-without-writer", lambda d: ["estimate", _fifo_at(d, "model.keras")], 2, ("model.keras",), order=1),
+        c("saved-model-pb-of-a-terabyte", _giant_saved_model, 2, ("saved_model.pb",)),
         # --- hf: configurations (offline) ----------------------------------------------------------------
         c("hf-empty", ("estimate", "hf:"), 2, ("hf:",)),
         c("hf-path-traversal", ("estimate", "hf:../../etc/passwd"), 2, ("passwd",)),
