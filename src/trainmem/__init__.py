@@ -1,5 +1,6 @@
 """trainmem: how much memory will training take — before you train."""
 
+from trainmem.compare import Comparison, compare
 from trainmem.devices import Device
 from trainmem.errors import TrainmemError
 from trainmem.estimate import Estimate, estimate
@@ -9,6 +10,7 @@ from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision,
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
     "Device",
     "Estimate",
     "FitResult",
@@ -20,6 +22,7 @@ __all__ = [
     "TrainingSetup",
     "TrainmemError",
     "__version__",
+    "compare",
     "estimate",
     "fit",
 ]

@@ -362,7 +362,7 @@ def _framework_options(options: Options) -> dict[str, Any]:
 def _compare(options: Options, setup: Any) -> Outcome:
     from trainmem.compare import compare
 
-    result = compare(options.model, setup, options.device)
+    result = compare(options.model, setup, options.device, tf_memory=options.tf_memory)
     return Outcome(json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result), EXIT_OK)
 
 

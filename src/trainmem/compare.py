@@ -66,16 +66,23 @@ def _signed(what: str, value: int) -> str:
     return ("+" if value > 0 else "−" if value < 0 else "±") + format_bytes(abs(value))
 
 
-def compare(model: str, setup: TrainingSetup, device: str = "cpu") -> Comparison:
-    """Estimate `model` (mlp:… or a layer spec) for PyTorch and for Keras on TensorFlow with `setup`."""
+def compare(model: str, setup: TrainingSetup | None = None, device: str = "cpu", *, tf_memory: str | None = None,
+            **setup_values: Any) -> Comparison:
+    """Estimate `model` (mlp:… or a layer spec) for PyTorch and for Keras on TensorFlow with `setup` (a
+    TrainingSetup, or its values as keywords as estimate() takes them: batch_size=256, optimizer="adam");
+    `tf_memory` is TensorFlow's GPU memory mode for the Keras side (targets/tf_gpu.py)."""
     from trainmem.estimate import estimate
+    from trainmem.estimate.orchestrate import setup_of
     from trainmem.frontends import Kind, reference_kind
+
+    setup = setup_of(setup, setup_values, "compare()")
 
     if not isinstance(model, str) or reference_kind(model) not in (Kind.MLP, Kind.SPEC):
         raise ModelRefError(f"expected mlp:… or a layer spec (models both frameworks build from the same text), "
                             f"got {quote(model)}", where="MODEL")
     torch_est = estimate(model, setup=setup, device=device, framework="torch")
-    keras_est = estimate(model, setup=setup, device=device, framework="keras", keras_backend="tensorflow")
+    keras_est = estimate(model, setup=setup, device=device, framework="keras", keras_backend="tensorflow",
+                         tf_memory=tf_memory)
     rows = compare_rows(torch_est, keras_est)
     return Comparison(model, keras_est.device.name, rows, torch_est.to_dict()["peak"], keras_est.to_dict()["peak"])
 
