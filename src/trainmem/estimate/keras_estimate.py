@@ -169,8 +169,9 @@ def _estimate(source, setup, device, traced, breakdown, peak, live, tensor_bytes
               numbers, allocated, reserved, fits) -> KerasEstimate:
     from trainmem.estimate.keras_report import module_rows
 
+    said = " ".join(traced.warnings)  # the trace names its unsupported ops itself; said once
     unsupported = [f"TensorFlow op {op} ({count}×) has no memory rule: traced by its output sizes alone"
-                   for op, count in sorted(traced.unsupported_ops.items())]
+                   for op, count in sorted(traced.unsupported_ops.items()) if op not in said]
     return KerasEstimate(
         model_name=source.name, setup=setup, device=device, parameters=traced.parameters,
         trainable_parameters=traced.trainable_parameters, tensor_bytes=tensor_bytes, process_bytes=process,
