@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any
 
 from trainmem.devices import Device, DeviceRef, get_device
-from trainmem.estimate.result import Estimate, ModuleRow
+from trainmem.estimate.result import Estimate
 from trainmem.explain import Explanation, HandRow, saved_at_backward_start
 from trainmem.setup import Optimizer, Precision, TrainingSetup
 from trainmem.trace.events import Category
