@@ -10,6 +10,7 @@ executor holds tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from trainmem.trace.keras_layers import LayerHooks, layer_rows, variables_of
 from trainmem.trace.keras_traced import KerasTraced
 from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners, tensor_info
 from trainmem.trace.tf_loops import LOOP_OPS, loop_sizes
+from trainmem.trace.tf_grappler import optimized_step, stateful
 from trainmem.trace.tf_lifetimes import replay
 from trainmem.trace.tf_ops import StepGraph
 
@@ -31,8 +33,9 @@ ORDER = ("the ops in the order the step's graph was built (forward, loss, gradie
          "interleave differently in a real run")
 
 
-def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str) -> KerasTraced:
-    """Trace one Keras model's fit step; `build` is called inside a fresh tf.Graph and returns the model."""
+def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, grappler: bool = True) -> KerasTraced:
+    """Trace one Keras model's fit step; `build` is called inside a fresh tf.Graph and returns the model.
+    With `grappler` the replayed graph is the one Grappler makes of the step for the CPU (tf_grappler.py)."""
     from trainmem.frontends.keras_import import import_keras, import_tensorflow
 
     keras_setup.check_supported(setup)
@@ -42,15 +45,28 @@ def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str) ->
     try:
         with graph.as_default(), keras_setup.dtype_policy(keras, setup.precision):
             model = _build(build, keras, name)
-            built = _build_step(model, keras, tf, graph, setup)
+            ops, hooks, inputs, outputs = _build_step(model, keras, tf, graph, setup)
+        labels = _labels(ops, hooks)
+        shapes = {op.name: tuple(tensor_info(t) for t in op.outputs) for op in ops}
+        # loops sized on the graph Keras built, where the body's shapes are all static
+        shapes.update({("loop", op.name): loop_sizes(tf, graph, op) for op in ops if op.type in LOOP_OPS})
+        runtime, notes = graph, []
+        if grappler:
+            optimized = optimized_step(tf, graph, ops, [op for op in ops if stateful(op)] + outputs)
+            if isinstance(optimized, str):
+                notes.append(f"Grappler could not optimize the step ({optimized}); the unoptimized graph is "
+                             "traced, without the remapper's fusions and the pruned IdentityN")
+            else:
+                runtime, ops = optimized
+        step_graph = _step_graph(model, ops, labels, hooks, inputs, tf, runtime, shapes)
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the model's code failed while its step was built
         raise TraceError(f"expected a Keras model whose fit step can be built, got {type(error).__name__}: "
                          f"{one_line(error)}", where=name) from error
-    step_graph, hooks, warnings = built
     result = replay(step_graph, steps=setup.steps)
-    return _traced(model, step_graph, hooks, result, warnings, setup, keras)
+    traced = _traced(model, step_graph, hooks, result, notes, setup, keras)
+    return dataclasses.replace(traced, runtime_graph="grappler" if grappler and not notes else "unoptimized")
 
 
 def _build(build: Callable[[], Any], keras: Any, name: str) -> Any:
@@ -60,23 +76,37 @@ def _build(build: Callable[[], Any], keras: Any, name: str) -> Any:
     return model
 
 
-def _build_step(model: Any, keras: Any, tf: Any, graph: Any, setup: TrainingSetup) -> tuple[StepGraph, LayerHooks, list[str]]:
+def _build_step(model: Any, keras: Any, tf: Any, graph: Any, setup: TrainingSetup) -> tuple[list, LayerHooks, dict, list]:
+    """The step's ops in creation order, the hooks that watched them being made, the batch's
+    placeholders and the ops whose outputs the step returns."""
     loss, loss_kind = keras_setup.make_loss(keras, setup, model)
     model.compile(optimizer=keras_setup.make_optimizer(keras, setup), loss=loss, jit_compile=False)
     _freeze(model, setup.freeze)
     model.optimizer.build(model.trainable_variables)
-    spec_probe = _output_shape(model, setup, tf)
-    spec = keras_setup.batch_spec(setup, model, spec_probe, loss_kind)
+    spec = keras_setup.batch_spec(setup, model, _output_shape(model, setup, tf), loss_kind)
     xs = [tf.compat.v1.placeholder(dtype, shape, name=f"x{i}") for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes))]
     y = tf.compat.v1.placeholder(spec.target_dtype, spec.target_shape, name="y") if spec.target_shape is not None else None
-    x = xs[0] if len(xs) == 1 else xs
     start = len(graph.get_operations())
     hooks = LayerHooks(model, graph)
     with hooks:
-        model.train_step((x, y))
+        logs = model.train_step((xs[0] if len(xs) == 1 else xs, y))
     ops = graph.get_operations()[start:]
     inputs = {t.op.name: tensor_info(t) for t in xs + ([y] if y is not None else [])}
-    return _step_graph(model, ops, hooks, inputs, tf, graph), hooks, []
+    outputs = [t.op for t in tf.nest.flatten(logs) if hasattr(t, "op")]
+    return ops, hooks, inputs, outputs
+
+
+def _labels(ops: list, hooks: LayerHooks) -> tuple[dict[str, Phase], dict[str, str]]:
+    """Phase and layer of each op of the step, by name (Grappler keeps the names of the ops it keeps and
+    gives a fused op the name of the last op it fuses)."""
+    modules = hooks.modules_by_index(len(ops))
+    phases = hooks.phases_by_index(ops)
+    forward = [(op.name, modules[i]) for i, op in enumerate(ops) if phases[i] == Phase.FORWARD and modules[i]]
+    owners = scope_owners(forward)
+    module_by = {}
+    for index, op in enumerate(ops):
+        module_by[op.name] = gradient_owner(op.name, owners) if phases[index] == Phase.BACKWARD else modules[index]
+    return {op.name: phases[i] for i, op in enumerate(ops)}, module_by
 
 
 def _output_shape(model: Any, setup: TrainingSetup, tf: Any) -> tuple:
@@ -103,10 +133,12 @@ def _freeze(model: Any, patterns: tuple[str, ...]) -> None:
             layer.trainable = False
 
 
-def _sized(tf: Any, graph: Any, op: Any) -> tuple[tuple, int] | None:
+def _sized(tf: Any, graph: Any, op: Any, before: tuple | None = None) -> tuple[tuple, int] | None:
     """Outputs a shape does not size: while loops' TensorLists (tf_loops.py) and the list a tensor is
     split into (TensorListFromTensor: one element per leading index, the tensor's bytes in all)."""
     if op.type in LOOP_OPS:
+        if before is not None and len(before[0]) == len(op.outputs):
+            return before
         return loop_sizes(tf, graph, op)
     if op.type == "TensorListFromTensor":
         source = tensor_info(op.inputs[0])
@@ -116,24 +148,36 @@ def _sized(tf: Any, graph: Any, op: Any) -> tuple[tuple, int] | None:
     return None
 
 
-def _step_graph(model: Any, ops: list, hooks: LayerHooks, inputs: dict, tf: Any, graph: Any) -> StepGraph:
-    modules = hooks.modules_by_index(len(ops))
-    phases = hooks.phases_by_index(ops)
-    forward = [(op.name, modules[i]) for i, op in enumerate(ops) if phases[i] == Phase.FORWARD and modules[i]]
-    owners = scope_owners(forward)
+def _step_graph(model: Any, ops: list, labels: tuple[dict, dict], hooks: LayerHooks, inputs: dict, tf: Any,
+                graph: Any, shapes: dict) -> StepGraph:
+    phase_by, module_by = labels
 
-    def module_of(index: int, op: Any) -> str:
-        if phases[index] == Phase.BACKWARD:
-            return gradient_owner(op.name, owners)
-        return modules[index]
+    def inherited(op: Any, table: dict, default: Any) -> Any:
+        """An op Grappler made takes the label of its last labelled input."""
+        for tensor in reversed(list(op.inputs)):
+            if tensor.op.name in table:
+                return table[tensor.op.name]
+        return default
 
-    records = graph_ops(ops, lambda i, op: phases[i], module_of, lambda op: _sized(tf, graph, op))
+    records = graph_ops(ops, lambda i, op: phase_by.get(op.name) or inherited(op, phase_by, Phase.OPTIMIZER),
+                        lambda i, op: module_by[op.name] if op.name in module_by else inherited(op, module_by, ""),
+                        lambda op: _sized(tf, graph, op, shapes.get(("loop", op.name))))
+    records = [_known_shapes(record, shapes.get(record.name)) for record in records]  # type: ignore[arg-type]
     constants = {op.name: tensor_info(op.outputs[0]) for op in ops if op.type == "Const"}
     variables = variables_of(model, ops)
     step = StepGraph(records, variables, inputs, constants, gradients=set(hooks.gradients))
     known = {r.name for r in records} | set(variables) | set(inputs)
     step.external = {ref[0] for r in records for ref in r.inputs if ref[0] not in known}
     return step
+
+
+def _known_shapes(record: Any, before: tuple | None) -> Any:
+    """An output Grappler's graph lost the static shape of (a Fill fed by VariableShape) takes the shape
+    the same op had when Keras built it."""
+    if before is None or len(before) != len(record.outputs) or all(o.known for o in record.outputs):
+        return record
+    outputs = tuple(o if o.known or not b.known or b.dtype != o.dtype else b for o, b in zip(record.outputs, before))
+    return dataclasses.replace(record, outputs=outputs)
 
 
 def _traced(model: Any, step: StepGraph, hooks: LayerHooks, result: Any, warnings: list[str],

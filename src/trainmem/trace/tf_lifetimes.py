@@ -56,6 +56,12 @@ class _Replayer:
         self.producers = {op.name: op for op in graph.ops}
         self.phase, self.step, self.module, self.op = Phase.INIT, 0, "", ""
         self.backward_start: dict[int, int] = {}
+        # backward starts with the first gradient op fed by the loss: ops the tape names gradient_tape/
+        # but the forward loop needs (while_v2's accumulator lists) may run earlier
+        self.from_loss: set[str] = set()
+        for op in graph.ops:
+            if op.phase == Phase.LOSS or any(ref[0] in self.from_loss for ref in op.inputs):
+                self.from_loss.add(op.name)
         self.copy_on_write = 0
 
     # ---- events ---------------------------------------------------------------------------
@@ -126,7 +132,7 @@ class _Replayer:
             self._bind((name, 0), self._alloc(info.nbytes, Category.INPUTS, info))
         for op in self.graph.ops:
             self.phase, self.module, self.op = op.phase, op.module, op.type
-            if op.phase == Phase.BACKWARD and step not in self.backward_start:
+            if op.phase == Phase.BACKWARD and step not in self.backward_start and op.name in self.from_loss:
                 self.backward_start[step] = len(self.trace.events)
             self._run(op)
         for ref in list(self.value_sid):

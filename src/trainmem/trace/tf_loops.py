@@ -1,5 +1,6 @@
 """Sizes of what a while loop (tf.while_loop v2: While / StatelessWhile, as Keras's RNN layers build it)
-holds, read from its body function. TensorFlow objects come from the caller; nothing is imported here.
+holds, read from its body function. TensorFlow objects come from the caller; a body read from a FunctionDef is rebuilt with
+tensorflow's function_def_to_graph.
 
 A TensorList output holds one tensor per iteration: TensorListPushBack / TensorListSetItem keep a
 reference to the element (list_kernels.h: the list's `tensors` vector), so the list's bytes are the
@@ -54,9 +55,8 @@ def iterations(tf: Any, op: Any) -> int | None:
 def loop_sizes(tf: Any, graph: Any, op: Any) -> tuple[tuple[int | None, ...], int] | None:
     """(bytes of each output, scratch bytes while it runs) for a While op, or None where its body or its
     trip count cannot be read."""
-    try:
-        body = graph._get_function(op.get_attr("body").name).graph
-    except (AttributeError, ValueError, KeyError):
+    body = _body(graph, op)
+    if body is None:
         return None
     count = iterations(tf, op)
     if count is None:
@@ -72,6 +72,27 @@ def loop_sizes(tf: Any, graph: Any, op: Any) -> tuple[tuple[int | None, ...], in
                               if o.type not in ("ReadVariableOp", "Const", "Placeholder") and t.dtype.name != "variant")
                   if b is not None)
     return tuple(sizes), scratch
+
+
+def _body(graph: Any, op: Any) -> Any:
+    """The loop body as a graph: a traced function's own FuncGraph, or one rebuilt from the FunctionDef
+    of a graph that was imported (after Grappler)."""
+    try:
+        function = graph._get_function(op.get_attr("body").name)
+    except (ValueError, KeyError):
+        return None
+    if function is None:
+        return None
+    if hasattr(function, "graph"):
+        return function.graph
+    from tensorflow.python.framework import ops
+    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+
+    try:
+        with ops.Graph().as_default():  # its own graph: nothing is registered with the eager context
+            return function_def_to_graph(function.definition, input_shapes=[t.shape for t in op.inputs])
+    except Exception:  # noqa: BLE001 - an unreadable body: the loop is reported as unsized
+        return None
 
 
 def _list_bytes(tensor: Any, count: int) -> int | None:
