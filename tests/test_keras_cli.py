@@ -142,3 +142,31 @@ def test_measure_framework_keras_on_a_tiny_model(tensorflow, tmp_path, capsys):
     assert data["framework"] == "keras" and data["measured"]["peak_rss_bytes"] > 0
     assert data["estimate"]["process_bytes"] > 0 and isinstance(data["error"], float)
     assert Path(data["measured"]["model"].rpartition(":")[0]).name == "tiny.py"
+
+
+def test_measure_framework_keras_on_an_mlp_reference(tensorflow, capsys):
+    """mlp: is measured through a factory file of Keras alone (the measured process imports no trainmem)."""
+    if not _floor_committed():
+        pytest.skip("targets/data/tf_cpu_floor.json is not in this tree")
+    code, out, err = run(["measure", "mlp:32-16-4", "--framework", "keras", "--batch-size", "8", "--format", "json"],
+                         capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["model"] == "mlp:32-16-4" and data["measured"]["model"] == "mlp:32-16-4"
+    assert data["measured"]["peak_rss_bytes"] > 0
+
+
+def test_factories_written_for_measure(tensorflow, tmp_path):
+    from trainmem.errors import MeasureError
+    from trainmem.estimate.keras_measured import factory_to_measure
+    from trainmem.setup import TrainingSetup
+
+    setup = TrainingSetup(dropout=0.1)
+    ref = factory_to_measure("mlp:8-4-2", setup, tmp_path)
+    text = Path(ref.rpartition(":")[0]).read_text()
+    assert "trainmem" not in text and "'rate': 0.1" in text and "'units': 4, 'activation': 'relu'" in text
+    namespace = {}
+    exec(compile(text, "measured_model.py", "exec"), namespace)  # noqa: S102 - the file written just above
+    assert namespace["model"]().count_params() == 8 * 4 + 4 + 4 * 2 + 2
+    with pytest.raises(MeasureError, match="expected file.py:factory, mlp:… or model.keras"):
+        factory_to_measure("net.yaml", setup, tmp_path)

@@ -3,11 +3,18 @@
 
 The measured runs fit the model for the setup's steps on synthetic numpy data of steps × batch samples,
 which is the dataset the CPU estimate assumes (targets/tf_cpu.py), so the two answer the same question.
+The measured process runs a factory file (measure/keras_child.py) and imports nothing of trainmem, so its
+RSS is what a user's script shows: `mlp:` and `model.keras` are measured through a factory file written
+here with Keras alone (the mlp's layers from frontends/keras_layers.py; the .keras file's config.json
+rebuilt under safe_mode, fresh weights: the same memory as the file's own).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from trainmem.setup import TrainingSetup
@@ -60,4 +67,36 @@ def measure_keras_beside_estimate(model_ref: str, setup: TrainingSetup, *, runs:
     if not est.fits and not force:
         raise MeasureError(f"expected a run that fits this machine's memory, the estimate says "
                            f"{format_bytes(est.process_bytes)} (--force runs it anyway)", where=model_ref)
-    return KerasMeasured(est, measure_keras(model_ref, setup, runs=runs))
+    with tempfile.TemporaryDirectory(prefix="trainmem-keras-") as directory:
+        factory = factory_to_measure(model_ref.strip(), setup, Path(directory))
+        measured = measure_keras(factory, setup, runs=runs)
+    return KerasMeasured(est, dataclasses.replace(measured, model_ref=model_ref))
+
+
+def factory_to_measure(ref: str, setup: TrainingSetup, directory: Path) -> str:
+    """`ref` as a file.py:factory the measuring child can run: as given, or written into `directory`."""
+    from trainmem.errors import MeasureError
+    from trainmem.frontends import Kind, reference_kind
+    from trainmem.frontends.keras_ref import is_keras_file
+
+    kind = reference_kind(ref)
+    if kind == Kind.PYTHON:
+        return ref
+    if kind == Kind.MLP:
+        from trainmem.frontends.keras_layers import mlp_factory_source
+        from trainmem.frontends.mlp import parse_widths
+
+        text = mlp_factory_source(parse_widths(ref), str(setup.activation), setup.dropout)
+    elif is_keras_file(ref):
+        from trainmem.frontends.keras_file import read_keras_config
+
+        config = {key: value for key, value in read_keras_config(ref).items() if key != "compile_config"}
+        (directory / "config.json").write_text(json.dumps(config))
+        text = ("import json\nimport keras\n\n\ndef model():\n    with open(__file__.rpartition('/')[0] + "
+                "'/config.json') as handle:\n        return keras.saving.deserialize_keras_object(json.load(handle), "
+                "safe_mode=True)\n")
+    else:
+        raise MeasureError(f"expected file.py:factory, mlp:… or model.keras to measure a Keras model, got {ref!r}",
+                           where="measure --framework keras")
+    (directory / "measured_model.py").write_text(text)
+    return f"{directory / 'measured_model.py'}:model"

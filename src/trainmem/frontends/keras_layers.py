@@ -18,19 +18,33 @@ ACTIVATIONS = ("relu", "tanh", "gelu", "sigmoid", "silu", "softmax")
 _LEAKY_DEFAULT = 0.01  # torch.nn.LeakyReLU's negative_slope default (Keras's is 0.3)
 
 
+def mlp_layers(widths: list[int], activation: str = "relu", dropout: float = 0.0) -> list[tuple[str, dict[str, Any]]]:
+    """The mlp: reference as Keras layers (class name, arguments): Dense(w, activation) …, Dense(widths[-1]),
+    the activation inside Dense as a Keras user writes it (keras.layers.Dense(activation=) applies it)."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    for index, width in enumerate(widths[1:]):
+        last = index == len(widths) - 2
+        layers.append(("Dense", {"units": width, "activation": None if last else activation, "name": f"dense_{index}"}))
+        if not last and dropout > 0:
+            layers.append(("Dropout", {"rate": dropout, "name": f"dropout_{index}"}))
+    return layers
+
+
 def build_keras_mlp(widths: list[int], activation: str = "relu", dropout: float = 0.0) -> Any:
-    """Sequential(Input(widths[0]), Dense(w, activation) …, Dense(widths[-1])): the mlp: reference as a Keras
-    user writes it (the activation inside Dense, as keras.layers.Dense(activation=) applies it)."""
+    """Sequential(Input(widths[0]), the layers of mlp_layers)."""
     from trainmem.frontends.keras_import import import_keras
 
     keras = import_keras()
-    layers: list[Any] = [keras.Input(shape=(widths[0],), name="input")]
-    for index, width in enumerate(widths[1:]):
-        last = index == len(widths) - 2
-        layers.append(keras.layers.Dense(width, activation=None if last else activation, name=f"dense_{index}"))
-        if not last and dropout > 0:
-            layers.append(keras.layers.Dropout(dropout, name=f"dropout_{index}"))
-    return keras.Sequential(layers, name="mlp")
+    layers = [getattr(keras.layers, name)(**kwargs) for name, kwargs in mlp_layers(widths, activation, dropout)]
+    return keras.Sequential([keras.Input(shape=(widths[0],), name="input"), *layers], name="mlp")
+
+
+def mlp_factory_source(widths: list[int], activation: str = "relu", dropout: float = 0.0) -> str:
+    """A factory file's text that builds the same Sequential with Keras alone (a measured process imports
+    nothing of trainmem: its RSS is the user's)."""
+    layers = ", ".join(f"keras.layers.{name}(**{kwargs!r})" for name, kwargs in mlp_layers(widths, activation, dropout))
+    return ("import keras\n\n\ndef model():\n"
+            f"    return keras.Sequential([keras.Input(shape=({widths[0]},), name='input'), {layers}], name='mlp')\n")
 
 
 _CHANNELS_FIRST = ("conv", "maxpool", "avgpool", "adaptiveavgpool")
