@@ -170,3 +170,13 @@ def test_factories_written_for_measure(tensorflow, tmp_path):
     assert namespace["model"]().count_params() == 8 * 4 + 4 + 4 * 2 + 2
     with pytest.raises(MeasureError, match="expected file.py:factory, mlp:… or model.keras"):
         factory_to_measure("net.yaml", setup, tmp_path)
+
+
+def test_torch_backend_after_keras_took_tensorflow_is_one_line(tensorflow, capsys):
+    """Keras fixes its backend at its first import: in a process where it took TensorFlow, asking for torch is
+    refused in one line, never answered on the wrong backend."""
+    from trainmem.frontends.keras_import import import_keras
+
+    import_keras("tensorflow")
+    code, out, err = run(["estimate", "mlp:8-4", "--framework", "keras", "--keras-backend", "torch"], capsys)
+    assert code == 2 and out == "" and "on the tensorflow backend" in err and len(err.strip().splitlines()) == 1
