@@ -4,7 +4,7 @@ factory file, compile, `model.fit` on numpy arrays of exactly steps × batch sam
 Nothing of trainmem is imported here (no trace, no setup parsing): the request carries plain values.
 
 Request: {"model": "file.py:factory", "batch_size": int, "steps": int, "optimizer": "adam"|…,
-          "loss": "cross-entropy"|"mse", "input_max": int|null, "seed": int}
+          "loss": "cross-entropy"|"mse", "input_max": int|null, "seed": int, "timeline": bool (optional)}
 Prints one JSON line: peak RSS (VmHWM), VmRSS/RssAnon/RssFile after each stage (start, import tensorflow,
 import keras, build, compile, data, fit), the largest RssAnon/RssFile sampled during fit, versions,
 thread settings, the CPU model, whether oneDNN is on, and on a GPU the peak of
@@ -98,7 +98,7 @@ def make_data(keras, model, samples: int, loss: str, input_max: int | None, seed
     if loss == "mse":
         y = rng.standard_normal((samples, *out_shape[1:]), dtype="float32")
     else:
-        y = rng.integers(0, out_shape[-1], size=(samples, *out_shape[1:-1])).astype("int32")
+        y = rng.integers(0, out_shape[-1], size=(samples, *out_shape[1:-1])).astype("int64")
     return (xs[0] if len(xs) == 1 else xs), y
 
 
@@ -124,6 +124,21 @@ def environment(tf, keras) -> dict:
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(), "onednn": onednn,
             "load_average": os.getloadavg()[0]}
+
+
+def _timeline(keras, stages: dict):
+    """A callback (calibration only: request "timeline") that records RSS when fit has made its dataset
+    (on_train_begin) and when the first step is about to run (its graph not yet traced)."""
+
+    class Timeline(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            stages["train_begin"] = status()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                stages["first_batch_begin"] = status()
+
+    return Timeline()
 
 
 def gpu_peak(tf) -> int | None:
@@ -153,11 +168,15 @@ def run(request: dict) -> dict:
     x, y = make_data(keras, model, batch * steps, loss, request.get("input_max"), request.get("seed", 0))
     stages["data"] = status()
     started = time.perf_counter()
+    callbacks = [_timeline(keras, stages)] if request.get("timeline") else []
     with Sampler() as sampler:
-        history = model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+        history = model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=callbacks)
     seconds = time.perf_counter() - started
     stages["fit"] = status()
-    return {"peak_rss_bytes": stages["fit"]["VmHWM"], "stages": stages, "fit_samples": sampler.samples,
+    # the kernel's RSS counters are cached per thread (up to 64 pages each), so a sample read during fit may
+    # top the VmHWM read at the end by a few pages: the peak is the larger of the two observations
+    peak = max(stages["fit"]["VmHWM"], sampler.samples["max_rss"])
+    return {"peak_rss_bytes": peak, "stages": stages, "fit_samples": sampler.samples,
             "fit_seconds": seconds, "steps": steps, "epochs_run": len(history.history.get("loss", [])),
             "parameters": int(model.count_params()), "gpu_peak_bytes": gpu_peak(tf),
             "environment": environment(tf, keras)}

@@ -1,0 +1,163 @@
+"""TensorFlow on the CPU: peak RSS of a process that imports TensorFlow and Keras and runs `model.fit`.
+
+The allocator. tensorflow-cpu 2.21 for x86-64 is built with oneDNN (INTEL_MKL), which registers the
+MklCPUAllocator (a BFC allocator for large requests) at priority 200 only when IsMKLEnabled() holds
+(threadpool_device.cc, REGISTER_MEM_ALLOCATOR "MklCPUAllocator"). On Linux that is TF_ENABLE_ONEDNN_OPTS,
+whose default is on only for CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX (util.cc
+DefaultOneDnnPolicy). Elsewhere the priority drops to 50 and the default CPUAllocator (priority 100,
+cpu_allocator_impl.cc) serves every tensor: port::AlignedMalloc → posix_memalign(64), caching nothing.
+Measured here (AMD EPYC, AVX2 only; IsMklEnabled() False): a 512 MB tensor made and dropped three times
+raises RSS by 512 MB and gives it all back each time (glibc maps it and unmaps it); 64 tensors of 4 MB
+dropped once are given back, and after that glibc's mmap threshold has risen to 4 MB and the next 64
+stay resident in the heap after they are freed — glibc's dynamic threshold, as alloc/cpu.py models it for
+PyTorch (same 64-byte posix_memalign). So the tensors' resident bytes are alloc/cpu.py's GlibcModel replay
+of the trace, the allocator's peak is the live bytes rounded to 64 B, and nothing is cached.
+
+The process. Its RSS has two high points, and the peak is the larger:
+- fit's set-up (measured at on_train_begin): model.fit on numpy arrays wraps them in
+  tf.data.Dataset.from_tensors(...).repeat() and gathers each batch from them in a parallel map
+  (keras/src/trainers/data_adapters/array_data_adapter.py get_tf_dataset); at that point RSS holds the
+  dataset `setup_factor` times (the user's arrays, the tensor made from them and one more copy), beside
+  the import floor, the weights and the optimizer's slots;
+- training: one copy is gone by the first step; then RSS = the import floor (anonymous and file-backed
+  pages apart) + what fit adds for a graph of no ops (tf.function tracing, data adapter, callbacks,
+  threads) + a cost per op of the traced train step (Python FuncGraph objects, GraphDef, the optimized
+  graph, kernels) + the dataset `train_factor` times + the batches tf.data holds + the tensors' resident
+  heap (the glibc replay of the trace, weights and slots included).
+Every constant but the heap is measured by benchmarks/calibrate_tf_cpu.py on synthetic models in fresh
+processes (targets/data/tf_cpu_floor.json). The estimate assumes the dataset the measured run passes:
+steps × batch samples of the traced input and label shapes, as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from trainmem.alloc.cpu import GlibcModel, replay_tensors
+from trainmem.targets import DeviceEvent
+from trainmem.trace.events import Category, Trace
+
+DATA = Path(__file__).parent / "data" / "tf_cpu_floor.json"
+ONEDNN_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")  # util.cc
+
+
+@dataclasses.dataclass(frozen=True)
+class TfCpuFigures:
+    tensor_peak: int  # live tensor bytes at their peak (64-B rounded requests)
+    allocator_peak: int  # the CPU allocator's bytes in use at its peak (malloc-based: the tensor peak)
+    parts: dict[str, int]  # process parts; process_bytes is their sum
+    process_bytes: int  # expected peak RSS
+    process_high: int  # the part that varies (page cache, heap placement) at its measured high
+    warnings: list[str]
+
+
+@lru_cache(maxsize=1)
+def load_floor() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def device_events(trace: Trace) -> list[DeviceEvent]:
+    """The trace's events as the allocator sees them: TensorFlow's CPU kernels allocate their outputs
+    through the one CPU allocator, so the stream is the trace itself."""
+    storages = trace.storages
+    return [DeviceEvent(e.action, e.nbytes, e.sid, storages[e.sid].category if e.sid in storages else Category.TEMPORARIES,
+                        e.phase, e.module, e.op, e.step, e.seq) for e in trace.events]
+
+
+def heap_resident(events: list[DeviceEvent], pinned: bool = False) -> int:
+    """Peak bytes glibc keeps resident for the tensors; `pinned`: no freed heap chunk is ever reused by
+    the top or trimmed (small runtime objects above each), the high bound."""
+    model = GlibcModel(pinned)
+    for event in events:
+        if event.action == "alloc":
+            model.malloc(event.key, event.nbytes)
+        elif event.key in model.chunks:
+            model.free(event.key)
+    return model.peak_resident
+
+
+def batch_bytes(trace: Trace) -> int:
+    """Bytes of one batch (inputs and labels) as the trace holds them: its INPUTS storages of one step."""
+    steps = {record.step for record in trace.storages.values() if record.category == Category.INPUTS}
+    first = min(steps) if steps else 0
+    return sum(r.nbytes for r in trace.storages.values() if r.category == Category.INPUTS and r.step == first)
+
+
+def onednn_default(flags: frozenset[str] | None = None) -> bool:
+    """Whether TensorFlow turns oneDNN (and so the MklCPUAllocator) on by default on this CPU (util.cc)."""
+    if flags is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+        flags = frozenset(next((line.split(":", 1)[1].split() for line in text.splitlines()
+                                if line.startswith("flags")), []))
+    return any(flag in flags for flag in ONEDNN_FLAGS)
+
+
+def init_bytes(trace: Trace) -> int:
+    """Bytes of the storages made before the step (weights, optimizer slots, metric variables)."""
+    return sum(r.nbytes for r in trace.storages.values() if str(r.phase) == "init")
+
+
+def training_parts(floor: dict, step_ops: int, batch: int, steps: int, heap: int) -> dict[str, int]:
+    """RSS while the steps run: import floor, fit's machinery, the graph's ops, the dataset held
+    `train_factor` times (`steps` batches of `batch` bytes), the batches tf.data holds, the tensors' heap."""
+    return {"tf_import_anon": int(floor["import_anon_bytes"]), "tf_import_file": int(floor["import_file_bytes"]),
+            "fit_machinery": int(floor["fit_machinery_bytes"]), "graph_ops": int(floor["per_op_bytes"]) * step_ops,
+            "dataset": int(floor["train_factor"] * batch * steps),
+            "prefetch_batches": int(floor["batches_held"] * batch), "tensor_heap_resident": heap}
+
+
+def setup_parts(floor: dict, batch: int, steps: int, weights: int) -> dict[str, int]:
+    """RSS when fit has made its dataset, before the first step: import floor, the dataset held
+    `setup_factor` times, what fit's set-up adds besides, the weights and slots."""
+    return {"tf_import_anon": int(floor["import_anon_bytes"]), "tf_import_file": int(floor["import_file_bytes"]),
+            "fit_setup": max(0, int(floor["setup_base_bytes"])), "dataset": int(floor["setup_factor"] * batch * steps),
+            "weights_and_slots": weights}
+
+
+def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps: int | None = None) -> TfCpuFigures:
+    """TensorFlow CPU figures for a traced Keras train step (trace/keras_traced.py KerasTraced): the
+    tensor and allocator peaks, and the process's peak RSS by part (those of the larger high point)."""
+    floor = floor or load_floor()
+    steps = steps or setup.steps
+    events = device_events(traced.trace)
+    tensors = replay_tensors(events)
+    step_ops = sum(traced.op_counts.values())
+    batch = getattr(traced, "input_bytes", 0) or batch_bytes(traced.trace)
+    heap, pinned = heap_resident(events), heap_resident(events, pinned=True)
+    training = training_parts(floor, step_ops, batch, steps, heap)
+    at_setup = setup_parts(floor, batch, steps, init_bytes(traced.trace))
+    parts = max(training, at_setup, key=lambda p: sum(p.values()))
+    process = sum(parts.values())
+    file_spread = int(floor["import_file_max"]) - int(floor["import_file_bytes"])
+    high = max(sum(training.values()) + max(0, pinned - heap), sum(at_setup.values())) + file_spread
+    said = _warnings(floor, step_ops, steps, pinned, training)
+    said.append(f"peak RSS at {'training' if parts is training else 'fit set-up (dataset made, before the first step)'}"
+                f": training {sum(training.values()) / 2**20:.0f} MiB, set-up {sum(at_setup.values()) / 2**20:.0f} MiB")
+    return TfCpuFigures(tensors.peak_bytes, tensors.peak_bytes, parts, process, high, said)
+
+
+def _warnings(floor: dict, step_ops: int, steps: int, pinned: int, parts: dict[str, int]) -> list[str]:
+    mib = 2**20
+    said = [f"TensorFlow import floor {parts['tf_import_anon'] / mib:.0f} MiB anonymous + "
+            f"{parts['tf_import_file'] / mib:.0f} MiB library pages (file-backed, {floor['import_file_min'] / mib:.0f}"
+            f"–{floor['import_file_max'] / mib:.0f} MiB measured), TensorFlow {floor['tensorflow']}, Keras "
+            f"{floor['keras']}, {floor['cpu_model']}, {floor['nproc']} cores (targets/data/tf_cpu_floor.json)",
+            f"fit's machinery {parts['fit_machinery'] / mib:.0f} MiB and {floor['per_op_bytes'] / 1024:.1f} KiB per op "
+            f"of the train step's {step_ops:,} ops, measured on synthetic Dense stacks",
+            f"the dataset is assumed to be {steps} steps × the batch, as numpy arrays passed to model.fit: RSS holds "
+            f"it {floor['setup_factor']:.2f}× when fit has made its dataset and {floor['train_factor']:.2f}× while "
+            f"training, and tf.data {floor['batches_held']:.1f} batches more",
+            "CPU allocator: TensorFlow's default CPUAllocator (posix_memalign, nothing cached); tensors' resident "
+            f"heap by glibc's rules, {pinned / mib:.0f} MiB if every freed heap chunk stays pinned"]
+    if onednn_default() or floor.get("onednn"):
+        said.append("this CPU turns oneDNN on by default: TensorFlow then allocates through the MklCPUAllocator "
+                    "(a BFC allocator for large requests), which keeps its regions; the glibc model here does not "
+                    "cover it")
+    return said
