@@ -180,3 +180,23 @@ def test_torch_backend_after_keras_took_tensorflow_is_one_line(tensorflow, capsy
     import_keras("tensorflow")
     code, out, err = run(["estimate", "mlp:8-4", "--framework", "keras", "--keras-backend", "torch"], capsys)
     assert code == 2 and out == "" and "on the tensorflow backend" in err and len(err.strip().splitlines()) == 1
+
+
+def test_measure_under_auto_reads_a_factory_files_imports(tmp_path):
+    """measure under --framework auto tells a Keras factory file from a torch one by its import lines, without
+    running it (the measured child runs it)."""
+    from trainmem.cli import Options, _keras_factory_file
+
+    cases = {"import keras\n": True, "from tensorflow import keras\n": True, "import torch\nimport keras\n": False,
+             "import torch\n": False, "x = 'import keras'\n": False}
+    for index, (text, expected) in enumerate(cases.items()):
+        path = tmp_path / f"m{index}.py"
+        path.write_text(text)
+        options = Options({"framework": "auto", "model": f"{path}:model"}, {}, {})
+        assert _keras_factory_file(options) is expected, text
+    assert not _keras_factory_file(Options({"framework": "torch", "model": f"{tmp_path / 'm0.py'}:model"}, {}, {}))
+
+
+def test_measure_keras_on_a_gpu_device_is_one_line(capsys):
+    code, out, err = run(["measure", "model.keras", "--device", "a100-40gb"], capsys)
+    assert code == 2 and "expected --device cpu with a Keras model" in err and len(err.strip().splitlines()) == 1

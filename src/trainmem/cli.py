@@ -370,9 +370,14 @@ def _measure(options: Options, setup: Any) -> Outcome:
     from trainmem.measure.cpu import measure
     from trainmem.frontends.keras_ref import is_keras_reference
 
-    if options.keras_backend != "torch" and is_keras_reference(options.model, options.framework):
+    if options.keras_backend != "torch" and (is_keras_reference(options.model, options.framework)
+                                             or _keras_factory_file(options)):
         from trainmem.estimate.keras_measured import measure_keras_beside_estimate
 
+        if options.device != "cpu":
+            raise TrainmemError("expected --device cpu with a Keras model (the measured fit runs on this machine; "
+                                f"a GPU it finds is reported beside), got {quote(options.device)}",
+                                where=options.origins.get("device", "--device"))
         result = measure_keras_beside_estimate(options.model, setup, runs=options.runs, force=bool(options.force))
         return Outcome(json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result), EXIT_OK)
 
@@ -383,6 +388,28 @@ def _measure(options: Options, setup: Any) -> Outcome:
                        EXIT_OK)
     comparison = measure(options.model, setup, force=bool(options.force), runs=options.runs, depth=options.depth)
     return Outcome(json.dumps(comparison.to_dict(), indent=2) if options.format == "json" else str(comparison), EXIT_OK)
+
+
+def _keras_factory_file(options: Options) -> bool:
+    """Under --framework auto, whether a file.py:factory to measure is Keras's, read from its text (its import
+    lines: keras or tensorflow and not torch), not run: the measured child runs it, and a torch file would
+    otherwise run here twice (frontends/keras_ref.py decides the same way from a loaded module's names)."""
+    import re
+
+    from trainmem.frontends import Kind, reference_kind
+
+    if options.framework != "auto" or reference_kind(options.model) != Kind.PYTHON:
+        return False
+    path = options.model.strip().rpartition(":")[0]
+    if not path.endswith(".py"):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return False  # the torch path's resolver says what is wrong with the file
+    imported = set(re.findall(r"^\s*(?:import|from)\s+(keras|tensorflow|tf_keras|torch)\b", text, re.MULTILINE))
+    return bool(imported - {"torch"}) and "torch" not in imported
 
 
 def _devices(args: argparse.Namespace) -> Outcome:
