@@ -23,6 +23,7 @@ MODELS = {
     "mlp": ("seed_mlp", {"batch_size": 256}),
     "cnn": ("cnn_bn", {"batch_size": 32}),
     "emb": ("embedding", {"batch_size": 64}),
+    "lstm": ("lstm", {"batch_size": 64}),
 }
 
 
@@ -46,6 +47,12 @@ def embedding():
     L = keras.layers
     return keras.Sequential([keras.Input((100,), dtype="int32"), L.Embedding(20000, 64), L.GlobalAveragePooling1D(),
                              L.Dense(64, activation="relu"), L.Dense(10)])
+
+
+def lstm():
+    import keras
+
+    return keras.Sequential([keras.Input((50, 32)), keras.layers.LSTM(64), keras.layers.Dense(10)])
 
 
 def _batch(model, batch: int):

@@ -195,6 +195,14 @@ def test_unsupported_setups_are_refused():
         _trace(seed_mlp, batch_size=4, grad_accum=2)
     with pytest.raises(SetupError, match="optimizer"):
         _trace(seed_mlp, batch_size=4, optimizer="adamw-8bit")
+    with pytest.raises(SetupError, match="fp16-mixed"):
+        _trace(seed_mlp, batch_size=4, precision="fp16-mixed")
+
+
+def test_bf16_keeps_bf16_weights_and_slots():
+    traced = _trace(seed_mlp, batch_size=8, precision="bf16")
+    assert traced.parameters == 131_410
+    assert traced.optimizer_slot_bytes == 2 * 2 * 131_410 + 8 + 4  # Keras's "bfloat16" policy: bf16 variables
 
 
 def _rss() -> int:

@@ -45,6 +45,12 @@ def check_supported(setup: TrainingSetup) -> None:
         if given:
             raise SetupError(f"expected no {flag} for a Keras model on TensorFlow (model.fit has no such "
                              f"option here), got {getattr(setup, flag[2:].replace('-', '_'))}", where=flag)
+    if setup.precision == Precision.FP16_MIXED:
+        # compile() wraps the optimizer in a LossScaleOptimizer (keras/src/optimizers/loss_scale_optimizer.py)
+        # whose update runs inside a tf.cond on finite gradients: a branch this trace does not follow
+        raise SetupError("expected --precision fp32, bf16-mixed or bf16 for a Keras model on TensorFlow, got "
+                         "fp16-mixed (the loss-scaled update runs inside a conditional the trace does not follow)",
+                         where=setup.flag_for("precision"))
     if setup.optimizer not in _OPTIMIZERS:
         names = ", ".join(str(o) for o in _OPTIMIZERS)
         raise SetupError(f"expected an optimizer Keras ships ({names}), got {setup.optimizer}",
