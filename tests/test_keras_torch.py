@@ -1,11 +1,14 @@
 """Keras 3 on the torch backend (frontends/keras_torch.py, trace/keras_torch_step.py): the torch engine traces
 Keras's own train_step and optimizer. Keras fixes its backend at its first import, and this test process may
-hold Keras on TensorFlow already, so every check runs in a fresh process with KERAS_BACKEND=torch."""
+hold Keras on TensorFlow already, so every check runs in a fresh process with KERAS_BACKEND=torch. Both
+the trace and the measured fit run with Python's cyclic collector paused (keras_torch_step.run_steps,
+measure/child.py _fit_keras): Keras's tree utilities leave batches in reference cycles."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +39,10 @@ def run(ref, batch):
     by = {}
     for record in traced.trace.storages.values():
         by[str(record.category)] = by.get(str(record.category), 0) + record.nbytes
-    return {"tensor_bytes": assemble_traced(plan, setup, traced).tensor_bytes, "parameters": traced.parameters,
-            "trainable": traced.trainable_parameters, "by": by}
+    est = assemble_traced(plan, setup, traced)
+    return {"tensor_bytes": est.tensor_bytes, "parameters": traced.parameters, "warnings": list(est.warnings),
+            "trainable": traced.trainable_parameters, "by": by,
+            "layers": sorted({r.module for r in traced.trace.storages.values() if r.category == Category.ACTIVATIONS})}
 
 def huge():
     import keras
@@ -46,6 +51,7 @@ def huge():
 out = {name: run(f"{sys.argv[1]}:{name}", batch) for name, batch in json.loads(sys.argv[2])}
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 out["huge"] = run(huge, 1)
+out["mlp_ref"] = run("mlp:1000-100-100-100-100-10", 256)
 out["huge"]["rss_growth"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
 print(json.dumps(out))
 """
@@ -86,6 +92,15 @@ def test_parameters_as_keras_counts_them(estimates):
     # cnn_bn: convs 896 + 18,496 + 36,928, BatchNorm 4 per channel (2 trainable) × 160, Dense 650
     assert estimates["cnn_bn"]["parameters"] == 896 + 18_496 + 36_928 + 4 * 160 + 650
     assert estimates["cnn_bn"]["trainable"] == 896 + 18_496 + 36_928 + 2 * 160 + 650
+
+
+def test_references_keras_builds_and_what_the_estimate_says(estimates):
+    assert estimates["mlp_ref"]["parameters"] == 131_410  # mlp: built as a Keras model (frontends/keras_ref.py)
+    warnings = " ".join(estimates["mlp"]["warnings"])
+    assert "TorchTrainer.train_step" in warnings and "reference cycle" in warnings
+    # activations are attributed to the Keras layers that made them, by layer path
+    layers = estimates["mlp"]["layers"]
+    assert sum(bool(re.fullmatch(r"sequential(_\d+)?/dense(_\d+)?", name)) for name in layers) == 5, layers
 
 
 def test_adam_state_is_two_slots_per_weight_and_keras_scalars(estimates):

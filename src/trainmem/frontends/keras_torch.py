@@ -25,6 +25,18 @@ from trainmem.frontends import ModelSource
 from trainmem.setup import InputSpec, TrainingSetup
 
 
+KERAS_TORCH_NOTE = ("Keras on the torch backend: the step traced is TorchTrainer.train_step as model.fit runs it, "
+                    "with Keras's optimizer; the runtime floor leaves out what importing Keras maps")
+# Measured (benchmarks/keras_torch_check.py, and a 40-step fit of the seed MLP at batch 2048 counting the
+# batches still alive at each step's end with weak references: 1,1,1,2,3,1,1,2,3,4,… — up to 3 earlier
+# batches, freed when a generation-0 collection runs, every 5 steps there).
+CYCLES_NOTE = ("Keras's tree utilities (keras/src/tree/torchtree_impl.py) hand closures over the batch and the "
+               "outputs to torch.utils._pytree.tree_flatten, whose recursive helper is a reference cycle: each "
+               "step's batch stays alive until Python's cyclic garbage collector runs. The estimate assumes no "
+               "collection during the traced steps (--steps N keeps N-1 earlier batches); a long fit can hold "
+               "more between collections (a 40-step fit of the seed MLP held up to 3 earlier batches)")
+
+
 def _on_meta_while_estimating(factory: Callable[[], Any], where: str) -> Callable[[], Any]:
     """build(): under the engine's meta build (trace/meta_build.py, torch's default device is meta) the
     Keras variables go to meta too; otherwise (a measured run) where Keras puts them."""
@@ -120,9 +132,7 @@ def resolve_keras_torch(ref_or_model: Any, setup: TrainingSetup) -> ModelSource:
     notes = tuple(keras_source.notes) if keras_source is not None else ()
     return ModelSource(ref=ref, name=name, build=build, default_inputs=inputs,
                        default_loss=keras_source.default_loss if keras_source is not None else None,
-                       notes=notes + ("Keras on the torch backend: the step traced is TorchTrainer.train_step as "
-                              "model.fit runs it, with Keras's optimizer; the runtime floor leaves out "
-                              "what importing Keras maps",),
+                       notes=notes + (KERAS_TORCH_NOTE, CYCLES_NOTE),
                        libraries=("keras",), resolved={"framework": "keras", "keras_backend": "torch"})
 
 

@@ -16,6 +16,7 @@ Prints one JSON line.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -81,7 +82,7 @@ def run(request: dict) -> dict:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            _train(source, setup, training)
+            _train(source, setup, training, gc_paused=request.get("gc") != "on")
         result["tensor_peak_bytes"], result["memory_events"] = _profile_peak(prof)
     else:
         prepared = _train(source, setup, training)  # kept alive: RSS after the steps includes the model
@@ -92,13 +93,13 @@ def run(request: dict) -> dict:
     return result
 
 
-def _train(source, setup, training, device_type: str = "cpu"):
+def _train(source, setup, training, device_type: str = "cpu", gc_paused: bool = True):
     from trainmem.trace import finetune
     from trainmem.trace.keras_torch_step import is_keras_model
 
     model, make_batch, loss_fn = training.unpack_built(source.build(), source)
     if is_keras_model(model):
-        return _fit_keras(model, source, setup)
+        return _fit_keras(model, source, setup, gc_paused)
     model, _ = finetune.apply(model, setup)
     prepared = training.prepare(model, make_batch, loss_fn, setup, source, device_type)
     training.run_steps(prepared, setup, training.Observer())
@@ -110,11 +111,16 @@ class _Fitted:
         self.model = model
 
 
-def _fit_keras(model, source, setup):
+def _fit_keras(model, source, setup, gc_paused: bool = True):
     """What a Keras user runs: compile, then model.fit for `steps` batches from a torch DataLoader whose
     dataset makes each batch when asked (as a loader reading from disk does), with no collation copy
     (batch_size=None). Only the data and the compile arguments come from trainmem (keras_torch_step's
-    batch maker, optimizer and loss mapping); the step is Keras's TorchTrainer.fit/train_step."""
+    batch maker, optimizer and loss mapping); the step is Keras's TorchTrainer.fit/train_step.
+
+    Each step's batch and outputs are held by reference cycles that Keras's tree utilities make with
+    torch.utils._pytree (frontends/keras_torch.py CYCLES_NOTE) until Python's cyclic collector runs, so
+    the peak of a few steps depends on where a collection happens to fall. With `gc_paused` (the default;
+    request "gc": "on" runs with the collector) none runs during fit, which the trace assumes too."""
     import torch
 
     from trainmem.trace import keras_torch_step as keras_step
@@ -128,8 +134,15 @@ def _fit_keras(model, source, setup):
             while True:
                 yield make_data(setup.batch_size)
 
-    model.fit(torch.utils.data.DataLoader(Batches(), batch_size=None), steps_per_epoch=setup.steps, epochs=1,
-              shuffle=False, verbose=0)  # a DataLoader is not reshuffled by fit (epoch_iterator.py)
+    paused = gc_paused and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        model.fit(torch.utils.data.DataLoader(Batches(), batch_size=None), steps_per_epoch=setup.steps, epochs=1,
+                  shuffle=False, verbose=0)  # a DataLoader is not reshuffled by fit (epoch_iterator.py)
+    finally:
+        if paused:
+            gc.enable()
     return _Fitted(model)
 
 

@@ -229,17 +229,25 @@ def _announced(prepared: KerasPrepared, observer: Any, step: list[int]) -> conte
     return stack
 
 
-def run_steps(prepared: KerasPrepared, setup: TrainingSetup, observer: Any) -> None:
+def run_steps(prepared: KerasPrepared, setup: TrainingSetup, observer: Any,
+              layers: torch.nn.Module | None = None) -> None:
     """TorchTrainer.fit's loop over `setup.steps` batches:
 
         for begin_step, end_step, data in epoch_iterator:   # data = [(x, y)], the loader's next batch
             logs = self.train_function(data)                 # train_step(data[0])
 
-    `data` is rebound only once the next batch exists, `logs` once the next step returned."""
+    `data` is rebound only once the next batch exists, `logs` once the next step returned. Python's cyclic
+    collector is paused meanwhile: what Keras's tree utilities leave in reference cycles (the batch and
+    outputs, frontends/keras_torch.py CYCLES_NOTE) then lives to the trace's end, as in a real fit where
+    no collection falls within the steps, rather than to wherever the trace's own allocations happen to
+    start one."""
+    from trainmem.alloc.gc_paused import gc_paused
+
     step = [0]
     held: dict[str, Any] = {}
     prepared.model.train()  # fit: self.train() before each epoch
-    with _announced(prepared, observer, step):
+    named = layer_calls_named(layers) if layers is not None else contextlib.nullcontext()
+    with _announced(prepared, observer, step), gc_paused(), named:
         for step[0] in range(setup.steps):
             observer.phase(Phase.INPUTS, step[0])
             held["data"] = [prepared.make_data(setup.batch_size)]
@@ -275,6 +283,11 @@ def non_trainable_tensors(model: Any) -> list[torch.Tensor]:
     return held
 
 
+def layer_path(layer: Any) -> str:
+    """The layer's Keras path ('sequential/dense'; its name where Keras gave it none)."""
+    return layer.path or layer.name
+
+
 def model_facts(model: Any) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
     """Parameters as Keras counts them (count_params(): trainable and non-trainable weights), per layer
     (its own weights, by layer path), and each trainable weight's shape."""
@@ -282,7 +295,7 @@ def model_facts(model: Any) -> tuple[int, int, dict[str, int], list[tuple[int, .
     for layer in model._flatten_layers(include_self=False):
         own = [w for w in layer.weights if not any(w is v for sub in layer._flatten_layers(include_self=False)
                                                    for v in sub.weights)]
-        per_layer[layer.path] = sum(int(w.value.numel()) for w in own)
+        per_layer[layer_path(layer)] = sum(int(w.value.numel()) for w in own)
     trainable = sum(int(w.value.numel()) for w in model.trainable_weights)
     return (int(model.count_params()), trainable, per_layer,
             [tuple(w.value.shape) for w in model.trainable_weights])
@@ -300,7 +313,8 @@ def gradient_owners(model: Any) -> dict[str, list[torch.Tensor]]:
             _owned(model.trainable_variables).items()}
 
 
-def trace_run(model: Any, setup: TrainingSetup, source: Any, recorder: Any, observer: Any) -> KerasPrepared:
+def trace_run(model: Any, setup: TrainingSetup, source: Any, recorder: Any, observer: Any,
+              layers: torch.nn.Module | None = None) -> KerasPrepared:
     """Inside the engine's fake mode and recorder (trace/run.py): fake variables, compile, the
     optimizer's variables, the categories of what exists before the first step, then fit's steps."""
     from trainmem.trace.events import Category
@@ -313,7 +327,7 @@ def trace_run(model: Any, setup: TrainingSetup, source: Any, recorder: Any, obse
     recorder.set_category(recorder.storage_ids_of(non_trainable_tensors(model)), Category.BUFFERS)
     observer.after_keras_optimizer(prepared.optimizer)
     recorder.set_owner(_owned(keras_variables(model)))
-    run_steps(prepared, setup, observer)
+    run_steps(prepared, setup, observer, layers)
     return prepared
 
 
@@ -335,6 +349,45 @@ def non_trainable_bytes(model: Any) -> int:
 def layer_sets(model: Any, per_layer: dict[str, int]) -> tuple[set[str], set[str]]:
     """(layers that own weights, layers without sublayers), by layer path: the report's module rows."""
     owners = {path for path, count in per_layer.items() if count}
-    leaves = {layer.path for layer in model._flatten_layers(include_self=False)
+    leaves = {layer_path(layer) for layer in model._flatten_layers(include_self=False)
               if not any(True for _ in layer._flatten_layers(include_self=False))}
     return owners, leaves
+
+
+class _CallProxy(torch.nn.Module):
+    """Runs a Keras layer's `call` through torch's Module.__call__, so that the global forward hooks the
+    engine's ModuleTracker listens to (trace/modules.py) fire for the layer. Keras layers are not torch
+    submodules of the model (a model keeps them in a Python list), and Keras's Layer.__call__ is its own,
+    so without this every op would be the model's."""
+
+    def __init__(self, call: Any) -> None:
+        super().__init__()
+        object.__setattr__(self, "_keras_call", call)  # not a submodule: the layer stays Keras's
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._keras_call(*args, **kwargs)
+
+
+def named_layers(model: Any) -> torch.nn.Module:
+    """A torch container whose named_modules() are the model's layers by Keras path (one proxy each),
+    for ModuleTracker(container); `layer_calls_named(container)` routes the calls through them."""
+    container = torch.nn.Module()
+    for layer in model._flatten_layers(include_self=False):
+        path = layer_path(layer)
+        if path not in container._modules:
+            container._modules[path] = _CallProxy(None)
+            object.__setattr__(container._modules[path], "_layer", layer)
+    return container
+
+
+@contextlib.contextmanager
+def layer_calls_named(container: torch.nn.Module) -> Iterator[None]:
+    """While the steps run, each layer's `call` (Operation.__call__ looks it up on the instance,
+    keras/src/ops/operation.py) goes through its proxy."""
+    with contextlib.ExitStack() as stack:
+        for proxy in container._modules.values():
+            def through(original, proxy=proxy):
+                object.__setattr__(proxy, "_keras_call", original)
+                return lambda *args, **kwargs: proxy(*args, **kwargs)
+            stack.enter_context(_instance_wrapper(proxy._layer, "call", through))
+        yield

@@ -187,7 +187,8 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
-    tracker = ModuleTracker(model)
+    layers = keras_torch_step.named_layers(model) if keras else None  # Keras layers by path, for the tracker
+    tracker = ModuleTracker(layers if keras else model)
     recorder = TraceRecorder(tracker, kernel_ops)
     observer = _RecordingObserver(recorder, model)
     try:
@@ -195,7 +196,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         # SameDtypeKernels sits right above fake_mode, so it sees each op as its kernel would (dtype_checks.py)
         with fake_mode, SameDtypeKernels(), tracker, recorder, switched as notes:
             if keras:
-                prepared = keras_torch_step.trace_run(model, setup, source, recorder, observer)
+                prepared = keras_torch_step.trace_run(model, setup, source, recorder, observer, layers)
                 facts = keras_torch_step.model_facts(model)
                 resolved = keras_torch_step.resolved_setup(setup, source, prepared)
                 counts = {}
