@@ -76,6 +76,7 @@ def _creation_order(ops: list, created: dict[str, int]) -> list:
         for producer in {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}:
             if producer in names:
                 consumers.setdefault(producer, []).append(op)
+    position = {op.name: index for index, op in enumerate(ops)}
     ready = [(key[op.name], index, op) for index, op in enumerate(ops) if waiting[op.name] == 0]
     heapq.heapify(ready)
     order = []
@@ -85,7 +86,7 @@ def _creation_order(ops: list, created: dict[str, int]) -> list:
         for consumer in consumers.get(op.name, []):
             waiting[consumer.name] -= 1
             if waiting[consumer.name] == 0:
-                heapq.heappush(ready, (key[consumer.name], ops.index(consumer), consumer))
+                heapq.heappush(ready, (key[consumer.name], position[consumer.name], consumer))
     return order if len(order) == len(ops) else ops
 
 
