@@ -6,7 +6,7 @@ that are not in the accuracy table:
 
 1. import floor: RSS after `import tensorflow; import keras`, anonymous and file-backed apart (median of
    every run below, ≥ 5 per model);
-2. graph sweep: dense_stack_{0,24,48,96} (Dense(8) stacks, 154 to 8,698 train-step ops, KB of tensors),
+2. graph sweep: dense_stack_{0,24,48,96} (Dense(8) stacks; train-step ops as trace_keras counts them; KB of tensors),
    batch 1, one step: peak RSS over the same run's import RSS, fitted as machinery + per_op × ops by least
    squares. The intercept is what fit adds for a graph of no ops (tf.function tracing, the data adapter,
    callbacks, thread pools, kernels' library pages); the slope is what each op of the traced train step
@@ -18,7 +18,7 @@ that are not in the accuracy table:
    the dataset three times (the arrays and two copies), and one copy is gone by the first step: the
    differences between 1 and 64 steps give `setup_factor` and `train_factor` (times the dataset's bytes
    held at each point, the user's arrays included); 2048 × 8 against 256 × 64 (the same dataset) gives
-   the batches tf.data holds at the first step, and `setup_base` is what fit's set-up adds besides the data.
+   the batches tf.data holds at the end of a step (the next one gathered while the step ran), and `setup_base` is what fit's set-up adds besides the data.
 Writes src/trainmem/targets/data/tf_cpu_floor.json with the versions, CPU, load and this command.
 
     python benchmarks/calibrate_tf_cpu.py [--runs 5]
@@ -31,7 +31,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,36 +43,21 @@ MODELS = ROOT / "benchmarks" / "keras_models.py"
 OUT = ROOT / "src" / "trainmem" / "targets" / "data" / "tf_cpu_floor.json"
 SWEEP = ("dense_stack_0", "dense_stack_24", "dense_stack_48", "dense_stack_96")
 DATA_POINTS = (("wide_input", 256, 1), ("wide_input", 256, 64), ("wide_input", 2048, 8))
-STAGES = ("compile", "data", "train_begin", "first_batch_begin")
+STAGES = ("compile", "data", "train_begin", "first_batch_begin", "batch_end_max")
 FEATURES = 4096  # wide_input's features: a sample is 4,096 float32 and one int32 label
-COUNT_OPS = """
-import os, sys, json, importlib.util
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-import tensorflow as tf, keras
-spec = importlib.util.spec_from_file_location("m", sys.argv[1]); m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
-out = {}
-for name in sys.argv[2:]:
-    graph = tf.Graph()
-    with graph.as_default():
-        model = getattr(m, name)()
-        model.compile(optimizer=keras.optimizers.Adam(),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        model.optimizer.build(model.trainable_variables)
-        before = len(graph.get_operations())
-        xs = [tf.compat.v1.placeholder(t.dtype, (1, *t.shape[1:])) for t in model.inputs]
-        model.train_step((xs[0], tf.compat.v1.placeholder(tf.int32, (1,))))
-        out[name] = len(graph.get_operations()) - before
-print(json.dumps(out))
-"""
 
 
 def step_op_counts(names) -> dict[str, int]:
-    """Ops the train step adds to a graph (model.train_step on placeholders in a tf.Graph, after the
-    variables and the optimizer's slots exist): the same count as trace/keras_graph.py's op_counts."""
-    done = subprocess.run([sys.executable, "-c", COUNT_OPS, str(MODELS), *names], capture_output=True, text=True,
-                          check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Ops of the train step as the estimate counts them: sum(KerasTraced.op_counts) of trace_keras, so that
+    the per-op cost is in the tracer's own unit (a change in what the tracer counts needs a new fit)."""
+    sys.path.insert(0, str(MODELS.parent))
+    import keras_models
+
+    from trainmem.setup import TrainingSetup
+    from trainmem.trace.keras_graph import trace_keras
+
+    setup = TrainingSetup(batch_size=1, steps=1)
+    return {name: sum(trace_keras(getattr(keras_models, name), setup, name=name).op_counts.values()) for name in names}
 
 
 def measure(name: str, batch: int, steps: int, runs: int, timeline: bool = False) -> list[dict]:
@@ -110,7 +94,9 @@ def data_factors(data: dict) -> dict:
     setup_factor = (rise(large, "train_begin") - rise(small, "train_begin")) / extra
     train_factor = (rise(large, "first_batch_begin") - rise(small, "first_batch_begin")) / extra
     batch_extra = sample_bytes * (big_batch[1] - large[1])
-    batches = (rise(big_batch, "first_batch_begin") - rise(large, "first_batch_begin")) / batch_extra
+    # at the end of a step its own tensors are freed; what grows with the batch is what tf.data holds (the
+    # next batch gathered and prefetched while the step ran)
+    batches = (rise(big_batch, "batch_end_max") - rise(large, "batch_end_max")) / batch_extra
     return {"setup_factor": round(setup_factor, 3), "train_factor": round(train_factor, 3),
             "setup_base_bytes": int(rise(small, "train_begin") - setup_factor * sample_bytes * small[1] * small[2]),
             "batches_held": round(max(0.0, batches), 2), "sample_bytes": sample_bytes}
@@ -141,6 +127,8 @@ def main() -> None:
     else:
         sweep, environments = graph_sweep(args.runs, ops)
         sweep_command = f"python benchmarks/calibrate_tf_cpu.py --runs {args.runs}"
+    for row in sweep:  # the tracer's count now, whatever count the sweep was stored with
+        row["step_ops"] = ops[row["model"]]
     xs = [row["step_ops"] for row in sweep for _ in row["increments"]]
     ys = [value for row in sweep for value in row["increments"]]
     machinery, per_op = least_squares(xs, ys)

@@ -144,3 +144,14 @@ def wide_input():
     keras = _keras()
     inputs = keras.Input((4096,), name="x")
     return keras.Model(inputs, keras.layers.Dense(2, name="logits")(inputs), name="wide_input")
+
+
+def tiny_conv():
+    """One 3×3 Conv2D (8 filters) with BatchNorm on 16×16×3, pooled to 2 classes: the convolution kernels'
+    first use (their library pages, Eigen's contraction buffers) at KB of tensors."""
+    keras = _keras()
+    layers = keras.layers
+    inputs = keras.Input((16, 16, 3), name="image")
+    hidden = layers.ReLU(name="relu")(layers.BatchNormalization(name="bn")(layers.Conv2D(8, 3, name="conv")(inputs)))
+    hidden = layers.GlobalAveragePooling2D(name="gap")(hidden)
+    return keras.Model(inputs, layers.Dense(2, name="logits")(hidden), name="tiny_conv")

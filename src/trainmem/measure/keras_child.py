@@ -128,7 +128,8 @@ def environment(tf, keras) -> dict:
 
 def _timeline(keras, stages: dict):
     """A callback (calibration only: request "timeline") that records RSS when fit has made its dataset
-    (on_train_begin) and when the first step is about to run (its graph not yet traced)."""
+    (on_train_begin), when the first step is about to run (its graph not yet traced) and the largest RSS
+    at the end of a step."""
 
     class Timeline(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -137,6 +138,11 @@ def _timeline(keras, stages: dict):
         def on_train_batch_begin(self, batch, logs=None):
             if batch == 0:
                 stages["first_batch_begin"] = status()
+
+        def on_train_batch_end(self, batch, logs=None):  # tf.data has gathered the next batch by now
+            now, best = status(), stages.get("batch_end_max")
+            if best is None or now["VmRSS"] > best["VmRSS"]:
+                stages["batch_end_max"] = now
 
     return Timeline()
 
