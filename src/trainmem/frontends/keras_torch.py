@@ -27,14 +27,16 @@ from trainmem.setup import InputSpec, TrainingSetup
 
 KERAS_TORCH_NOTE = ("Keras on the torch backend: the step traced is TorchTrainer.train_step as model.fit runs it, "
                     "with Keras's optimizer; the runtime floor leaves out what importing Keras maps")
-# Measured (benchmarks/keras_torch_check.py, and a 40-step fit of the seed MLP at batch 2048 counting the
-# batches still alive at each step's end with weak references: 1,1,1,2,3,1,1,2,3,4,… — up to 3 earlier
-# batches, freed when a generation-0 collection runs, every 5 steps there).
+# Measured here: a 40-step fit of the seed MLP at batch 2048 (weak references to each batch, counted at each
+# step's end) had 1,1,1,2,3,1,1,2,3,4,… batches alive — a generation-0 collection every 5 steps; its tensor
+# peak with the collector on was 45,537,856 B (measure/child.py, steps 40, "gc": "on") against 23,061,632 B
+# estimated for 2 steps and 55,829,632 B for 6 (benchmarks/results/keras_torch.md).
 CYCLES_NOTE = ("Keras's tree utilities (keras/src/tree/torchtree_impl.py) hand closures over the batch and the "
                "outputs to torch.utils._pytree.tree_flatten, whose recursive helper is a reference cycle: each "
                "step's batch stays alive until Python's cyclic garbage collector runs. The estimate assumes no "
-               "collection during the traced steps (--steps N keeps N-1 earlier batches); a long fit can hold "
-               "more between collections (a 40-step fit of the seed MLP held up to 3 earlier batches)")
+               "collection during the traced steps, so --steps N keeps N-1 earlier batches: a long fit holds as "
+               "many as fall between two collections (the seed MLP: 4 earlier batches, every 5 steps; a 40-step "
+               "fit peaked at twice the 2-step estimate), so estimate a long run with --steps 6")
 
 
 def _on_meta_while_estimating(factory: Callable[[], Any], where: str) -> Callable[[], Any]:
