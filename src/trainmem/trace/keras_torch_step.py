@@ -339,6 +339,9 @@ def resolved_setup(setup: TrainingSetup, source: Any, prepared: KerasPrepared) -
     out["loss"] = {"loss": str(prepared.loss), "from": "--loss" if setup.loss else "trainmem's default",
                    "keras": type(prepared.model.loss).__name__}
     out["optimizer_impl"] = f"Keras {type(prepared.optimizer).__name__} (torch._foreach_*)"
+    # --loop does not apply: model.fit runs its own loop (run_steps); the estimate's lean-loop comparison
+    # traces the same steps again
+    out["loop"] = "model.fit's (TorchTrainer.fit): the batch is rebound once the next exists, outputs die with train_step"
     return out
 
 
