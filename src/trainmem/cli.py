@@ -386,7 +386,8 @@ def _measure(options: Options, setup: Any) -> Outcome:
 
         return Outcome(json.dumps(measure_on_gpu(options.model, setup, options.device, **_gpu_options(options))),
                        EXIT_OK)
-    comparison = measure(options.model, setup, force=bool(options.force), runs=options.runs, depth=options.depth)
+    comparison = measure(options.model, setup, force=bool(options.force), runs=options.runs, depth=options.depth,
+                         framework=options.framework, keras_backend=options.keras_backend)
     return Outcome(json.dumps(comparison.to_dict(), indent=2) if options.format == "json" else str(comparison), EXIT_OK)
 
 

@@ -101,9 +101,6 @@ RULES: tuple[FlagRule, ...] = (
     FlagRule("keras_backend", lambda run: _framework(run) != "torch" and run.command != "compare", REFUSE,
              "a Keras model (--framework auto or keras; compare uses TensorFlow)",
              lambda run: f"--framework {_framework(run)}" if run.command != "compare" else "compare"),
-    FlagRule("keras_backend", lambda run: run.command != "measure" or run.values["keras_backend"] != "torch", REFUSE,
-             "--keras-backend tensorflow with measure (Keras on the torch backend is estimated, not yet measured, "
-             "from the command line)", lambda run: quote(run.values["keras_backend"])),
     FlagRule("tf_memory", lambda run: run.on_gpu, REFUSE, "a GPU --device (--tf-memory sets how TensorFlow maps GPU "
              "memory)", lambda run: f"--device {run.device}"),
     FlagRule("tf_memory", lambda run: _keras_on_tensorflow(run) or run.command == "compare", REFUSE,

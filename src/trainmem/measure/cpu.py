@@ -22,8 +22,13 @@ from trainmem.setup import TrainingSetup
 from trainmem.units import format_bytes
 
 
-def run_child(model_ref: str, setup: TrainingSetup, mode: str, timeout: float = 1800) -> dict[str, Any]:
+def run_child(model_ref: str, setup: TrainingSetup, mode: str, timeout: float = 1800,
+              keras_backend: str | None = None) -> dict[str, Any]:
+    """One measured run in a fresh process. With `keras_backend` the child imports Keras on that backend before
+    torch (Keras takes its backend at its first import) and runs the Keras model's own model.fit."""
     request = {"model": model_ref, "setup": setup.to_dict(), "mode": mode, "seed": 0}
+    if keras_backend is not None:
+        request["keras_backend"] = keras_backend
     src = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     try:
@@ -89,7 +94,10 @@ class Comparison:
         return "\n".join(lines)
 
 
-def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: int = 1, depth: int = 2) -> Comparison:
+def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: int = 1, depth: int = 2,
+            framework: str = "auto", keras_backend: str | None = None) -> Comparison:
+    """The estimate beside real runs of the same setup. `framework` and `keras_backend` are the estimate's
+    (--framework, --keras-backend): a Keras model on the torch backend is measured running its own model.fit."""
     from trainmem.estimate import estimate
 
     if not isinstance(model_ref, str):
@@ -97,10 +105,11 @@ def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: 
                             "process)", where="measure")
     if runs < 1:
         raise MeasureError(f"expected --runs of at least 1, got {runs}", where="--runs")
-    est = estimate(model_ref, setup=setup, depth=depth)
+    est = estimate(model_ref, setup=setup, depth=depth, framework=framework, keras_backend=keras_backend)
     free = available_bytes()
     if free is not None and est.process_bytes > free and not force:
         raise MeasureError(f"expected the run to fit in available memory ({format_bytes(free)}), the estimate is "
                            f"{format_bytes(est.process_bytes)}; use --force to run anyway", where="measure")
-    rss_runs = [run_child(model_ref, setup, "rss") for _ in range(runs)]
-    return Comparison(est, run_child(model_ref, setup, "tensors"), rss_runs)
+    child_backend = est.resolved.get("keras_backend") if est.resolved.get("framework") == "keras" else None
+    rss_runs = [run_child(model_ref, setup, "rss", keras_backend=child_backend) for _ in range(runs)]
+    return Comparison(est, run_child(model_ref, setup, "tensors", keras_backend=child_backend), rss_runs)
