@@ -10,7 +10,7 @@ machinery + per-op graph cost + the data fit holds + glibc's resident heap for t
 benchmarks/calibrate_tf_cpu.py's synthetic models, none from this table.
 Target (issue #12): within 5% of the measured median on every row whose RSS exceeds 500 MB.
 
-    python benchmarks/accuracy_keras_cpu.py [--runs 3] [--only NAME] [--render]
+    python benchmarks/accuracy_keras_cpu.py [--runs 3] [--only NAME] [--render | --re-estimate]
 Writes benchmarks/results/accuracy_keras_cpu.md and benchmarks/data/accuracy_keras_cpu.jsonl.
 """
 
@@ -37,6 +37,19 @@ DATA = ROOT / "benchmarks" / "data" / "accuracy_keras_cpu.jsonl"
 RESULT = ROOT / "benchmarks" / "results" / "accuracy_keras_cpu.md"
 ZOO = [("mlp", (256, 16384)), ("cnn_bn", (32, 128)), ("resnet_small", (32, 128)), ("lstm", (64, 512)),
        ("transformer_encoder", (16, 128)), ("embedding_bag", (256, 8192))]
+FINDINGS = """What the rows that fail show (measured here, not fitted):
+- glibc arenas. TensorFlow runs kernels on its inter-op threads, and each thread allocating at once gets an
+  arena of its own (malloc/arena.c). Tensors below glibc's mmap threshold (up to 32 MiB) stay in those
+  per-thread heaps after they are freed. The estimate replays one arena. cnn_bn at batch 32 peaked at
+  728 MiB with MALLOC_ARENA_MAX=1 against 761–815 MiB with the default (one run each). At batch 128 its
+  activations are above 32 MiB, so they are mmapped and given back, and that row is within 1%. The high end
+  (targets/tf_cpu.py arenas_high) gives each thread a heap as large as the single heap's peak.
+- embedding_bag at batch 8192 holds about 970 MiB of anonymous memory above the import, against a traced
+  tensor peak of 455 MiB. Its 419 MB tensors are mmapped, so arenas do not explain it: the trace misses a
+  second tensor of that size (the embedding's gather output and the gradient broadcast of the pooling,
+  IndexedSlices), which is a question for the tracer.
+- lstm: the recurrent loops are 4 While ops. Their 12 body functions hold 294 more ops, which are not in
+  the step's op count that the per-op cost multiplies (about 15 MiB at 51,987 B each)."""
 TARGET, OVER = 0.05, 500 * 10**6  # within 5% where the measured RSS exceeds 500 MB
 MIB = 2**20
 
@@ -97,7 +110,7 @@ def line(row: dict) -> str:
     return (f"| {row['model']} | {row['batch']} | {row['parameters']:,} | {row['step_ops']:,} | "
             f"{row['tensor_peak'] / MIB:,.1f} | {row['process_bytes'] / MIB:,.0f} | {row['process_high'] / MIB:,.0f} | "
             f"{m['peak_rss_bytes'] / MIB:,.0f} | {m['peak_rss_min'] / MIB:,.0f}–{m['peak_rss_max'] / MIB:,.0f} | "
-            f"{error:+.1%} | {verdict} |")
+            f"{error:+.1%} | {verdict} | {'yes' if m['peak_rss_bytes'] <= row['process_high'] else 'NO'} |")
 
 
 def render(rows: list[dict], runs: int, command: str) -> str:
@@ -119,10 +132,10 @@ def render(rows: list[dict], runs: int, command: str) -> str:
            + ". Target: within 5% where the measured RSS exceeds 500 MB (500·10⁶ bytes).", "",
            f"**{passed} of {judged_rows} judged rows within 5%.**", "",
            "| model | batch | params | step ops | tensor peak MiB | estimate MiB | high MiB | measured MiB | "
-           "spread MiB | error | within 5% |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "spread MiB | error | within 5% | median ≤ high |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     out += [line(r) for r in rows]
-    out += ["", "Estimate parts (MiB):", "", "| model | batch | " + " | ".join(parts) + " |",
+    out += ["", FINDINGS, "", "Estimate parts (MiB):", "", "| model | batch | " + " | ".join(parts) + " |",
             "|---|---:|" + "---:|" * len(parts)]
     out += [f"| {r['model']} | {r['batch']} | " + " | ".join(f"{r['parts'].get(p, 0) / MIB:,.1f}" for p in parts)
             + " |" for r in rows]
@@ -141,10 +154,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the .jsonl, measuring nothing")
+    parser.add_argument("--re-estimate", action="store_true",
+                        help="estimate again beside the measurements kept in the .jsonl (after a change to the model)")
     args = parser.parse_args()
     command = "python benchmarks/accuracy_keras_cpu.py" + (f" --runs {args.runs}" if args.runs != 3 else "")
-    if args.render:
+    if args.re_estimate:
+        command += "`, then `python benchmarks/accuracy_keras_cpu.py --re-estimate"
+    if args.render or args.re_estimate:
         rows = [json.loads(text) for text in DATA.read_text().splitlines() if text.strip()]
+        if args.re_estimate:
+            rows = [{**row, **estimate_row(row["model"], TrainingSetup.from_mapping(
+                {"batch_size": row["batch"], "optimizer": "adam"}))} for row in rows]
+            DATA.write_text("".join(json.dumps(r) + "\n" for r in rows))
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         rows = run_rows(args.runs, args.only)

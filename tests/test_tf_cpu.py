@@ -14,7 +14,7 @@ MIB = 2**20
 FLOOR = {"import_anon_bytes": 190 * MIB, "import_file_bytes": 330 * MIB, "import_file_min": 320 * MIB,
          "import_file_max": 345 * MIB, "fit_machinery_bytes": 30 * MIB, "per_op_bytes": 4096,
          "setup_factor": 3.0, "train_factor": 2.0, "setup_base_bytes": 5 * MIB, "batches_held": 2.0, "tensorflow": "2.21.0", "keras": "3.15.1",
-         "cpu_model": "test CPU", "nproc": 2, "onednn": False}
+         "cpu_model": "test CPU", "nproc": 2, "onednn": False, "inter_op_threads": 0}
 
 
 def _trace(allocs: list[tuple[int, int, Category]], frees: list[int]) -> Trace:
@@ -90,6 +90,19 @@ def test_freed_heap_chunks_reused():
     events = tf_cpu.device_events(trace)
     assert tf_cpu.heap_resident(events) == tf_cpu.heap_resident(events[:2])
     assert tf_cpu.heap_resident(events, pinned=True) >= tf_cpu.heap_resident(events)
+
+
+def test_arenas_high_by_hand():
+    # one 64 KiB tensor, below the 128 KiB mmap threshold: posix_memalign asks _int_malloc for
+    # 65,536 + 16 + 64 + 32 + 8 rounded to 16 = 65,664 B; the heap grows by that + 128 KiB top pad + 32,
+    # rounded up to pages: 49 pages = 200,704 B. Three threads' arenas may each hold that much.
+    trace = _trace([(1, 65536, Category.ACTIVATIONS)], [1])
+    events = tf_cpu.device_events(trace)
+    assert tf_cpu.heap_resident(events) == 200_704
+    assert tf_cpu.arenas_high(events, threads=3) == 3 * 200_704
+    # a mapped chunk (1 MiB) is the same mapping in any arena: only the heap part is counted per thread
+    big = tf_cpu.device_events(_trace([(1, MIB, Category.ACTIVATIONS)], [1]))
+    assert tf_cpu.arenas_high(big, threads=3) == tf_cpu.heap_resident(big) == MIB + 4096
 
 
 def test_onednn_default_follows_cpu_flags():
