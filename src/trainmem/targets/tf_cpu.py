@@ -142,10 +142,15 @@ def setup_parts(floor: dict, batch: int, steps: int, weights: int) -> dict[str, 
 
 def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps: int | None = None) -> TfCpuFigures:
     """TensorFlow CPU figures for a traced Keras train step (trace/keras_traced.py KerasTraced): the
-    tensor and allocator peaks, and the process's peak RSS by part (those of the larger high point)."""
+    tensor and allocator peaks (kernel temporaries included), and the process's peak RSS by part (those of
+    the larger high point)."""
+    from trainmem.targets.tf_cpu_kernels import tf_cpu_device_stream
+
     floor = floor or load_floor()
     steps = steps or setup.steps
-    events = device_events(traced.trace)
+    # the trace plus each kernel's temporaries (allocate_temp: conv col buffers …), through the same allocator
+    stream = tf_cpu_device_stream(traced.trace, onednn=onednn_default())
+    events = stream.events
     tensors = replay_tensors(events)
     # ops inside function bodies (While/If branches: the LSTM's loop) are graph ops too; a trace that counts
     # them apart says so in `function_ops` (the LSTM of benchmarks/keras_models.py: 294 in 12 functions)
@@ -161,6 +166,9 @@ def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps:
     arenas = arenas_high(events, threads + 1)  # the inter-op threads and the caller
     high = max(sum(training.values()) + max(0, pinned - heap, arenas - heap), sum(at_setup.values())) + file_spread
     said = _warnings(floor, step_ops, steps, pinned, training)
+    said += [f"TensorFlow CPU kernel rule '{rule}' applied ×{count} (temporaries inside the kernel, "
+             "targets/tf_cpu_kernels.py)" for rule, count in sorted(stream.rules.items())]
+    said += [f"kernel temporaries not sized: {gap}" for gap in stream.gaps]
     said.append(f"peak RSS at {'training' if parts is training else 'fit set-up (dataset made, before the first step)'}"
                 f": training {sum(training.values()) / 2**20:.0f} MiB, set-up {sum(at_setup.values()) / 2**20:.0f} MiB")
     return TfCpuFigures(tensors.peak_bytes, tensors.peak_bytes, parts, process, high, said)
