@@ -265,8 +265,8 @@ def _call_events(trace: Trace, cpu: CpuFacts, onednn: bool):
         if effect is None:
             gaps[call.op] = gaps.get(call.op, 0) + 1
             continue
-        fired[effect.rule] = fired.get(effect.rule, 0) + 1
-        if effect.after:
+        if effect.after:  # known ops without temporaries (NO_TEMPORARIES) are neither rules nor gaps
+            fired[effect.rule] = fired.get(effect.rule, 0) + 1
             per_call[index] = _events(effect.after, call, trace, keys)
     return per_call, fired, gaps
 
