@@ -121,3 +121,36 @@ def test_real_run_allocation_records_agree():
         # records: the output, then the col buffer, then its free
         expected = kernel_scratch(call, cpu).after[0]
         assert records[call.op][1:] == [expected, -expected], (call.op, records[call.op], expected)
+
+
+def conv3d_calls(n, d, c, k, o):
+    x, f, dy = meta(n, d, d, d, c), meta(k, k, k, c, o), meta(n, d, d, d, o)
+    return (KernelCall("Conv3DBackpropInputV2", 0, 1, (meta(5), f, dy, ATTRS), (x,), (None,)),
+            KernelCall("Conv3DBackpropFilterV2", 0, 1, (x, meta(5), dy, ATTRS), (f,), (None,)))
+
+
+def test_conv3d_col_buffer_or_eigen_fallback_by_hand():
+    # conv_grad_ops_3d.cc, 4x16^3x8 -> 16, 3x3x3 SAME: OIS = 4096, FTS = 27*8 = 216;
+    # work_unit = 4096*16 + 216*16 + 4096*216 = 65,536 + 3,456 + 884,736 = 953,728;
+    # all tensors: 4*4096*8 + 3456 + 4*4096*16 = 131,072 + 3,456 + 262,144 = 396,672 elements.
+    # L3 32 MiB: shard = ceil(8,388,608 / 953,728) = 9; col = 9*4096*216 = 7,962,624 elements;
+    #   7,962,624 // 396,672 = 20 <= 25 -> col buffer 31,850,496 B (both kernels: the input one is not batch 1).
+    # L3 256 MiB: shard = ceil(67,108,864 / 953,728) = 71 -> overhead 158 > 25 -> Eigen fallback, nothing
+    #   (what TensorFlow did here: its records show no temporary; glibc's sysconf says 256 MiB).
+    small, large = CpuFacts(2, 2, l3_bytes=32 << 20), CpuFacts(2, 2, l3_bytes=256 << 20)
+    for call in conv3d_calls(4, 16, 8, 3, 16):
+        assert kernel_scratch(call, small).after == (31_850_496, -31_850_496)
+        assert kernel_scratch(call, large).after == ()
+    # batch 1: the input kernel's col buffer is one image: 4096 * (27*4) * 4 B = 1,769,472 B (TF's record)
+    assert kernel_scratch(conv3d_calls(1, 16, 4, 3, 8)[0], large).after == (1_769_472, -1_769_472)
+    assert kernel_scratch(conv3d_calls(1, 16, 4, 3, 8)[0], CpuFacts(2, 2)).after == ()  # L3 unknown: unsized
+
+
+def test_batch_norm_grad_scratch():
+    # fused_batch_norm_op.cc FusedBatchNormGrad<CPUDevice>: {depth} float scratch; {rest, depth} more for bf16
+    x32, vec = meta(32, 8, 8, 16), meta(16)
+    call = KernelCall("FusedBatchNormGradV3", 0, 1, (x32, x32, vec, vec, vec, vec, {}), (x32,), (None,))
+    assert kernel_scratch(call, TWO).after == (64, -64)
+    x16 = TensorMeta((32, 8, 8, 16), 2, "bfloat16")
+    call16 = KernelCall("FusedBatchNormGradV3", 0, 1, (x16, x16, vec, vec, vec, vec, {}), (x16,), (None,))
+    assert kernel_scratch(call16, TWO).after == (64, 32 * 8 * 8 * 16 * 4, -32 * 8 * 8 * 16 * 4, -64)

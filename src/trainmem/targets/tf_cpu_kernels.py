@@ -38,7 +38,9 @@ class CpuFacts:
     (tensorflow_cpu_worker_threads; intra_op_parallelism_threads 0 → port::MaxParallelism() = schedulable
     CPUs); `inter_op_threads`: the executor's pool (same default); `packet_bytes`: Eigen's packet width the
     wheel is compiled for (256-bit AVX: measured here, depthwise filters padded from 13 to 16 floats);
-    `l3_bytes`: Eigen CacheSizes().m_l3 (read by the 3-D kernels only, not modelled yet)."""
+    `l3_bytes`: Eigen CacheSizes().m_l3, which the 3-D kernels read (cpuid, as glibc's sysconf reads it: here
+    256 MiB, the whole package's L3, though sysfs says 32 MiB per core complex; the measured 3-D fallbacks
+    need more than 42 MB)."""
 
     num_threads: int
     inter_op_threads: int
@@ -49,13 +51,25 @@ class CpuFacts:
 def cpu_facts() -> CpuFacts:
     """This machine's facts, read as TensorFlow reads them (sched_getaffinity; sysfs for the L3)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    l3 = 0
-    try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
-        l3 = int(text.rstrip("KkMm")) << (20 if text[-1] in "Mm" else 10)
-    except (OSError, ValueError, IndexError):
-        pass
+    l3 = _glibc_l3()
+    if l3 <= 0:
+        try:
+            text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+            l3 = int(text.rstrip("KkMm")) << (20 if text[-1] in "Mm" else 10)
+        except (OSError, ValueError, IndexError):
+            l3 = 0
     return CpuFacts(num_threads=cpus, inter_op_threads=cpus, l3_bytes=l3)
+
+
+def _glibc_l3() -> int:
+    """sysconf(_SC_LEVEL3_CACHE_SIZE) (glibc bits/confname.h: 194), which glibc derives from cpuid as Eigen's
+    queryCacheSizes does; Python's os.sysconf does not name it. 0 when unavailable."""
+    try:
+        import ctypes
+
+        return max(0, int(ctypes.CDLL(None).sysconf(194)))
+    except (OSError, AttributeError, ValueError):
+        return 0
 
 
 Rule = Callable[[KernelCall, CpuFacts], KernelEffect]
@@ -70,6 +84,10 @@ NO_TEMPORARIES = {
     "BatchMatMulV2": "batch_matmul_op_impl.h LaunchBatchMatMul<CPUDevice>: Eigen contractions, as MatMul",
     "BatchMatMulV3": "batch_matmul_op_impl.h LaunchBatchMatMul<CPUDevice>: Eigen contractions, as MatMul",
     "MaxPool": "maxpooling_op.cc SpatialMaxPool: writes the output through matrix maps (measured: none)",
+    "AvgPool": "avgpooling_op.cc AvgPoolingOp<CPUDevice>: Eigen SpatialAvgPooling (measured: none)",
+    "AvgPoolGrad": "avgpooling_op.cc AvgPoolingGradOp<CPUDevice>: sums into the output (measured: none)",
+    "Conv3D": "conv_ops_3d.cc LaunchConvOp<CPUDevice>: Eigen CuboidConvolution (measured: none)",
+    "FusedBatchNormV3": "fused_batch_norm_op.cc FusedBatchNorm<CPUDevice> NHWC: outputs only (measured: none)",
 }
 
 
@@ -213,6 +231,51 @@ def _max_pool_grad(call: KernelCall, cpu: CpuFacts) -> KernelEffect:
     elements = _numel(pooled.shape)
     dup, argmax = elements * pooled.itemsize, elements * 8
     return KernelEffect(after=(dup, argmax, -argmax, -dup), rule="MaxPoolingGradOp out copy + int64 argmax")
+
+
+MAX_OVERHEAD = 25  # conv_grad_ops_3d.cc kMaxTempAllocationOverhead: col buffer / all tensors' elements
+
+
+def _conv3d_col(call: KernelCall, cpu: CpuFacts, filt, x, dy, parallel_if_batch_one: bool) -> KernelEffect:
+    """conv_grad_ops_3d.cc Conv3DCustomBackprop{Input,Filter}Op: shard = ceil((m_l3 / sizeof(T)) / work_unit)
+    (the input kernel: 1 image when batch is 1); col_buffer {shard, OIS, FTS}, unless col elements //
+    (input + filter + out_backprop elements) > 25: then Eigen's CuboidConvolutionBackward*, no temporary."""
+    if cpu.l3_bytes <= 0:
+        return KernelEffect(rule=f"{call.op}: L3 size unknown (unsized)")
+    kd, kh, kw, cin, cout = (int(v) for v in filt)
+    ois, fts, itemsize = _numel(dy.shape[1:4]), kd * kh * kw * cin, dy.itemsize
+    work_unit = ois * cout + fts * cout + ois * fts
+    if work_unit == 0:
+        return KernelEffect(rule=f"{call.op}: empty")
+    batch = int(dy.shape[0])
+    target = cpu.l3_bytes // itemsize
+    shard = 1 if parallel_if_batch_one and batch == 1 else (target + work_unit - 1) // work_unit
+    col = shard * ois * fts
+    if col // (_numel(x) + _numel(filt) + _numel(dy.shape)) > MAX_OVERHEAD:
+        return KernelEffect(rule=f"{call.op}: Eigen fallback, no col buffer")
+    return KernelEffect(after=(col * itemsize, -col * itemsize), rule=f"{call.op} col_buffer")
+
+
+@rule("Conv3DBackpropInputV2")
+def _conv3d_input(call: KernelCall, cpu: CpuFacts) -> KernelEffect:
+    return _conv3d_col(call, cpu, call.args[1].shape, call.outputs[0].shape, call.args[2], True)
+
+
+@rule("Conv3DBackpropFilterV2")
+def _conv3d_filter(call: KernelCall, cpu: CpuFacts) -> KernelEffect:
+    return _conv3d_col(call, cpu, call.outputs[0].shape, call.args[0].shape, call.args[2], False)
+
+
+@rule("FusedBatchNormGradV3")
+def _batch_norm_grad(call: KernelCall, cpu: CpuFacts) -> KernelEffect:
+    """fused_batch_norm_op.cc FusedBatchNormGrad<CPUDevice>: scratch_one_by_depth {depth} of U (float),
+    and scratch_rest_by_depth {rest, depth} of U when T is not U (half/bfloat16); for float it reuses the
+    x_backprop output."""
+    x, scale = call.args[1], call.args[2]
+    depth = int(scale.shape[0]) if scale.shape else 1
+    u = scale.itemsize
+    buffers = (depth * u,) + ((_numel(x.shape) * u,) if x.itemsize != u else ())
+    return KernelEffect(after=buffers + tuple(-b for b in reversed(buffers)), rule="FusedBatchNormGrad scratch")
 
 
 def kernel_rules() -> frozenset[str]:
