@@ -45,6 +45,19 @@ def test_cwise_ops_forward_a_dying_input_and_only_a_dying_one():
     assert allocs == ["IteratorGetNext", "MatMul", "Tanh", "MatMul"]
 
 
+def test_forwarding_needs_the_other_consumers_ordered_before():
+    # `s` is built after `u`, but no edge orders them: the executor may run `s` first, when `a` still has
+    # two references (executor.cc ScheduleReady; op_kernel.cc forward_input), so `s` allocates
+    ops = [_op("a", "MatMul", ["x"]), _op("u", "Sum", ["a"], shape=(100,)), _op("s", "Square", ["a"]),
+           _op("d", "MatMul", ["s", "u"])]
+    allocs = [e.op for e in replay(_graph(ops)).trace.events if e.action == "alloc"]
+    assert allocs == ["IteratorGetNext", "MatMul", "Sum", "Square", "MatMul"]
+    # when `s` also reads `u`, `u` must have run: `s` takes `a`'s buffer
+    ops[2] = _op("s", "Mul", ["a", "u"])
+    allocs = [e.op for e in replay(_graph(ops)).trace.events if e.action == "alloc"]
+    assert allocs == ["IteratorGetNext", "MatMul", "Sum", "MatMul"]
+
+
 def test_a_read_variable_aliases_and_a_write_under_a_live_read_copies():
     var = VariableInfo("w", (256, 100), F32, Category.PARAMETERS, "layer")
     ops = [_op("read", "ReadVariableOp", [("w", 0)]), _op("m", "MatMul", ["x", "read"]),
@@ -172,6 +185,11 @@ def test_embedding_model_densifies_its_gradient():
     # keras optimizers turn the IndexedSlices gradient into a dense table (UnsortedSegmentSum)
     dense = [r for r in traced.trace.storages.values() if r.op == "UnsortedSegmentSum" and r.step == 0]
     assert dense and all(r.nbytes == 1000 * 16 * 4 for r in dense)
+    # Adam squares the IndexedSlices values (keras/src/optimizers/adam.py update_step: ops.square of the
+    # gradient) while the densifying UnsortedSegmentSum of the same values may not have run yet: a new
+    # batch × 50 × 16 buffer, as TensorFlow's allocation records show (benchmarks/results/tf_tensor_peak.md)
+    squares = [r for r in traced.trace.storages.values() if r.op == "Square" and r.step == 0]
+    assert any(r.nbytes == 4 * 50 * 16 * 4 for r in squares)
 
 
 def test_lstm_loop_accumulators_are_sized_from_the_loop_body():
