@@ -119,3 +119,35 @@ def test_calibration_file_has_every_part():
         assert key in floor, key
     assert floor["import_file_min"] <= floor["import_file_bytes"] <= floor["import_file_max"]
     assert floor["per_op_bytes"] > 0
+
+
+def _fork_trace() -> Trace:
+    """A Relu's 16 KiB output consumed by two MatMuls (a forked backward): executor.cc keeps the last
+    expensive one on the Relu's thread and hands the other to the second inter-op thread."""
+    from trainmem.trace.events import KernelCall, TensorMeta
+
+    trace = Trace()
+    rows = [(1, Phase.FORWARD, "a", "Relu", "alloc"), (2, Phase.BACKWARD, "b", "MatMul", "alloc"),
+            (3, Phase.BACKWARD, "c", "MatMul", "alloc"), (1, Phase.BACKWARD, "c", "MatMul", "free")]
+    for sid, phase, module, op, action in rows:
+        trace.storages.setdefault(sid, StorageRecord(sid, 16384, Category.ACTIVATIONS, phase, module, op, 0))
+        trace.events.append(Event(len(trace.events), action, 16384, sid, phase, module, op, 0))
+    x = TensorMeta((64, 64), 4, "float32", storage_key=1)
+    trace.kernel_calls += [KernelCall("MatMul", 1, 1, (x, x, {}), (None,), (2,)),
+                           KernelCall("MatMul", 2, 1, (x, x, {}), (None,), (3,))]
+    return trace
+
+
+def test_heap_has_one_arena_per_thread():
+    # 16 KiB: posix_memalign asks for 16,512 B, the heap grows by that + 128 KiB pad + 32 B to 37 pages
+    # (151,552 B). One arena holds all three chunks in that heap; with the fork, the second thread's
+    # arena grows a heap of its own: 2 × 151,552 B
+    trace = _fork_trace()
+    events = tf_cpu.device_events(trace)
+    assert tf_cpu.heap_resident(events) == 151_552
+    figures = tf_cpu.tf_cpu_figures(_traced(trace), TrainingSetup(batch_size=4, steps=1), floor=FLOOR)
+    assert figures.parts["tensor_heap_resident"] == 2 * 151_552
+    one_thread = dict(FLOOR, inter_op_threads=1)
+    alone = tf_cpu.tf_cpu_figures(_traced(trace), TrainingSetup(batch_size=4, steps=1), floor=one_thread)
+    assert alone.parts["tensor_heap_resident"] == 151_552
+    assert figures.process_high >= figures.process_bytes

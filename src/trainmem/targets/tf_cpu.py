@@ -11,7 +11,11 @@ raises RSS by 512 MB and gives it all back each time (glibc maps it and unmaps i
 dropped once are given back, and after that glibc's mmap threshold has risen to 4 MB and the next 64
 stay resident in the heap after they are freed — glibc's dynamic threshold, as alloc/cpu.py models it for
 PyTorch (same 64-byte posix_memalign). So the tensors' resident bytes are alloc/cpu.py's GlibcModel replay
-of the trace, the allocator's peak is the live bytes rounded to 64 B, and nothing is cached.
+of the trace, the allocator's peak is the live bytes rounded to 64 B, and nothing is cached. The kernels
+run on the executor's inter-op threads and each thread allocates from a glibc arena of its own, so the
+replay keeps one arena per thread (alloc/glibc_arenas.py: which thread runs each kernel by executor.cc's
+rule, the pool's threads taken in turn). Measured: with MALLOC_ARENA_MAX=1 the convolutional and LSTM
+rows of benchmarks/results/accuracy_keras_cpu.md peak 3-9% lower than with glibc's default.
 
 The process. Its RSS has two high points, and the peak is the larger:
 - fit's set-up (measured at on_train_begin): model.fit on numpy arrays wraps them in
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.alloc.cpu import GlibcModel, replay_tensors
+from trainmem.alloc.glibc_arenas import thread_arenas
 from trainmem.targets import DeviceEvent
 from trainmem.trace.events import Category, Trace
 
@@ -156,16 +161,19 @@ def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps:
     # them apart says so in `function_ops` (the LSTM of benchmarks/keras_models.py: 294 in 12 functions)
     step_ops = sum(traced.op_counts.values()) + int(getattr(traced, "function_ops", 0) or 0)
     batch = getattr(traced, "input_bytes", 0) or batch_bytes(traced.trace)
-    heap, pinned = heap_resident(events), heap_resident(events, pinned=True)
+    threads = int(floor["inter_op_threads"]) or int(floor["nproc"])  # 0: TensorFlow's default, one per core
+    # the tensors' heap: one glibc arena per thread that allocates (alloc/glibc_arenas.py)
+    heap = thread_arenas(events, traced.trace, threads).peak_resident
+    pinned = thread_arenas(events, traced.trace, threads, pinned=True).peak_resident
+    one_arena = heap_resident(events)
     training = training_parts(floor, step_ops, batch, steps, heap)
     at_setup = setup_parts(floor, batch, steps, init_bytes(traced.trace))
     parts = max(training, at_setup, key=lambda p: sum(p.values()))
     process = sum(parts.values())
     file_spread = int(floor["import_file_max"]) - int(floor["import_file_bytes"])
-    threads = int(floor["inter_op_threads"]) or int(floor["nproc"])  # 0: TensorFlow's default, one per core
     arenas = arenas_high(events, threads + 1)  # the inter-op threads and the caller
     high = max(sum(training.values()) + max(0, pinned - heap, arenas - heap), sum(at_setup.values())) + file_spread
-    said = _warnings(floor, step_ops, steps, pinned, training)
+    said = _warnings(floor, step_ops, steps, pinned, training, one_arena, threads)
     said += [f"TensorFlow CPU kernel rule '{rule}' applied ×{count} (temporaries inside the kernel, "
              "targets/tf_cpu_kernels.py)" for rule, count in sorted(stream.rules.items())]
     said += [f"kernel temporaries not sized: {gap}" for gap in stream.gaps]
@@ -174,7 +182,8 @@ def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps:
     return TfCpuFigures(tensors.peak_bytes, tensors.peak_bytes, parts, process, high, said)
 
 
-def _warnings(floor: dict, step_ops: int, steps: int, pinned: int, parts: dict[str, int]) -> list[str]:
+def _warnings(floor: dict, step_ops: int, steps: int, pinned: int, parts: dict[str, int], one_arena: int,
+              threads: int) -> list[str]:
     mib = 2**20
     said = [f"TensorFlow import floor {parts['tf_import_anon'] / mib:.0f} MiB anonymous + "
             f"{parts['tf_import_file'] / mib:.0f} MiB library pages (file-backed, {floor['import_file_min'] / mib:.0f}"
@@ -186,10 +195,12 @@ def _warnings(floor: dict, step_ops: int, steps: int, pinned: int, parts: dict[s
             f"it {floor['setup_factor']:.2f}× when fit has made its dataset and {floor['train_factor']:.2f}× while "
             f"training, and tf.data {floor['batches_held']:.1f} batches more",
             "CPU allocator: TensorFlow's default CPUAllocator (posix_memalign, nothing cached); tensors' resident "
-            f"heap by glibc's rules for one arena, {pinned / mib:.0f} MiB if every freed heap chunk stays pinned; kernels "
-            "run on several threads, whose glibc arenas each keep freed memory of their own: the high end gives each "
-            "thread a heap as large as the single heap's peak (convolutional models measured 5-13% above the "
-            "one-arena estimate on this machine)"]
+            f"heap {parts['tensor_heap_resident'] / mib:.0f} MiB by glibc's rules with one arena per thread: the "
+            f"kernels on {threads} inter-op threads, each kernel's thread by executor.cc's rule (a chain stays on "
+            "its thread, a fork hands its other expensive branches to the pool; assumed: the pool's threads in "
+            f"turn), weights on the main thread ({one_arena / mib:.0f} MiB with one arena, {pinned / mib:.0f} MiB "
+            "if every freed heap chunk stays pinned); the high end gives each thread a heap as large as the "
+            "single heap's peak (any thread may run any kernel)"]
     if onednn_default() or floor.get("onednn"):
         said.append("this CPU turns oneDNN on by default: TensorFlow then allocates through the MklCPUAllocator "
                     "(a BFC allocator for large requests), which keeps its regions; the glibc model here does not "
