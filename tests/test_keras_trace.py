@@ -206,6 +206,13 @@ def test_lstm_loop_accumulators_are_sized_from_the_loop_body():
     assert lists.count(20 * 4 * 32 * 4) >= 6
     rows = {row.name: row for row in traced.layers}
     assert rows["lstm"].activation_bytes >= 6 * 20 * 4 * 32 * 4
+    # the loops' bodies and conditions are ops of their own executors, counted apart from the step's:
+    # the forward body alone holds the cell's MatMuls, the gradient body theirs, each with an _Arg per loop var
+    assert traced.function_ops > 2 * 10
+
+
+def test_a_step_without_functions_counts_no_function_ops(seed):
+    assert seed.function_ops == 0
 
 
 def test_unsupported_setups_are_refused():

@@ -21,7 +21,7 @@ from trainmem.trace.events import Category, Phase
 from trainmem.trace.keras_layers import LayerHooks, layer_rows, variables_of
 from trainmem.trace.keras_traced import KerasTraced
 from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners, tensor_info
-from trainmem.trace.tf_loops import LOOP_OPS, loop_sizes
+from trainmem.trace.tf_loops import LOOP_OPS, function_ops, loop_sizes
 from trainmem.trace.tf_grappler import optimized_step, stateful
 from trainmem.trace.tf_lifetimes import replay
 from trainmem.trace.tf_ops import StepGraph
@@ -59,6 +59,7 @@ def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, gr
             else:
                 runtime, ops = optimized
         step_graph = _step_graph(model, ops, labels, hooks, inputs, tf, runtime, shapes)
+        in_functions = function_ops(runtime.as_graph_def().library, ops)
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the model's code failed while its step was built
@@ -66,7 +67,8 @@ def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, gr
                          f"{one_line(error)}", where=name) from error
     result = replay(step_graph, steps=setup.steps)
     traced = _traced(model, step_graph, hooks, result, notes, setup, keras)
-    return dataclasses.replace(traced, runtime_graph="grappler" if grappler and not notes else "unoptimized")
+    return dataclasses.replace(traced, runtime_graph="grappler" if grappler and not notes else "unoptimized",
+                               function_ops=in_functions)
 
 
 def _build(build: Callable[[], Any], keras: Any, name: str) -> Any:

@@ -42,3 +42,4 @@ class KerasTraced:
     buffer_bytes: int = 0  # non-trainable weights and metric variables
     runtime_graph: str = "unoptimized"  # "grappler" when the trace follows the graph after Grappler's passes
     jit_compile_on_gpu: bool = False  # what Keras's jit_compile="auto" picks where a GPU is present
+    function_ops: int = 0  # ops inside the functions step ops call (While bodies…), not in op_counts

@@ -111,3 +111,36 @@ def _list_bytes(tensor: Any, count: int) -> int | None:
     if op.type in ("TensorListPopBack",):
         return 0  # the gradient loop empties the accumulators it reads
     return None
+
+
+def function_ops(library: Any, ops: list) -> int:
+    """Ops inside the functions the step's ops call (While/If bodies and conditions, PartitionedCall…),
+    counted once per calling op and through nested calls. Each such call runs its function in an executor
+    of its own (function.cc FunctionLibraryRuntime::Instantiate, one kernel per node of the FunctionDef),
+    so its ops cost what the step's own ops cost per op; `library` is a GraphDef's FunctionDefLibrary
+    (after Grappler: the bodies as the runtime instantiates them, e.g. "…while_body_587_rewritten")."""
+    defs = {f.signature.name: f for f in library.function}
+    memo: dict[str, int] = {}
+
+    def inside(name: str, path: tuple[str, ...]) -> int:
+        if name in path or name not in defs:
+            return 0  # recursion, or a function not in the library
+        if name not in memo:
+            nodes, signature = defs[name].node_def, defs[name].signature
+            # the instantiated body also holds an _Arg per input and a _Retval per output (function_body.cc)
+            own = len(nodes) + len(signature.input_arg) + len(signature.output_arg)
+            memo[name] = own + sum(inside(f, path + (name,)) for node in nodes for f in _called(node.attr))
+        return memo[name]
+
+    return sum(inside(f, ()) for op in ops for f in _called(op.node_def.attr))
+
+
+def _called(attrs: Any) -> list[str]:
+    """Function names an op's attributes name (func and list(func) attributes)."""
+    names = []
+    for value in attrs.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(f.name for f in value.list.func)
+    return names
