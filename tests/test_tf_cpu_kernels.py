@@ -154,3 +154,11 @@ def test_batch_norm_grad_scratch():
     x16 = TensorMeta((32, 8, 8, 16), 2, "bfloat16")
     call16 = KernelCall("FusedBatchNormGradV3", 0, 1, (x16, x16, vec, vec, vec, vec, {}), (x16,), (None,))
     assert kernel_scratch(call16, TWO).after == (64, 32 * 8 * 8 * 16 * 4, -32 * 8 * 8 * 16 * 4, -64)
+
+
+def test_call_without_shapes_is_a_gap_not_a_crash():
+    call = KernelCall("DepthwiseConv2dNativeBackpropFilter", 0, 1, (meta(8, 16, 16, 4), meta(4), meta(8, 16, 16, 4), {}),
+                      (None,), (None,))
+    assert kernel_scratch(call, TWO) is None
+    assert tf_cpu_device_stream(_trace_with([call]), TWO).gaps == (
+        "DepthwiseConv2dNativeBackpropFilter ×1: temporaries not sized",)
