@@ -52,6 +52,15 @@ LOOP_WORDS = {  # trace/loops.py has the code each loop stands for
 }
 
 
+def _loop_line(est) -> str:
+    """The training loop the estimate traced: PyTorch's loop by --loop, or, for a Keras model, the loop its
+    frontend resolved (frontends/keras_torch.py: model.fit's, which --loop does not change)."""
+    resolved = getattr(est, "resolved", None) or {}
+    if resolved.get("framework") == "keras" and resolved.get("loop"):
+        return f"  loop: {resolved['loop']}"
+    return f"  loop {est.setup.loop}: {LOOP_WORDS[str(est.setup.loop)]}"
+
+
 def _lean_loop(est) -> list[str]:
     lean = est.lean_loop
     if not lean or lean.saving_bytes <= 0:
@@ -82,7 +91,7 @@ def render_text(est) -> str:
            + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
            + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}{_capacity_note(est)}",
            *_used(est),
-           f"  loop {s.loop}: {LOOP_WORDS[str(s.loop)]}", ""]
+           _loop_line(est), ""]
     out.append("Peak memory")
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
     if est.device.kind == "cuda":

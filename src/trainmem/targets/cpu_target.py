@@ -1,6 +1,7 @@
 """The CPU target behind the Target interface: the CPU kernel rules' stream (targets/cpu.py), c10's CPU
 allocator for the tensor peak, and the process's peak RSS (the runtime's floor, targets/cpu_runtime.py,
-plus glibc's resident heap for the tensors and the runtime's small objects, alloc/replay.py glibc_heap)."""
+plus glibc's resident heap for the tensors and the runtime's small objects, alloc/replay.py glibc_heap; for a
+Keras model on the torch backend, also Keras's import and model.fit's machinery, targets/keras_torch_runtime.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 from trainmem.alloc.cpu import aligned
 from trainmem.alloc.replay import CpuTensorAllocator, HeapReplay, glibc_heap
 from trainmem.errors import SetupError
-from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime
+from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime, keras_torch_runtime
 from trainmem.targets import cpu as cpu_kernels
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn.rnn_layout import rnn_layout
@@ -58,16 +59,21 @@ class CpuTarget:
     def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
         # peft imports transformers itself, so LoRA brings both into the process
         libraries = frozenset(source.libraries) | ({"peft", "transformers"} if setup.lora_spec() else set())
+        keras_parts, keras_spread, keras_said = {}, 0, []
+        if keras_torch_runtime.applies(source):  # Keras's import and model.fit, measured apart
+            keras_parts, keras_spread, keras_said = keras_torch_runtime.keras_parts()
+            libraries -= {"keras"}
         runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries, self.cpu)
         heap = glibc_heap(stream.events)
-        floor = sum(runtime.parts.values())
+        floor = sum(runtime.parts.values()) + sum(keras_parts.values())
         spread = heap.table["spread"]
-        high = max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"])))
-        warnings = runtime.assumptions + _heap_assumptions(heap, high) + [
+        high = max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"]))) + keras_spread
+        warnings = runtime.assumptions + keras_said + _heap_assumptions(heap, high) + [
             f"CPU kernel rule '{rule}' applied ×{count} (buffers below the dispatcher, {self.cpu.capability})"
             for rule, count in sorted(stream.rules.items())] + list(stream.gaps)
-        return ProcessMemory({**runtime.parts, "tensor_heap_resident": heap.resident}, high, [], warnings,
-                             {"capability": self.cpu.capability, "threads": self.cpu.threads})
+        parts = {**runtime.parts, **keras_parts, "tensor_heap_resident": heap.resident}
+        coverage = {"capability": self.cpu.capability, "threads": self.cpu.threads}
+        return ProcessMemory(parts, high, [], warnings, coverage)
 
 
 def _heap_assumptions(heap: HeapReplay, high: int) -> list[str]:
