@@ -9,7 +9,10 @@ reset_memory_stats, then one train_on_batch on batch tensors made before: the st
 peak - current before it. The trace's figure is the same growth: its peak within the step above what was
 live once the batch existed.
 
-    .venv/bin/python benchmarks/tf_tensor_peak.py            # prints a table
+    .venv/bin/python benchmarks/tf_tensor_peak.py                    # prints a table, every model
+    .venv/bin/python benchmarks/tf_tensor_peak.py embedding_bag transformer_encoder   # those rows only
+
+Models named "module:function" come from benchmarks/keras_models.py (the CPU accuracy table's models).
 """
 
 from __future__ import annotations
@@ -24,7 +27,19 @@ MODELS = {
     "cnn": ("cnn_bn", {"batch_size": 32}),
     "emb": ("embedding", {"batch_size": 64}),
     "lstm": ("lstm", {"batch_size": 64}),
+    "embedding_bag": ("keras_models:embedding_bag", {"batch_size": 8192}),
+    "transformer_encoder": ("keras_models:transformer_encoder", {"batch_size": 128}),
 }
+
+
+def _builder(spec: str):
+    if ":" not in spec:
+        return globals()[spec]
+    import importlib
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    module, function = spec.split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def seed_mlp():
@@ -65,7 +80,8 @@ def _batch(model, batch: int):
         x = tf.constant(np.random.randint(0, 100, shape).astype(str(spec.dtype)))
     else:
         x = tf.constant(np.random.rand(*shape).astype("float32"))
-    y = tf.constant(np.random.randint(0, 10, (batch,)).astype("int64"))
+    classes = int(model.outputs[0].shape[-1])
+    y = tf.constant(np.random.randint(0, classes, (batch,)).astype("int64"))
     return x, y
 
 
@@ -75,7 +91,7 @@ def measure(name: str) -> dict:
     import tensorflow as tf
 
     builder, kwargs = MODELS[name]
-    model = globals()[builder]()
+    model = _builder(builder)()
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     x, y = _batch(model, kwargs["batch_size"])
@@ -98,7 +114,7 @@ def traced(name: str) -> dict:
 
     builder, kwargs = MODELS[name]
     inputs = (InputSpec((100,), "int32", 100),) if name == "emb" else ()
-    result = trace_keras(globals()[builder], TrainingSetup(steps=2, inputs=inputs, **kwargs), name=name)
+    result = trace_keras(_builder(builder), TrainingSetup(steps=2, inputs=inputs, **kwargs), name=name)
     events = device_events(result.trace)
     start = next(i for i, e in enumerate(events) if e.step == 1 and e.phase == Phase.INPUTS)
     live = peak = 0
@@ -120,7 +136,9 @@ def main() -> None:
     print("| model | batch | traced step growth (tensors) | traced, through the BFC model | TF BFC step growth "
           "(median of 3, range) | BFC model / TF |")
     print("|---|---|---|---|---|---|")
-    for name, (_, kwargs) in MODELS.items():
+    names = sys.argv[1:] or list(MODELS)
+    for name in names:
+        kwargs = MODELS[name][1]
         runs = []
         for _ in range(3):
             out = subprocess.run([sys.executable, __file__, "--child", name], env=env, capture_output=True, text=True,
