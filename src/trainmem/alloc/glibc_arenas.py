@@ -9,8 +9,11 @@ shapes, variable reads…) go to its own inline queue; of the expensive ones (ev
 default: OpKernel's expensive_ is true off the GPU) the last stays on the thread when nothing inexpensive
 is queued, and every other one is handed to the runner (RunTask → the pool). So a chain of kernels stays
 on one thread and a fork sends all branches but one to another thread. The kernel-cost estimates
-(KernelStats::IsExpensive, initial 100M cycles against an 8,000-cycle threshold, decaying by 1/10 per
-run) stay above the threshold for a short fit, so the kernel's own flag decides. Which idle thread picks
+(KernelStats::IsExpensive: kInitialCostEstimateCycles 100M against kOpIsExpensiveThresholdCycles 8,000,
+each run moving the estimate 1/kCostDecay = 1/10 toward the measured cycles) stay above the threshold
+for about the first 90 runs of the function (0.9^n · 100M > 8,000 for n < 90), so in a short fit the
+kernel's own flag decides; in a long fit fast kernels become inexpensive and run inline, which this
+model does not follow. Which idle thread picks
 up a task is up to Eigen's thread pool (work stealing); this model ASSUMES the pool's threads are taken in
 turn, skipping the thread that hands the task over (with two threads: always the other one), and that
 only the nodes released by one finished node are queued at once. The weights and optimizer slots are
