@@ -107,3 +107,12 @@ def test_trace_nodes_split_on_free_then_alloc_and_link_last_consumers():
     assert [n.preds for n in nodes] == [(), (), (1,), (0, 2)]
     assert node_of == {1: 0, 2: 1, 3: 2, 4: 2, 5: 3, 6: 3} and 0 not in node_of
     assert MAIN == 0
+
+
+def test_mapped_chunks_cost_the_same_in_any_arena():
+    # 1 MiB is above the 128 KiB threshold: a mapping of its own whichever thread asks, so splitting the
+    # threads adds nothing (only heap chunks stay behind in an arena)
+    mib = 2**20
+    stream = [ev("alloc", mib, 1), ev("alloc", mib, 2), ev("free", mib, 1), ev("free", mib, 2)]
+    assert replay_arenas(stream, [1, 2, 1, 2]).peak_resident == replay_arenas(stream, [1] * 4).peak_resident
+    assert replay_arenas(stream, [1] * 4).peak_resident == 2 * (mib + PAGE)
