@@ -107,7 +107,16 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int], runtime_wor
             "traced: tensors autograd keeps from forward to backward, by op: " + ", ".join(
                 f"{op} {n:,} B" for op, n in saved_by_op.most_common(6))))
     return Explanation(tuple(rows), saved_bytes, dict(saved_by_op.most_common()),
-                       tuple(_differences(breakdown, saved_by_op, setup, runtime_words)))
+                       tuple(_differences(breakdown, saved_by_op, setup, _loop_words(traced, setup), runtime_words)))
+
+
+def _loop_words(traced, setup: TrainingSetup) -> str:
+    """The loop whose names keep batches alive: model.fit's for a Keras model (trace/keras_torch_step.py puts it
+    in the trace's resolved values), else the --loop traced."""
+    resolved = getattr(traced, "resolved", None) or {}
+    if resolved.get("framework") == "keras":
+        return "model.fit"
+    return f"{setup.loop}"
 
 
 def _traced_input_values(traced, batch: int) -> int:
@@ -120,11 +129,11 @@ def _row(name: str, formula: str, hand: int, traced: int, note: str = "") -> Han
     return HandRow(name, formula, hand, traced, note)
 
 
-def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup,
+def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: TrainingSetup, loop: str,
                  runtime_words: str) -> list[str]:
     notes = []
     if breakdown.get("inputs"):
-        notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (batches and targets the {setup.loop} loop holds: "
+        notes.append(f"inputs at the peak: {breakdown['inputs']:,} B (batches and targets the {loop} loop holds: "
                      "kept for backward, bound to its names, or the next one being made)")
     if breakdown.get("temporaries"):
         notes.append(f"temporaries at the peak: {breakdown['temporaries']:,} B (op outputs that die within the phase, "

@@ -26,7 +26,7 @@ from trainmem.setup import InputSpec, TrainingSetup
 
 
 KERAS_TORCH_NOTE = ("Keras on the torch backend: the step traced is TorchTrainer.train_step as model.fit runs it, "
-                    "with Keras's optimizer; the runtime floor leaves out what importing Keras maps")
+                    "with Keras's optimizer")
 # Measured here: a 40-step fit of the seed MLP at batch 2048 (weak references to each batch, counted at each
 # step's end) had 1,1,1,2,3,1,1,2,3,4,… batches alive — a generation-0 collection every 5 steps; its tensor
 # peak with the collector on was 45,537,856 B (measure/child.py, steps 40, "gc": "on") against 23,061,632 B
