@@ -58,6 +58,35 @@ def test_forwarding_needs_the_other_consumers_ordered_before():
     assert allocs == ["IteratorGetNext", "MatMul", "Sum", "MatMul"]
 
 
+def test_the_step_is_replayed_in_the_order_that_holds_more():
+    pytest.importorskip("tensorflow")
+    from trainmem.trace.keras_graph import READY_ORDER, _replay_higher
+
+    # built a, s, c: `a` dies at `s` before `c` exists; run first ready first, `c` comes before `s` and
+    # x, a and c are alive at once (executor.cc ScheduleReady: a and c are both ready when x is)
+    ops = [_op("a", "MatMul", ["x"]), _op("s", "Sum", ["a"], shape=(100,)), _op("c", "MatMul", ["x"]),
+           _op("d", "MatMul", ["s", "c"], shape=(100,))]
+    result, order = _replay_higher(_graph(ops), 1)
+    assert order == READY_ORDER
+    live = peak = 0
+    for event in result.trace.events:
+        live += event.nbytes if event.action == "alloc" else -event.nbytes
+        peak = max(peak, live)
+    assert peak == 3 * 256 * 100 * 4
+
+
+def test_the_ready_order_keeps_program_order_on_a_variable():
+    from trainmem.trace.tf_lifetimes import ready_order
+
+    # fit's tf.function orders ops on one variable as written (auto_control_deps.py); the step's graph
+    # has no such edge, so without it the second read would run first
+    ops = [_op("r1", "ReadVariableOp", [("w", 0)]), _op("g", "Mul", ["r1", "x"]),
+           GraphOp("upd", "AssignSubVariableOp", (("w", 0), ("g", 0)), (), Phase.OPTIMIZER, ""),
+           _op("r2", "ReadVariableOp", [("w", 0)])]
+    assert [op.name for op in ready_order(ops, {"w"})] == ["r1", "g", "upd", "r2"]
+    assert [op.name for op in ready_order(ops)] == ["r1", "r2", "g", "upd"]
+
+
 def test_a_read_variable_aliases_and_a_write_under_a_live_read_copies():
     var = VariableInfo("w", (256, 100), F32, Category.PARAMETERS, "layer")
     ops = [_op("read", "ReadVariableOp", [("w", 0)]), _op("m", "MatMul", ["x", "read"]),

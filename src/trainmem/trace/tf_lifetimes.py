@@ -15,7 +15,7 @@ within an op the outputs are allocated before its inputs are released.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
+from collections import Counter, deque
 
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 from trainmem.trace.tf_kernels import ALL, KERNEL_ATTRS, KERNEL_OPS, Rule, rule_for
@@ -329,6 +329,62 @@ def replay(graph: StepGraph, steps: int = 1) -> Replay:
                     replayer.copy_on_write)
     settle_forward(result)
     return result
+
+
+def ready_order(ops: list[GraphOp], resources: set[str] | frozenset = frozenset()) -> list[GraphOp]:
+    """The ops as an executor that runs every op as soon as its inputs are ready would run them, first
+    ready first (executor.cc ExecutorState::ScheduleReady / the ready queue of one inter-op thread): variable
+    reads and ops on the previous step's optimizer slots at the start, both branches of a split in turns.
+    Measured here against TensorFlow's allocation records (benchmarks/results/tf_tensor_peak.md): the real
+    embedding_bag step densified both Adam moments of the IndexedSlices gradient while its values were alive,
+    which this order replays and the creation order does not. The ops that touch one of `resources`
+    (variable handles) keep their program order as fit's tf.function adds it (auto_control_deps.py: a read
+    waits for the last write, a write for the last write and the reads since); the step's tf.Graph lacks
+    those control edges."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    after = _resource_order(ops, resources)
+    waiting, consumers = {}, {}
+    for op in ops:
+        producers = ({ref[0] for ref in op.inputs if ref[0] in index} | {n for n in op.control_inputs if n in index}
+                     | after.get(op.name, set()))
+        waiting[op.name] = len(producers)
+        for name in producers:
+            consumers.setdefault(name, []).append(op)
+    queue = deque(op for op in ops if waiting[op.name] == 0)
+    order = []
+    while queue:
+        op = queue.popleft()
+        order.append(op)
+        for consumer in consumers.get(op.name, ()):
+            waiting[consumer.name] -= 1
+            if waiting[consumer.name] == 0:
+                queue.append(consumer)
+    return order if len(order) == len(ops) else list(ops)
+
+
+def _resource_order(ops: list[GraphOp], resources: set[str] | frozenset) -> dict[str, set[str]]:
+    """Per op, the earlier ops on the same variable it must follow (auto_control_deps.py, program order)."""
+    last_write: dict[str, str] = {}
+    reads: dict[str, list[str]] = {}
+    after: dict[str, set[str]] = {}
+    for op in ops:
+        for var in {ref[0] for ref in op.inputs if ref[0] in resources}:
+            before = {last_write[var]} if var in last_write else set()
+            if rule_for(op.type) is not None and rule_for(op.type).kind == "read":
+                reads.setdefault(var, []).append(op.name)
+            else:
+                before |= set(reads.pop(var, []))
+                last_write[var] = op.name
+            after.setdefault(op.name, set()).update(before - {op.name})
+    return after
+
+
+def tensor_peak(trace: Trace) -> int:
+    live = peak = 0
+    for event in trace.events:
+        live += event.nbytes if event.action == "alloc" else -event.nbytes
+        peak = max(peak, live)
+    return peak
 
 
 def live_at(trace: Trace, seq: int) -> set[int]:
