@@ -115,11 +115,11 @@ class CudaAllocator:
             segments, retries = allocator.segment_summary(), allocator.counters["num_alloc_retries"]
         if retries or allocator.allowed is not None:
             segments = _segments_without_capacity(events, self.config, peak_index)
-        return ReplayResult(peak_index, _undo(live, since_peak), allocator.peak_allocated_bytes,
+        return ReplayResult(peak_index, live_before(live, since_peak), allocator.peak_allocated_bytes,
                             allocator.peak_reserved_bytes, tensor_peak, segments, allocator.fragmentation)
 
 
-def _undo(live: dict[int, DeviceEvent], changes: list[tuple[int, DeviceEvent | None]]) -> dict[int, DeviceEvent]:
+def live_before(live: dict[int, DeviceEvent], changes: list[tuple[int, DeviceEvent | None]]) -> dict[int, DeviceEvent]:
     """The live set before `changes` (key, what it held before each change) were made to `live`."""
     before = dict(live)
     for key, held in reversed(changes):

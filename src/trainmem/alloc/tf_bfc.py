@@ -43,7 +43,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
-from trainmem.alloc.replay import ReplayResult
+from trainmem.alloc.replay import ReplayResult, live_before
 from trainmem.targets import DeviceEvent
 from trainmem.trace.events import Category
 
@@ -368,19 +368,8 @@ def replay_bfc(events: Iterable[DeviceEvent], config: BfcConfig,
         if allocator.stats.bytes_in_use > best:
             best, peak_index = allocator.stats.bytes_in_use, index
             since_peak.clear()
-    result = _result(allocator, _undo(live, since_peak), peak_index, tensor_peak, zero, failure)
+    result = _result(allocator, live_before(live, since_peak), peak_index, tensor_peak, zero, failure)
     return dataclasses.replace(result, optional_failed=skipped)
-
-
-def _undo(live: dict, changes: list) -> dict:
-    """The live set before `changes` (key, what it held before each change) were made to `live`."""
-    before = dict(live)
-    for key, held in reversed(changes):
-        if held is None:
-            before.pop(key, None)
-        else:
-            before[key] = held
-    return before
 
 
 def _where(event: DeviceEvent) -> str:
