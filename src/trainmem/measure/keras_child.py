@@ -189,6 +189,8 @@ def run(request: dict) -> dict:
 
 
 def main() -> None:
+    # The same shape as measure/child.py's main, written again on purpose: this process imports nothing of
+    # trainmem, so that its RSS is a user's.
     request = json.loads(sys.argv[1])
     try:
         result = run(request)
