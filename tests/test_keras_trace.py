@@ -124,8 +124,10 @@ def test_forward_outputs_alive_when_backward_starts_are_activations():
 def seed_mlp():
     import keras
 
-    layers = [keras.layers.Dense(100, activation="relu") for _ in range(4)]
-    return keras.Sequential([keras.Input((1000,)), *layers, keras.layers.Dense(10)])
+    # named, so that the rows' names do not depend on how many Dense layers this process made before (Keras's
+    # default names count per process: "dense", "dense_1", … in a fresh one only)
+    layers = [keras.layers.Dense(100, activation="relu", name=f"dense_{i}") for i in range(4)]
+    return keras.Sequential([keras.Input((1000,)), *layers, keras.layers.Dense(10, name="dense_4")])
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +153,7 @@ def test_seed_mlp_keeps_each_hidden_relu_output_and_the_loss_gradient(seed):
     # next layer's weight gradient read it: 256×100 fp32 kept per hidden layer. The logits die in the
     # loss; SparseSoftmaxCrossEntropyWithLogits' backprop output (256×10) is kept for the gradient.
     rows = {row.name: row for row in seed.layers}
-    for name in ("dense", "dense_1", "dense_2", "dense_3"):
+    for name in ("dense_0", "dense_1", "dense_2", "dense_3"):
         assert rows[name].activation_bytes == 256 * 100 * 4
         assert rows[name].output_shape == (256, 100)
     assert rows["dense_4"].activation_bytes == 0
