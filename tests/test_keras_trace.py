@@ -226,7 +226,7 @@ def test_embedding_model_densifies_its_gradient():
 def test_lstm_loop_accumulators_are_sized_from_the_loop_body():
     def build():
         import keras
-        return keras.Sequential([keras.Input((20, 8)), keras.layers.LSTM(32), keras.layers.Dense(10)])
+        return keras.Sequential([keras.Input((20, 8)), keras.layers.LSTM(32, name="lstm"), keras.layers.Dense(10)])
 
     traced = _trace(build, batch_size=4)
     assert traced.parameters == 4 * (8 * 32 + 32 * 32 + 32) + 32 * 10 + 10
