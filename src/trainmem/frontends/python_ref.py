@@ -65,19 +65,3 @@ def load_factory(ref: str) -> Any:
                             f"{type(factory).__name__ if factory is not None else 'nothing'}", where=short(ref))
     return factory
 
-
-def from_python_ref(ref: str):
-    from trainmem.frontends import ModelSource
-
-    factory = load_factory(ref)
-
-    def build() -> Any:
-        try:
-            return factory()
-        except SystemExit as stop:  # a script's habit; here it would end trainmem with the factory's code
-            raise ModelRefError(f"expected the factory to return an nn.Module, it called sys.exit({quote(stop.code)})",
-                                where=short(ref)) from None
-        except Exception as error:  # noqa: BLE001
-            raise ModelRefError(f"the factory raised {type(error).__name__}: {one_line(error)}", where=short(ref)) from error
-
-    return ModelSource(ref=ref, name=ref.rpartition(":")[2], build=build)
