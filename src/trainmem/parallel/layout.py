@@ -1,0 +1,207 @@
+"""How a training run is laid out over ranks: the data-parallel kind (DDP, FSDP, HSDP, ZeRO 1/2/3), the degrees
+of data, tensor and pipeline parallelism, offload, micro-batches and the knobs that move memory. No torch here:
+the CLI, TOML files and the planner build and check this before anything is traced.
+
+Ranks are numbered as torch's `init_device_mesh(..., (pp, dp, tp))` numbers them (torchtitan's order, tensor
+parallel innermost so that a TP group stays inside a node): rank = (pp_index * dp + dp_index) * tp + tp_index.
+`--batch-size` is the batch each data-parallel rank sees per optimizer micro-step (torchtitan's local batch); with
+pipeline parallelism that batch is split into `microbatches` micro-batches by the schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from trainmem.errors import SetupError
+
+
+class Strategy(enum.StrEnum):
+    NONE = "none"  # one process, no torch.distributed
+    DDP = "ddp"  # DistributedDataParallel: full replica, gradients all-reduced in buckets
+    FSDP = "fsdp"  # FSDP2 fully_shard over all data-parallel ranks
+    HSDP = "hsdp"  # FSDP2 on a 2-D mesh: shard inside a node, replicate across nodes
+    ZERO1 = "zero1"  # optimizer state sharded
+    ZERO2 = "zero2"  # + gradients sharded
+    ZERO3 = "zero3"  # + parameters sharded
+    TP = "tp"  # DTensor tensor parallelism (parallelize_module)
+    PP = "pp"  # torch.distributed.pipelining
+
+
+DATA_PARALLEL = (Strategy.DDP, Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+
+
+class Offload(enum.StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # optimizer state (and its step) in host RAM
+    PARAMS = "params"  # sharded parameters, gradients and optimizer state in host RAM (FSDP2 CPUOffloadPolicy)
+
+
+class Schedule(enum.StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+
+
+class FsdpWrap(enum.StrEnum):
+    AUTO = "auto"  # each repeated block, else each top-level child with parameters; then the root
+    BLOCKS = "blocks"  # each repeated block only, then the root
+    CHILDREN = "children"  # each top-level child with parameters, then the root
+    ROOT = "root"  # the root alone: one all-gather of everything
+
+
+MAX_WORLD_SIZE = 1 << 20  # a million ranks: beyond any cluster; bounds the per-rank bookkeeping
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelLayout:
+    """The layout of one run. The default is one process without torch.distributed."""
+
+    strategy: Strategy = Strategy.NONE  # the data-parallel kind (or tp / pp alone)
+    world_size: int = 1
+    dp: int = 1  # data-parallel degree (for hsdp: replicate x shard)
+    tp: int = 1
+    pp: int = 1
+    dp_shard: int | None = None  # hsdp: ranks that shard (default: gpus_per_node / (tp), capped by dp)
+    gpus_per_node: int = 8
+    offload: Offload = Offload.NONE
+    microbatches: int | None = None  # pipeline micro-batches per step (None: pp, the least that fills the pipe)
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    stages_per_rank: int = 2  # interleaved 1F1B's virtual stages per rank
+    ddp_bucket_mb: float = 25.0  # DistributedDataParallel(bucket_cap_mb=25) default
+    gradient_as_bucket_view: bool = False  # DDP default False: grads are copied into the buckets
+    reshard_after_forward: bool = True  # FSDP2 fully_shard default
+    fsdp_prefetch: int = 1  # modules all-gathered ahead (FSDP2's implicit prefetch is one)
+    fsdp_wrap: FsdpWrap = FsdpWrap.AUTO
+    zero3_prefetch_bucket: int = 50_000_000  # DeepSpeed stage3_prefetch_bucket_size default (elements)
+    zero3_persistence_threshold: int = 100_000  # DeepSpeed stage3_param_persistence_threshold default (elements)
+
+    def __post_init__(self) -> None:
+        for name, enum_type in (("strategy", Strategy), ("offload", Offload), ("schedule", Schedule),
+                                ("fsdp_wrap", FsdpWrap)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, enum_type(value))
+            except ValueError:
+                choices = ", ".join(item.value for item in enum_type)
+                raise SetupError(f"expected one of {choices}, got {value!r}", where=f"--{name.replace('_', '-')}") from None
+        for name in ("world_size", "dp", "tp", "pp", "gpus_per_node", "stages_per_rank", "fsdp_prefetch"):
+            _positive_int(getattr(self, name), f"--{name.replace('_', '-')}", allow_zero=name == "fsdp_prefetch")
+        for name in ("zero3_prefetch_bucket", "zero3_persistence_threshold"):
+            _positive_int(getattr(self, name), f"--{name.replace('_', '-')}", allow_zero=True)
+        if self.microbatches is not None:
+            _positive_int(self.microbatches, "--microbatches")
+        if self.dp_shard is not None:
+            _positive_int(self.dp_shard, "--dp-shard")
+        if isinstance(self.ddp_bucket_mb, bool) or not isinstance(self.ddp_bucket_mb, (int, float)) \
+                or not 0 < self.ddp_bucket_mb < 1 << 20:
+            raise SetupError(f"expected a bucket size in MB above 0, got {self.ddp_bucket_mb!r}", where="--ddp-bucket-mb")
+        for name in ("gradient_as_bucket_view", "reshard_after_forward"):
+            if not isinstance(getattr(self, name), bool):
+                raise SetupError(f"expected true or false, got {getattr(self, name)!r}", where=f"--{name.replace('_', '-')}")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise SetupError(f"expected a world size of at most {MAX_WORLD_SIZE:,}, got {self.world_size:,}",
+                             where="--world-size")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or self.strategy != Strategy.NONE
+
+    @property
+    def data_parallel(self) -> Strategy | None:
+        """The data-parallel kind over the dp dimension, None when dp is 1 and no such kind was named."""
+        return self.strategy if self.strategy in DATA_PARALLEL else None
+
+    @property
+    def hsdp_shard(self) -> int:
+        """HSDP's shard degree: --dp-shard, else the data-parallel ranks of one node (gpus_per_node / tp)
+        capped by dp; the replicate degree is dp / this."""
+        if self.dp_shard is not None:
+            return self.dp_shard
+        return max(1, min(self.dp, self.gpus_per_node // self.tp))
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp index, dp index, tp index) of a rank, in init_device_mesh's row-major order (module docstring)."""
+        tp_index = rank % self.tp
+        dp_index = (rank // self.tp) % self.dp
+        return rank // (self.tp * self.dp), dp_index, tp_index
+
+    def rank_of(self, pp_index: int, dp_index: int, tp_index: int) -> int:
+        return (pp_index * self.dp + dp_index) * self.tp + tp_index
+
+    def resolve(self) -> ParallelLayout:
+        """The layout with dp, tp, pp and world_size made consistent (see _resolved). Idempotent."""
+        return _resolved(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (str(v) if isinstance(v, enum.Enum) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+
+def _positive_int(value: Any, where: str, allow_zero: bool = False) -> None:
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SetupError(f"expected a whole number of at least {low}, got {value!r}", where=where)
+
+
+# Which degree --world-size fills when only the strategy names it: the dimension that strategy splits.
+_FREE_DIMENSION = {**{kind: "dp" for kind in DATA_PARALLEL}, Strategy.TP: "tp", Strategy.PP: "pp"}
+# Sharded data-parallel kinds: what an offload moves to host RAM exists per rank only there (FSDP2's
+# CPUOffloadPolicy, DeepSpeed's offload_optimizer / offload_param); DDP keeps full replicas on the device.
+OFFLOAD_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+
+
+def _resolved(layout: ParallelLayout) -> ParallelLayout:
+    """`--strategy fsdp --world-size 8` -> dp 8; `--strategy tp --world-size 8` -> tp 8; `--dp 16 --tp 8 --pp 4`
+    -> world 512 with FSDP over dp (torchtitan's default data parallelism); then every check that needs
+    the degrees together. A degree of 1 counts as not given."""
+    degrees = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp}
+    product = layout.dp * layout.tp * layout.pp
+    free = _FREE_DIMENSION.get(layout.strategy)
+    if layout.world_size > 1 and product == 1 and free is None:
+        raise SetupError(f"expected --strategy (ddp|fsdp|hsdp|zero1|zero2|zero3|tp|pp) or --dp/--tp/--pp with "
+                         f"--world-size {layout.world_size}, got neither", where="--world-size")
+    if layout.world_size > 1 and product != layout.world_size:
+        if free is None or degrees[free] != 1 or layout.world_size % product:
+            raise SetupError(f"expected --world-size = dp x tp x pp = {product:,}, got {layout.world_size:,}",
+                             where="--world-size")
+        degrees[free] = layout.world_size // product
+    world = degrees["dp"] * degrees["tp"] * degrees["pp"]
+    if world > MAX_WORLD_SIZE:
+        raise SetupError(f"expected at most {MAX_WORLD_SIZE:,} ranks, got dp x tp x pp = {world:,}", where="--dp")
+    strategy = layout.strategy
+    if degrees["dp"] > 1 and strategy not in DATA_PARALLEL:
+        strategy = Strategy.FSDP  # torchtitan shards the dp dimension with FSDP2 unless told otherwise
+    elif strategy == Strategy.NONE and world > 1:
+        strategy = Strategy.TP if degrees["tp"] > 1 else Strategy.PP
+    resolved = dataclasses.replace(layout, strategy=strategy, world_size=world, **degrees)
+    _check_together(resolved)
+    if resolved.pp > 1 and resolved.microbatches is None:
+        resolved = dataclasses.replace(resolved, microbatches=resolved.pp)  # the least that fills the pipe
+    return resolved
+
+
+def _check_together(layout: ParallelLayout) -> None:
+    """What the degrees, strategy and knobs must agree on; each refusal names the flag to change."""
+    if layout.strategy == Strategy.TP and layout.tp == 1:
+        raise SetupError("expected --tp or --world-size above 1 with --strategy tp, got 1 rank", where="--strategy")
+    if layout.strategy == Strategy.PP and layout.pp == 1:
+        raise SetupError("expected --pp or --world-size above 1 with --strategy pp, got 1 rank", where="--strategy")
+    if layout.microbatches is not None and layout.pp == 1:
+        raise SetupError(f"expected --pp above 1 with --microbatches (micro-batches are a pipeline schedule's), "
+                         f"got --microbatches {layout.microbatches} without a pipeline", where="--microbatches")
+    if layout.pp > 1 and layout.microbatches is not None and layout.microbatches < layout.pp:
+        raise SetupError(f"expected at least --pp ({layout.pp}) micro-batches so that every stage has work, got "
+                         f"{layout.microbatches}", where="--microbatches")
+    if layout.offload != Offload.NONE and layout.strategy not in OFFLOAD_KINDS:
+        raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|zero1|zero2|zero3) with --offload, "
+                         f"got --strategy {layout.strategy}", where="--offload")
+    if layout.strategy == Strategy.HSDP:
+        shard = layout.hsdp_shard
+        if shard > layout.dp or layout.dp % shard:
+            raise SetupError(f"expected --dp-shard dividing the data-parallel degree {layout.dp}, got {shard}",
+                             where="--dp-shard")
+    elif layout.dp_shard is not None:
+        raise SetupError(f"expected --strategy hsdp with --dp-shard, got --strategy {layout.strategy}",
+                         where="--dp-shard")
