@@ -110,3 +110,17 @@ def device_constructors() -> set:
     from torch.utils._device import _device_constructors
 
     return _device_constructors()
+
+
+# ---- the fake process group (parallel/world.py) ----
+def fake_store():
+    """The in-memory store of the "fake" process-group backend: every collective returns at once without
+    touching data (torch.testing._internal.distributed.fake_pg, which also registers the backend)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def flatten_mesh(mesh, name: str):
+    """A multi-dimensional DeviceMesh as one dimension (DeviceMesh._flatten, what FSDP2's HSDP uses itself)."""
+    return mesh._flatten(name)

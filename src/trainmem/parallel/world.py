@@ -1,0 +1,88 @@
+"""A fake torch.distributed world of any size, in this one process, for tracing one rank.
+
+`fake_world(layout, rank)` starts the "fake" process-group backend (collectives return at once and never
+touch data) as `rank` of `layout.world_size` ranks, and builds the device mesh torchtitan builds:
+`init_device_mesh("cpu", (pp, dp, tp))` with named dimensions, HSDP's dp split as (dp_replicate, dp_shard).
+Building the mesh creates its sub-groups lazily over the fake backend: world 1,024 (pp 4 x dp 32 x tp 8)
+takes about 0.04 s here (measured with torch 2.13, /tmp/h1_mesh.py: init 0.6 ms, mesh 43 ms). The group
+is destroyed when the block ends, also on error, so that the next trace starts from nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from trainmem.errors import SetupError
+from trainmem.parallel.layout import ParallelLayout, Strategy
+
+
+@dataclasses.dataclass
+class World:
+    """One rank's view of the fake world: its coordinates and the meshes the strategies take."""
+
+    layout: ParallelLayout
+    rank: int
+    mesh: Any  # torch DeviceMesh over "cpu", dims ("pp", "dp", "tp") or ("pp", "dp_replicate", "dp_shard", "tp")
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+
+    @property
+    def dp_dims(self) -> tuple[str, ...]:
+        return ("dp_replicate", "dp_shard") if self.layout.strategy == Strategy.HSDP else ("dp",)
+
+    def dp_mesh(self):
+        """The data-parallel mesh fully_shard takes: 1-D, or 2-D (replicate, shard) for HSDP."""
+        dims = self.dp_dims
+        return self.mesh[dims[0]] if len(dims) == 1 else self.mesh[dims]
+
+    def tp_mesh(self):
+        return self.mesh["tp"]
+
+    def pp_mesh(self):
+        return self.mesh["pp"]
+
+    def dp_group(self):
+        """The process group over every data-parallel peer (for HSDP: replicate x shard flattened)."""
+        from trainmem.trace.torch_private import flatten_mesh
+
+        mesh = self.dp_mesh()
+        return mesh.get_group() if mesh.ndim == 1 else flatten_mesh(mesh, "dp_flat").get_group()
+
+    def pp_group(self):
+        return self.pp_mesh().get_group()
+
+
+def mesh_shape(layout: ParallelLayout) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The mesh's shape and dimension names: (pp, dp, tp), or (pp, dp_replicate, dp_shard, tp) for HSDP."""
+    if layout.strategy == Strategy.HSDP:
+        shard = layout.hsdp_shard
+        return (layout.pp, layout.dp // shard, shard, layout.tp), ("pp", "dp_replicate", "dp_shard", "tp")
+    return (layout.pp, layout.dp, layout.tp), ("pp", "dp", "tp")
+
+
+@contextlib.contextmanager
+def fake_world(layout: ParallelLayout, rank: int) -> Iterator[World]:
+    """The fake process group as `rank` of a resolved layout, with its mesh; destroyed at exit."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainmem.trace.torch_private import fake_store
+
+    layout = layout.resolve()
+    if not 0 <= rank < layout.world_size:
+        raise SetupError(f"expected a rank in 0..{layout.world_size - 1}, got {rank}", where="rank")
+    if dist.is_initialized():
+        raise SetupError("expected no process group in this process (trainmem starts a fake one per traced "
+                         "rank), got one already initialized", where="torch.distributed")
+    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=layout.world_size)
+    try:
+        shape, names = mesh_shape(layout)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        pp_rank, dp_rank, tp_rank = layout.coords(rank)
+        yield World(layout, rank, mesh, pp_rank, dp_rank, tp_rank)
+    finally:
+        dist.destroy_process_group()
