@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import (  # noqa: F401 - re-exported
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401 - re-exported
+from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes  # noqa: F401 - parallel/ddp.py
 from torch.utils._pytree import tree_leaves  # noqa: F401 - re-exported
 
 FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
