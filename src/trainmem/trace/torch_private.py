@@ -67,6 +67,13 @@ def profiler_memory_events(prof) -> list[tuple[int, int]]:
             if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
 
 
+def profiler_memory_events_threads(prof) -> list[tuple[int, int, int]]:
+    """The same with the profiler's id of the thread that made each event (measure/dist_child.py: gloo
+    allocates on its worker threads)."""
+    return [(e.start_ns(), e.nbytes(), e.start_thread_id()) for e in prof.profiler.kineto_results.events()
+            if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+
+
 # ---- dispatcher internals for CUDA autocast on a CPU trace (trace/cuda_autocast.py) ----
 def call_as_fallthrough(op, args: tuple, kwargs: dict):
     """Call `op` as if its AutocastCPU kernel were a fallthrough: a composite op is decomposed with
