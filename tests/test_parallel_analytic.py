@@ -64,6 +64,7 @@ def test_korthikanti_table_2_for_gpt3_175b():
     assert activation_bytes_per_layer(s, b, h, a, t=t, sequence_parallel=True, recompute="selective") \
         == sbh * 34 // t == 106_954_752
     assert activation_bytes_per_layer(s, b, h, a, t=t, recompute="full") == 2 * sbh
+    assert activation_bytes_per_layer(s, b, h, a, t=t, sequence_parallel=True, recompute="full") == 2 * sbh // t
 
 
 def test_megatron_input_output_terms():

@@ -99,12 +99,13 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, seque
       tensor parallel                 sbh(10 + 24/t + 5as/(ht))
       tensor + sequence parallel      sbh/t · (34 + 5as/h)
       selective recomputation         sbh(10 + 24/t) (TP), sbh·34/t (TP + SP)
-      full recomputation              2sbh (the layer's input only)."""
+      full recomputation              2sbh (the layer's input only); with sequence parallelism that input is
+                                      itself split over the t ranks, 2sbh/t (the table gives the unsplit 2sbh)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"expected recompute in {RECOMPUTE}, got {recompute!r}")
     sbh = s * b * h
     if recompute == "full":
-        return 2 * sbh
+        return math.ceil(2 * sbh / t) if sequence_parallel else 2 * sbh
     attention = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
     if sequence_parallel:
         return math.ceil(sbh * (34 / t + attention))
