@@ -1,0 +1,189 @@
+"""FSDP2 (`fully_shard`) and HSDP, traced for real: torch's own fully_shard runs on the meta-built model over
+the fake process group's data-parallel mesh (2-D, replicate x shard, for HSDP), so sharded parameters, the
+all-gather buffers and unsharded parameters, the reduce-scatter buffers and sharded gradients are made and
+freed by FSDP2's own code (torch/distributed/fsdp/_fully_shard, torch 2.13).
+
+Wrapping (`--fsdp-wrap`): `auto` shards each repeated block (the children with parameters of a ModuleList or
+Sequential when there are at least two and all have the same class: transformer layers, a stack of Linear
+layers), else each top-level child with parameters, then the root (torchtitan's apply_fsdp shards each
+transformer block, then the model); `blocks`, `children` and `root` choose one of those alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainmem.errors import SetupError
+from trainmem.parallel.layout import FsdpWrap, Offload, ParallelLayout, Strategy
+
+SHARDED_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
+
+
+def on_meta(model: nn.Module, ctx: Any) -> nn.Module:
+    """fully_shard each wrapping unit, then the root, with the layout's knobs."""
+    layout = ctx.layout
+    ctx.notes.extend(shard(model, ctx, reshard_after_forward=layout.reshard_after_forward,
+                           prefetch=layout.fsdp_prefetch))
+    return model
+
+
+def on_fake(model: nn.Module, ctx: Any):
+    """Nothing to wrap after materialization; with --offload, which tensors live in host RAM."""
+    from trainmem.parallel import offload
+    from trainmem.parallel.apply import Parallelized
+
+    return offload.parallelized(model, ctx) if ctx.layout.offload != Offload.NONE else Parallelized(model)
+
+
+def shard(model: nn.Module, ctx: Any, *, reshard_after_forward: bool, prefetch: int,
+          ignored_params: set[nn.Parameter] | None = None, units: list[nn.Module] | None = None) -> list[str]:
+    """fully_shard the units (default: the layout's wrap policy's) and the root; returns the notes to print."""
+    from torch.distributed.fsdp import fully_shard
+
+    layout = ctx.layout
+    mp_policy, mp_note = mixed_precision(ctx.setup)
+    kwargs = dict(mesh=ctx.world.dp_mesh(), mp_policy=mp_policy, offload_policy=offload_policy(layout),
+                  ignored_params=ignored_params or None)
+    units = wrap_units(model, layout.fsdp_wrap) if units is None else units
+    for unit in units:
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    set_prefetch(units, prefetch)
+    names = {id(m): name for name, m in model.named_modules()}
+    listed = ", ".join(names[id(u)] for u in units[:3]) + (", …" if len(units) > 3 else "")
+    kind = "HSDP (replicate x shard mesh)" if layout.strategy == Strategy.HSDP else "FSDP2"
+    notes = [f"{kind}: fully_shard on {len(units)} unit(s) ({listed or 'none'}) then the root "
+             f"(--fsdp-wrap {layout.fsdp_wrap}); reshard_after_forward={reshard_after_forward}; "
+             f"prefetch {prefetch} module(s) ahead"]
+    return notes + ([mp_note] if mp_note else [])
+
+
+def wrap_units(model: nn.Module, policy: FsdpWrap | str) -> list[nn.Module]:
+    """The modules fully_shard wraps before the root, in forward (registration) order."""
+    policy = FsdpWrap(policy)
+    if policy == FsdpWrap.ROOT:
+        return []
+    blocks = repeated_blocks(model) if policy in (FsdpWrap.AUTO, FsdpWrap.BLOCKS) else []
+    if blocks or policy == FsdpWrap.BLOCKS:
+        return blocks
+    return [child for child in model.children() if _has_parameters(child)]
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """Children with parameters of every ModuleList/Sequential whose parameterized children (at least two)
+    share one class; the search does not descend into a block found."""
+    found: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if isinstance(child, (nn.ModuleList, nn.Sequential)):
+                members = [m for m in child.children() if _has_parameters(m)]
+                if len(members) >= 2 and len({type(m) for m in members}) == 1:
+                    found.extend(members)
+                    continue
+            visit(child)
+
+    if isinstance(model, (nn.ModuleList, nn.Sequential)):  # the root itself is the stack
+        members = [m for m in model.children() if _has_parameters(m)]
+        if len(members) >= 2 and len({type(m) for m in members}) == 1:
+            return members
+    visit(model)
+    return found
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def set_prefetch(units: list[nn.Module], count: int) -> None:
+    """FSDP2 prefetches one module implicitly (the next in backward; the all-gather of the next in forward is
+    issued when its forward starts). Above one, each unit all-gathers the next `count` units in forward and
+    the previous `count` in backward (set_modules_to_forward_prefetch / set_modules_to_backward_prefetch,
+    torchtitan's explicit prefetch pattern)."""
+    if count <= 1 or len(units) < 2:
+        return
+    for index, unit in enumerate(units):
+        unit.set_modules_to_forward_prefetch(units[index + 1:index + 1 + count])
+        unit.set_modules_to_backward_prefetch(list(reversed(units[max(0, index - count):index])))
+
+
+def mixed_precision(setup: Any) -> tuple[Any, str]:
+    """FSDP2's MixedPrecisionPolicy for the setup's precision: bf16-mixed is torchtitan's default
+    (param_dtype=bfloat16 all-gathered and computed in, reduce_dtype=float32 for the reduce-scatter)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from trainmem.setup import Precision
+
+    precision = getattr(setup, "precision", Precision.FP32)
+    if precision == Precision.BF16_MIXED:
+        return (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                "FSDP2 mixed precision: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), "
+                "torchtitan's default: fp32 sharded parameters, bf16 unsharded parameters")
+    if precision == Precision.FP16_MIXED:
+        return (MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32),
+                "FSDP2 mixed precision: MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float32)")
+    return MixedPrecisionPolicy(), ""
+
+
+def offload_policy(layout: ParallelLayout) -> Any:
+    """CPUOffloadPolicy for --offload params. pin_memory=False: a fake tensor cannot be pinned
+    (aten._pin_memory has no fake kernel); pinning copies each shard once at construction, the same bytes
+    in host RAM afterwards."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=False) if layout.offload == Offload.PARAMS else OffloadPolicy()
+
+
+# ---- which data-parallel indices hold the same sizes ---------------------------------------------------
+def chunk_rows(rows: int, ranks: int) -> list[int]:
+    """Rows of dim 0 each rank holds under torch.chunk(rows, ranks) padded with empty chunks
+    (_fsdp_common._chunk_with_empty): ceil(rows / ranks) each until the rows run out."""
+    size = math.ceil(rows / ranks) if rows else 0
+    return [max(0, min(size, rows - index * size)) for index in range(ranks)]
+
+
+def local_numels(shape: tuple[int, ...], ranks: int) -> list[int]:
+    """Elements of a parameter's local (unpadded) shard on each shard index. FSDP2 pads every rank's sharded
+    parameter storage to chunk 0's size (_fsdp_param.py: padded_sharded_param = new_zeros(chunks[0].size())),
+    and the sharded gradient is a view of the padded reduce-scatter output: those are equal on every rank;
+    the optimizer state (zeros_like of the unpadded local view) is what differs."""
+    if not shape:
+        return [1] + [0] * (ranks - 1)
+    inner = math.prod(shape[1:])
+    return [rows * inner for rows in chunk_rows(shape[0], ranks)]
+
+
+def dp_index_classes(model_on_meta: nn.Module, layout: ParallelLayout) -> list[tuple[int, ...]]:
+    """Groups of data-parallel indices whose local shards (or ZeRO-1 partitions) have the same sizes."""
+    layout = layout.resolve()
+    kind = layout.data_parallel
+    if kind is None or layout.dp == 1 or kind == Strategy.DDP:
+        return [tuple(range(layout.dp))]
+    if kind == Strategy.ZERO1:
+        from trainmem.parallel.zero import zero1_classes
+
+        return zero1_classes(model_on_meta, layout)
+    if kind not in SHARDED_KINDS:
+        raise SetupError(f"expected a data-parallel strategy, got {kind}", where="--strategy")
+    shard = layout.hsdp_shard if kind == Strategy.HSDP else layout.dp
+    shapes = _shard_shapes(model_on_meta, layout.tp)
+    signatures: dict[tuple, list[int]] = {}
+    per_shard = [tuple(local_numels(s, shard)[i] for s in shapes) for i in range(shard)]
+    for index in range(layout.dp):
+        # mesh (dp_replicate, dp_shard) in row-major order: the shard index is the inner one
+        signatures.setdefault(per_shard[index % shard], []).append(index)
+    return [tuple(group) for group in signatures.values()]
+
+
+def _shard_shapes(model: nn.Module, tp: int) -> list[tuple[int, ...]]:
+    """Each distinct parameter's shape; with tensor parallelism also the shape with dim 0 split tp ways
+    (a column-wise TP shard, which FSDP2 then chunks): a class that holds for both holds for either."""
+    unique = {id(p): p for p in model.parameters()}.values()
+    shapes = [tuple(p.shape) for p in unique]
+    if tp > 1:
+        shapes += [(s[0] // tp, *s[1:]) for s in shapes if s and s[0] % tp == 0]
+    return shapes

@@ -1,0 +1,142 @@
+"""ZeRO stages 1, 2 and 3, traced through torch's own mechanisms (DeepSpeed is not installed here):
+
+- zero1: DistributedDataParallel (parallel/ddp.py: full parameters, full gradients in all-reduced buckets)
+  with `torch.distributed.optim.ZeroRedundancyOptimizer`, which gives each rank the optimizer state of a
+  greedy, size-sorted partition of the parameters (zero_redundancy_optimizer.py `_partition_parameters`) and
+  broadcasts each rank's updated parameters after its local step (`_sync_params`, in place: no buffer).
+- zero2: FSDP2 fully_shard with reshard_after_forward=False: gradients and optimizer state sharded,
+  parameters kept unsharded from forward to backward (FSDP2's SHARD_GRAD_OP), resharded after backward.
+- zero3: FSDP2 full sharding (reshard_after_forward=True). DeepSpeed's stage3_param_persistence_threshold
+  (parameters of fewer elements stay whole on every rank, zero/partition_parameters.py `ds_persist`) maps
+  onto fully_shard's `ignored_params`: such a parameter stays whole on every rank, and so do its gradient and
+  optimizer state (DeepSpeed still partitions those: this errs high by 2 x state of those small parameters).
+  stage3_prefetch_bucket_size (elements fetched ahead) maps onto FSDP2's explicit prefetch: as many units
+  ahead as the bucket holds, counting the smallest unit (at least one, FSDP2's implicit prefetch).
+
+How torch's mechanisms differ from DeepSpeed's (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py;
+docs: https://deepspeed.readthedocs.io/en/latest/zero3.html): DeepSpeed keeps 16-bit parameters for the
+model and fp32 master weights in the optimizer partition (the 2/2/12 bytes per parameter of the ZeRO paper's
+16Ψ), while torch trains the parameters in their own dtype (fp32 with autocast: no separate master copy);
+ZeRO-1/2 reduce into contiguous gradient buffers with `reduce_bucket_size` = 5e8 elements and
+`allgather_bucket_size` = 5e8 by default (stage_1_and_2.py), and ZeRO-2 keeps the full 16-bit parameters at
+all times, where FSDP2 reshards after backward; DDP's buckets default to 25 MiB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainmem.parallel import fsdp
+from trainmem.parallel.layout import Offload, ParallelLayout, Strategy
+
+DEEPSPEED_NOTE = ("zero1/2/3 are traced through torch's own mechanisms (DeepSpeed is not installed): zero1 = DDP + "
+                  "ZeroRedundancyOptimizer, zero2 = FSDP2 reshard_after_forward=False, zero3 = FSDP2 full "
+                  "sharding; DeepSpeed differs: fp32 master weights beside 16-bit parameters, contiguous "
+                  "gradient buffers, 5e8-element reduce buckets, ZeRO-2 keeps full parameters all the time")
+
+
+def on_meta(model: nn.Module, ctx: Any) -> nn.Module:
+    layout = ctx.layout
+    if layout.strategy == Strategy.ZERO2:
+        ctx.notes.extend(fsdp.shard(model, ctx, reshard_after_forward=False, prefetch=layout.fsdp_prefetch))
+    elif layout.strategy == Strategy.ZERO3:
+        ctx.notes.extend(_zero3(model, ctx))
+    return model
+
+
+def _zero3(model: nn.Module, ctx: Any) -> list[str]:
+    """Full sharding with the persistence threshold and the prefetch bucket (module docstring). With a
+    mixed-precision policy an ignored parameter would stay fp32 beside bf16 unsharded ones (F.linear refuses
+    mixed dtypes), so there the small units are not sharded on their own but with their parent instead."""
+    layout = ctx.layout
+    threshold = layout.zero3_persistence_threshold
+    units = fsdp.wrap_units(model, layout.fsdp_wrap)
+    mixed = fsdp.mixed_precision(ctx.setup)[1] != ""
+    if mixed:
+        persistent: set[nn.Parameter] = set()
+        small = [u for u in units if sum(p.numel() for p in u.parameters()) < threshold]
+        units = [u for u in units if u not in small]
+        how = (f"{len(small)} unit(s) below the persistence threshold ({threshold:,} elements) sharded with "
+               f"their parent, not on their own (ignored_params would keep them fp32 beside bf16 parameters)")
+    else:
+        persistent = persistent_params(model, threshold)
+        how = (f"{len(persistent)} parameter(s) below the persistence threshold ({threshold:,} elements) kept "
+               f"whole on every rank (fully_shard ignored_params; their gradients and optimizer state too)")
+    prefetch = prefetch_count(units, layout.zero3_prefetch_bucket, persistent)
+    notes = fsdp.shard(model, ctx, reshard_after_forward=True, prefetch=prefetch, ignored_params=persistent,
+                       units=units)
+    return notes + [f"zero3: {how}; prefetch bucket {layout.zero3_prefetch_bucket:,} elements -> {prefetch} "
+                    f"unit(s) ahead"]
+
+
+def on_fake(model: nn.Module, ctx: Any):
+    """zero1: DDP + ZeroRedundancyOptimizer; zero2/3: offload labels when asked."""
+    from trainmem.parallel import ddp, offload
+    from trainmem.parallel.apply import Parallelized
+
+    layout = ctx.layout
+    if layout.strategy != Strategy.ZERO1:
+        result = offload.parallelized(model, ctx) if layout.offload != Offload.NONE else Parallelized(model)
+        result.notes.append(DEEPSPEED_NOTE)
+        return result
+    wrapped, buckets = ddp.wrap(model, ctx)
+    factory = zero1_factory(ctx)
+    result = offload.parallelized(wrapped, ctx, factory)
+    if layout.offload == Offload.NONE:
+        result.host_tensors = None
+        result.notes = []
+    result.communication_tensors = buckets.tensors
+    result.notes += ddp.notes(layout) + [DEEPSPEED_NOTE]
+    return result
+
+
+def zero1_factory(ctx: Any):
+    """(params, setup) -> ZeroRedundancyOptimizer over the data-parallel group, stepping the optimizer class
+    and hyper-parameters the setup would use alone."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from trainmem.trace import step
+
+    def make(params: Any, setup: Any) -> torch.optim.Optimizer:
+        params = list(params)
+        template = step.make_optimizer(params, setup, getattr(ctx, "cuda_semantics", False))
+        defaults = {k: v for k, v in template.defaults.items() if k not in ("params",)}
+        return ZeroRedundancyOptimizer(params, optimizer_class=type(template), process_group=ctx.world.dp_group(),
+                                       **defaults)
+
+    return make
+
+
+def persistent_params(model: nn.Module, threshold: int) -> set[nn.Parameter]:
+    """Parameters of fewer than `threshold` elements (DeepSpeed: param.ds_numel < param_persistence_threshold)."""
+    return {p for p in model.parameters() if p.numel() < threshold}
+
+
+def prefetch_count(units: list[nn.Module], bucket: int, persistent: set[nn.Parameter]) -> int:
+    """Units ahead whose elements fit in the prefetch bucket, counting the smallest unit (so never fewer
+    prefetched than DeepSpeed's bucket allows); at least 1, at most the units after the first."""
+    sizes = [sum(p.numel() for p in unit.parameters() if p not in persistent) for unit in units]
+    sizes = [size for size in sizes if size > 0]
+    if len(sizes) < 2:
+        return 1
+    return max(1, min(len(sizes) - 1, bucket // min(sizes)))
+
+
+def zero1_classes(model: nn.Module, layout: ParallelLayout) -> list[tuple[int, ...]]:
+    """dp indices grouped by the sizes of their ZeroRedundancyOptimizer partition: parameters sorted by
+    numel, largest first (a stable sort), each to the rank with the fewest elements so far, the first such
+    rank on ties (zero_redundancy_optimizer.py _partition_parameters / _get_min_index); one param group."""
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
+    sizes = [0] * layout.dp
+    held: list[list[tuple[int, str]]] = [[] for _ in range(layout.dp)]
+    for param in sorted(params, key=lambda t: t.numel(), reverse=True):
+        rank = sizes.index(min(sizes))
+        held[rank].append((param.numel(), str(param.dtype)))
+        sizes[rank] += param.numel()
+    groups: dict[tuple, list[int]] = {}
+    for index, partition in enumerate(held):
+        groups.setdefault(tuple(sorted(partition)), []).append(index)
+    return [tuple(group) for group in groups.values()]
