@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from trainmem.cli_parallel import add_parallel_flags
 from trainmem.errors import TrainmemError, quote, unknown_key
 
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
@@ -185,14 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add = lambda name, text: commands.add_parser(name, help=text, description=text, epilog=references,  # noqa: E731
                                                  formatter_class=formatter)
-    _add_setup_flags(add("estimate", "estimate training memory"))
+    estimate = add("estimate", "estimate training memory")
+    _add_setup_flags(estimate)
+    add_parallel_flags(estimate)
     measure = add("measure", "run the steps for real and compare with the estimate")
     _add_setup_flags(measure)
+    add_parallel_flags(measure)
     measure.add_argument("--force", action="store_true", default=None,
                          help="run even if the estimate says it will not fit (default: off)")
     measure.add_argument("--runs", type=int, metavar="N", help="fresh processes for RSS (median reported)" + _run_default("runs"))
     fit = add("fit", "the largest batch size (or --max-seq: sequence length) that fits --device")
     _add_setup_flags(fit)
+    add_parallel_flags(fit)
     fit.add_argument("--max-seq", action="store_true", default=None,
                      help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainmem.errors import SetupError, expected, one_line, unknown_key
 from trainmem.files import regular_file
+from trainmem.parallel.layout import ParallelLayout
 from trainmem.trainer_defaults import trainer_optimizer_impl
 
 
@@ -183,8 +184,12 @@ class TrainingSetup:
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
+    parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (parallel/layout.py); resolved here
 
     def __post_init__(self) -> None:
+        if not isinstance(self.parallel, ParallelLayout):
+            raise expected("a ParallelLayout", self.parallel, "parallel")
+        object.__setattr__(self, "parallel", self.parallel.resolve())
         _check_positive_int(self.batch_size, "--batch-size")
         _check_positive_int(self.grad_accum, "--grad-accum")
         if self.batch_size > MAX_ELEMENTS:
@@ -230,6 +235,7 @@ class TrainingSetup:
             raise unknown_key(unknown[0], SETUP_KEYS, where, "setup keys are the CLI flags' names with underscores")
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in names}
+        kwargs.update(_parallel_kwargs(values))
         if kwargs.get("qlora"):
             kwargs = {**QLORA_DEFAULTS, **kwargs}
         if kwargs.get("hf_trainer"):
@@ -290,10 +296,35 @@ class TrainingSetup:
             value = getattr(self, name)
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
+        out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
+        if self.parallel.distributed:
+            out["parallel"] = self.parallel.to_dict()
         return out
 
 
-SETUP_KEYS = frozenset({f.name for f in dataclasses.fields(TrainingSetup)} | {"input_shape", "input_dtype", "input_max"})
+# The layout's fields as flat setup keys (--strategy, --world-size, --dp …): what the CLI and TOML files give.
+PARALLEL_KEYS = frozenset(f.name for f in dataclasses.fields(ParallelLayout))
+
+
+def _parallel_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`parallel` (a ParallelLayout or its to_dict()) or the flat keys, never both; {} when neither is given."""
+    flat = {key: values[key] for key in PARALLEL_KEYS if key in values}
+    given = values.get("parallel")
+    if given is not None and flat:
+        raise expected("either parallel or its flat keys (strategy, world_size, …)", sorted(flat)[0],
+                       f"--{sorted(flat)[0].replace('_', '-')}")
+    if isinstance(given, Mapping):
+        unknown = sorted(set(given) - PARALLEL_KEYS)
+        if unknown:
+            raise unknown_key(unknown[0], PARALLEL_KEYS, "parallel", "the layout's keys are its flags' names")
+        flat = dict(given)
+    elif given is not None:
+        return {"parallel": given}
+    return {"parallel": ParallelLayout(**flat)} if flat else {}
+
+
+SETUP_KEYS = frozenset({f.name for f in dataclasses.fields(TrainingSetup)} | {"input_shape", "input_dtype", "input_max"}
+                       | PARALLEL_KEYS)
 
 # A setup file is a dozen keys: 64 KiB is a thousand times that. Larger is not a setup, and tomllib
 # parses the whole text into memory before anything could be checked.

@@ -64,11 +64,19 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     if _is_keras_source(model):
         from trainmem.estimate.keras_estimate import estimate_keras
 
+        if setup.parallel.distributed:
+            raise SetupError("expected a PyTorch model with --strategy (many ranks are traced with torch.distributed), "
+                             f"got a Keras model {model.name!r}", where="--strategy")
+
         return estimate_keras(model, setup, device, depth=depth, memory_mode=tf_memory, **options)
     if tf_memory is not None:
         raise SetupError(f"expected a Keras model on TensorFlow with --tf-memory, got a PyTorch model {model.name!r}",
                          where="--tf-memory")
     chosen = plan(model, setup, device, depth, **options)
+    if setup.parallel.distributed:  # many ranks: one trace per distinct rank role (estimate/distributed.py)
+        from trainmem.estimate.distributed import estimate_distributed
+
+        return estimate_distributed(chosen, setup)
     est = assemble_traced(chosen, setup, trace(chosen, setup))
     if compare_loop and setup.loop != Loop.LEAN:
         lean = dataclasses.replace(setup, loop=Loop.LEAN)

@@ -1,0 +1,67 @@
+"""The many-GPU flags of estimate, measure and fit (and plan): the layout of parallel/layout.py as options.
+
+argparse's defaults are None ("not given"), as for every other flag (cli.py): the layout's own defaults apply
+when TrainingSetup builds it, and a --setup file's values are overridden only by flags the user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _default(name: str) -> str:
+    import dataclasses
+
+    from trainmem.parallel.layout import ParallelLayout
+
+    field = next(f for f in dataclasses.fields(ParallelLayout) if f.name == name)
+    value = field.default
+    shown = ("on" if value else "off") if isinstance(value, bool) else str(value)
+    return f" (default: {shown})"
+
+
+def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    """--strategy, the degrees and the knobs that move per-rank memory, in a group of their own."""
+    d = _default
+    group = parser.add_argument_group("many GPUs (per-rank memory)")
+    add = group.add_argument
+    add("--strategy", metavar="KIND", help="ddp|fsdp|hsdp|zero1|zero2|zero3|tp|pp; with --dp and no data-parallel "
+        "kind named, fsdp (torchtitan's default)" + d("strategy"))
+    add("--world-size", type=int, metavar="N", help="ranks in all; with --strategy alone it is that strategy's "
+        "degree" + d("world_size"))
+    add("--dp", type=int, metavar="N", help="data-parallel degree" + d("dp"))
+    add("--tp", type=int, metavar="N", help="tensor-parallel degree (DTensor parallelize_module)" + d("tp"))
+    add("--pp", type=int, metavar="N", help="pipeline stages (torch.distributed.pipelining)" + d("pp"))
+    add("--dp-shard", type=int, metavar="N", help="hsdp: ranks that shard (replicated across the rest)"
+        " (default: gpus-per-node / tp, at most dp)")
+    add("--gpus-per-node", type=int, metavar="N", help="ranks per node: host RAM per node, HSDP's shard "
+        "group" + d("gpus_per_node"))
+    add("--offload", metavar="WHAT", help="optimizer|params: keep them in host RAM (reported per rank and per "
+        "node)" + d("offload"))
+    add("--microbatches", type=int, metavar="N", help="pipeline micro-batches per step (default: pp)")
+    add("--schedule", metavar="NAME", help="gpipe|1f1b|interleaved-1f1b" + d("schedule"))
+    add("--stages-per-rank", type=int, metavar="N", help="interleaved-1f1b: virtual stages per rank"
+        + d("stages_per_rank"))
+    add("--ddp-bucket-mb", type=float, metavar="MB", help="DDP bucket_cap_mb" + d("ddp_bucket_mb"))
+    add("--gradient-as-bucket-view", type=_bool, nargs="?", const=True, metavar="true|false",
+        help="DDP: gradients are views into the buckets" + d("gradient_as_bucket_view"))
+    add("--reshard-after-forward", type=_bool, metavar="true|false",
+        help="FSDP: free the unsharded parameters after forward" + d("reshard_after_forward"))
+    add("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
+        help="the same as --reshard-after-forward false (ZeRO-2-like) (default: off)")
+    add("--fsdp-prefetch", type=int, metavar="N", help="FSDP: modules all-gathered ahead" + d("fsdp_prefetch"))
+    add("--fsdp-wrap", metavar="POLICY", help="auto (each repeated block, else each top-level child with "
+        "parameters; then the root) | blocks | children | root" + d("fsdp_wrap"))
+    add("--zero3-prefetch-bucket", type=int, metavar="ELEMENTS", help="ZeRO-3 prefetch bucket size"
+        + d("zero3_prefetch_bucket"))
+    add("--zero3-persistence-threshold", type=int, metavar="ELEMENTS", help="ZeRO-3: parameters this small "
+        "stay unsharded" + d("zero3_persistence_threshold"))
