@@ -90,7 +90,8 @@ def formula(row: dict) -> tuple[int, str]:
                                            sequence_parallel=tp > 1, recompute=recompute)
     acts = megatron_activation_bytes(s, b, shape["hidden_size"], math.ceil(shape["num_hidden_layers"] / pp) * pp,
                                      shape["vocab_size"], t=tp, p=pp, microbatches=m if pp > 1 else None,
-                                     per_layer=per_layer)
+                                     per_layer=per_layer,
+                                     virtual=2 if layout.get("schedule") == "interleaved-1f1b" else None)
     return states + acts, f"{how} {states / GIB:.1f} + activations ({recompute}) {acts / GIB:.1f} GiB"
 
 
@@ -181,7 +182,8 @@ def _differs(row: dict) -> str:
     if "float8" in text:
         notes.append("float8 linears save fp8 copies; trainmem traces bf16")
     if "selective" in text:
-        notes.append("selective per-op AC is not modelled; traced without checkpointing (higher)")
+        notes.append("selective per-op AC is not modelled: traced with full per-block checkpointing (fewer saved "
+                     "activations than selective)")
     if "async TP" in text:
         notes.append("async TP's symmetric-memory buffers are not modelled")
     if row["id"].startswith("tt-"):

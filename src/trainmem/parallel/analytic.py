@@ -113,17 +113,21 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, seque
 
 
 def megatron_activation_bytes(s: int, b: int, h: int, layers: int, vocab: int, t: int = 1, p: int = 1,
-                              microbatches: int | None = None, per_layer: int | None = None) -> int:
+                              microbatches: int | None = None, per_layer: int | None = None,
+                              virtual: int | None = None) -> int:
     """The first pipeline stage's activation bytes as Megatron-LM's compute_activation_memory adds them up:
     `per_layer` × layers (the whole model's layers: with 1F1B the first stage keeps p micro-batches of L/p layers),
     + 8sbp (the int64 token ids of p micro-batches in flight) + sbhp (the embedding dropout mask), scaled by
-    min(1, m/p) when fewer micro-batches than stages, + 4sbh(1 + v/h) (final norm output and fp32 logits for the
-    cross-entropy) when p == 1; all divided by t (tensor and sequence parallelism split each term)."""
+    min(1, m/p) when fewer micro-batches than stages (non-interleaved), or by the interleaved schedule's
+    1 + (p - 1)/(p·virtual) with `virtual` model chunks a rank, + 4sbh(1 + v/h) (final norm output and fp32
+    logits for the cross-entropy) when p == 1; all divided by t (tensor and sequence parallelism split each term)."""
     if per_layer is None:
         per_layer = activation_bytes_per_layer(s, b, h, 1, t=1, sequence_parallel=True, recompute="selective")
     total = per_layer * t * layers  # per_layer is already per rank (/t); Megatron divides once at the end
     total += 8 * s * b * p + s * b * h * p
-    if p > 1 and microbatches is not None:
+    if virtual is not None:
+        total *= 1 + (p - 1) / (p * virtual)
+    elif p > 1 and microbatches is not None:
         total *= min(1.0, microbatches / p)
     if p == 1:
         total += s * b * h * 4 * (1 + vocab / h)
@@ -238,8 +242,10 @@ def _activation_check(est: dict[str, Any], layout: ParallelLayout, config: dict)
     per_layer = activation_bytes_per_layer(s, b, h, a, t=layout.tp, sequence_parallel=False, recompute=recompute)
     # Megatron's sum is 1F1B's first stage: p micro-batches of L/p layers in flight (m/p of that when m < p).
     stage_layers = math.ceil(layers / layout.pp) * layout.pp
+    interleaved = layout.pp > 1 and str(layout.schedule) == "interleaved-1f1b"
     total = megatron_activation_bytes(s, b, h, stage_layers, vocab, t=layout.tp, p=layout.pp,
-                                      microbatches=m if layout.pp > 1 else None, per_layer=per_layer)
+                                      microbatches=m if layout.pp > 1 else None, per_layer=per_layer,
+                                      virtual=layout.stages_per_rank if interleaved else None)
     if layout.pp > 1 and str(layout.schedule) == "gpipe" and m > layout.pp:
         total = total * m // layout.pp  # GPipe runs every forward before any backward: all m micro-batches live
     explanation = (f"s={s}, b={b} a micro-batch, h={h}, a={a}, t={layout.tp}, p={layout.pp}, m={m}, "
