@@ -375,6 +375,11 @@ def _measure(options: Options, setup: Any) -> Outcome:
     from trainmem.measure.cpu import measure
     from trainmem.frontends.keras_ref import is_keras_reference
 
+    if setup.parallel.distributed:
+        from trainmem.cli_parallel import measure_distributed_outcome
+
+        text = measure_distributed_outcome(options, setup)
+        return Outcome(text, EXIT_OK)
     if options.keras_backend != "torch" and (is_keras_reference(options.model, options.framework)
                                              or _keras_factory_file(options)):
         from trainmem.estimate.keras_measured import measure_keras_beside_estimate

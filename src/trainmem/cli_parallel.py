@@ -65,3 +65,25 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         + d("zero3_prefetch_bucket"))
     add("--zero3-persistence-threshold", type=int, metavar="ELEMENTS", help="ZeRO-3: parameters this small "
         "stay unsharded" + d("zero3_persistence_threshold"))
+
+
+def measure_distributed_outcome(options, setup) -> str:
+    """`trainmem measure … --strategy …`: real ranks over gloo on this machine (measure/distributed.py), each
+    rank's measured peaks beside the estimate; the report text (or JSON)."""
+    import importlib
+    import json
+
+    from trainmem.errors import SetupError
+
+    if options.device != "cpu":
+        raise SetupError(f"expected --device cpu for a distributed measurement here (ranks run over gloo on this "
+                         f"machine), got {options.device!r}", where=options.origins.get("device", "--device"))
+    try:
+        module = importlib.import_module("trainmem.measure.distributed")
+    except ModuleNotFoundError as error:
+        if error.name != "trainmem.measure.distributed":
+            raise
+        raise SetupError("expected a single-process setup for measure, got --strategy: distributed measurement is "
+                         "not yet supported (trainmem.measure.distributed is missing)", where="--strategy") from None
+    result = module.measure_distributed(options.model, setup, runs=options.runs)
+    return json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
