@@ -1,0 +1,188 @@
+"""Running the pipeline schedule for one rank inside the fake trace: PipelineStage objects with their
+boundary shapes, the real schedule, and the loop that announces phases to the observer.
+
+Phases: the recorder calls a forward output an activation if it is still alive when backward starts
+(trace/run.py settles that when BACKWARD is announced, over the events since the last FORWARD). A schedule
+interleaves chunks, so each chunk is announced: FORWARD before a forward chunk, LOSS around the last stage's
+loss, and BACKWARD right after each chunk's forward (and loss) ends, which settles that chunk's outputs
+(alive now: saved for its backward or held by the schedule; dead: temporaries), and before each backward chunk.
+Between a chunk's end and the next announcement the schedule only posts sends/receives into buffers it
+allocated at its first step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainmem.errors import SetupError
+from trainmem.parallel.apply import ParallelContext
+from trainmem.trace import step as training
+from trainmem.trace.events import Phase
+from trainmem.trace.torch_private import disable_current_modes
+
+
+class _Vote:
+    """The answer of torch's P2P warm-up vote (PipelineStage._warmup_forward_vote / _warmup_backward_result,
+    torch/distributed/pipelining/stage.py) when every stage was given its input and output shapes: 1, static
+    metadata. Under the fake process group the vote's receive delivers no data and `.item()` has no value."""
+
+    def item(self) -> int:
+        return 1
+
+
+def _fake_world_stage_class():
+    from torch.distributed.pipelining import PipelineStage
+
+    class FakeWorldStage(PipelineStage):
+        def _warmup_forward_vote(self, has_backward, received_acc=None):  # noqa: ARG002
+            return _Vote()
+
+        def _warmup_backward_result(self, received_result=None):  # noqa: ARG002
+            return _Vote()
+
+    return FakeWorldStage
+
+
+def _meta_like(tensor: torch.Tensor, rows: int, grad: bool) -> torch.Tensor:
+    meta = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype, device="meta")
+    return meta.requires_grad_(grad and tensor.is_floating_point())
+
+
+class PipelineRunner:
+    def __init__(self, model: nn.Module, plan: Any, ctx: ParallelContext) -> None:
+        self.model, self.plan, self.ctx = model, plan, ctx
+        self.schedule = None
+        self.stages: list[Any] = []
+        self.step_index = 0
+
+    # ---- stage boundaries -------------------------------------------------------------------------------
+    def _boundaries(self, first_inputs: tuple[torch.Tensor, ...], prepared: Any, setup: Any) -> list[tuple]:
+        """(inputs, outputs) meta tensors of one micro-batch for every stage, from the meta copy of the model
+        run stage by stage outside the fake mode and the recorder (meta tensors: shapes only)."""
+        from trainmem.parallel.pp_split import split_stages
+
+        rows = setup.batch_size // self.plan.microbatches
+        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        with disable_current_modes():
+            meta = self.plan.meta_model.to(dtype) if dtype != torch.float32 else self.plan.meta_model
+            stages = split_stages(meta, self.plan.num_stages)
+            inputs = tuple(_meta_like(t, rows, grad=False) for t in first_inputs)
+            shapes = []
+            with torch.no_grad(), training.autocast_region(prepared, setup):
+                for stage in stages:
+                    out = stage(*inputs)
+                    outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+                    outputs = tuple(_meta_like(o, rows, grad=True) for o in outputs)
+                    shapes.append((inputs, outputs))
+                    inputs = outputs
+        return shapes
+
+    def _stage_modules(self) -> list[nn.Module]:
+        inner = getattr(self.model, "module", self.model)
+        if len(self.plan.stage_indices) == 1:
+            return [self.model]
+        return [inner.stages[str(index)] for index in self.plan.stage_indices]
+
+    def _build(self, first_inputs: tuple, prepared: Any, setup: Any, observer: Any) -> None:
+        from trainmem.parallel.pp import schedule_class
+
+        shapes = self._boundaries(first_inputs, prepared, setup)
+        stage_class = _fake_world_stage_class()
+        group = self.ctx.world.pp_group()
+        for index, module in zip(self.plan.stage_indices, self._stage_modules()):
+            inputs, outputs = shapes[index]
+            stage = stage_class(module, index, self.plan.num_stages, torch.device("cpu"), input_args=inputs,
+                                output_args=outputs, group=group)
+            self._announce(stage, prepared, setup, observer)
+            self.stages.append(stage)
+        cls = schedule_class(self.ctx.layout.schedule)
+        first = self.stages if len(self.stages) > 1 else self.stages[0]
+        try:
+            self.schedule = cls(first, n_microbatches=self.plan.microbatches,
+                                loss_fn=self._loss_fn(prepared, setup, observer))
+        except (ValueError, AssertionError) as error:  # the schedule's own checks (micro-batches vs stages)
+            raise SetupError(f"expected a pipeline layout {cls.__name__} accepts, got: {error}", where="--microbatches") from None
+
+    # ---- what the schedule calls -------------------------------------------------------------------------
+    def _loss_fn(self, prepared: Any, setup: Any, observer: Any):
+        last = self._stage_modules()[-1] if self.stages[-1].is_last else None
+        own = getattr(getattr(last, "module", last), "pipeline_loss", None)
+
+        def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            observer.phase(Phase.LOSS, self.step_index)
+            with training.autocast_region(prepared, setup):
+                if own is not None:
+                    loss = own(output, target)
+                else:  # the built-in loss makes its own class ids when the batch carries no target
+                    loss = prepared.loss_fn(output, (), *((target,) if prepared.make_target is not None else ()))
+            if prepared.scaler is not None:  # fp16-mixed: backward runs on the scaled loss, as scaler.scale(loss)
+                loss = prepared.scaler.scale(loss)
+            observer.phase(Phase.BACKWARD, self.step_index)  # settles this chunk's forward (module docstring)
+            return loss
+
+        return loss_fn
+
+    def _announce(self, stage: Any, prepared: Any, setup: Any, observer: Any) -> None:
+        """Wrap this stage object's chunk methods (its own instance attributes) to announce phases."""
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+            observer.phase(Phase.FORWARD, self.step_index)
+            with training.autocast_region(prepared, setup):
+                output = forward(*args, **kwargs)
+            if not stage.is_last:
+                observer.phase(Phase.BACKWARD, self.step_index)  # settles this chunk's forward
+            return output
+
+        def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+            observer.phase(Phase.BACKWARD, self.step_index)
+            return backward(*args, **kwargs)
+
+        stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _split_batch(batch: dict[str, Any]) -> tuple[tuple, torch.Tensor | None]:
+        """(first stage's inputs, the last stage's target) from what the loader yields."""
+        inputs = batch["inputs"]
+        if isinstance(inputs, dict):
+            if "input_ids" not in inputs or "labels" not in inputs:
+                raise SetupError(f"expected input_ids and labels in the batch of a pipelined causal LM, got "
+                                 f"{', '.join(inputs)}", where="--pp")
+            return (inputs["input_ids"],), inputs["labels"]
+        return tuple(inputs), batch["target"][0] if batch["target"] else None
+
+    def run_steps(self, prepared: Any, setup: Any, observer: Any) -> None:
+        held: dict[str, Any] = {}
+        for step in range(setup.steps):
+            self.step_index = step
+            observer.phase(Phase.INPUTS, step)
+            held["batch"] = training.make_micro_batch(prepared, setup)  # every pp rank loads it (torchtitan)
+            args, target = self._split_batch(held["batch"])
+            if self.schedule is None:
+                self._build(args, prepared, setup, observer)
+            observer.phase(Phase.ZERO_GRAD, step)
+            training.zero_grad(prepared, setup)
+            self._schedule_step(args, target, setup)
+            observer.after_backward(prepared.model)
+            observer.phase(Phase.OPTIMIZER, step)
+            training.optimizer_step(prepared, setup)
+            observer.after_optimizer(prepared.optimizer, prepared.scaler)
+
+    def _schedule_step(self, args: tuple, target: torch.Tensor | None, setup: Any) -> None:
+        first = self.stages[0].is_first
+        last = self.stages[-1].is_last
+        if last and target is None:  # the built-in loss needs no target; the schedule still splits one
+            target = torch.empty((setup.batch_size, 0))
+        losses: list[torch.Tensor] = []
+        if first and last:
+            self.schedule.step(*args, target=target, losses=losses)
+        elif first:
+            self.schedule.step(*args)
+        elif last:
+            self.schedule.step(target=target, losses=losses)
+        else:
+            self.schedule.step()

@@ -1,0 +1,224 @@
+"""Tensor parallelism: torch's DTensor `parallelize_module` with ColwiseParallel / RowwiseParallel on the
+meta-built model, before it is materialized, so each rank's parameters are its local shards.
+
+Which modules are split, in this order of preference:
+1. the model's own Hugging Face plan (`model.tp_plan` in transformers 5: the class's `_tp_plan` merged with
+   `config.base_model_tp_plan`, keys like "model.layers.*.self_attn.q_proj"), its style names mapped onto
+   torch's styles with the layouts transformers registers for them (transformers/distributed/
+   tensor_parallel.py, the ALL_PARALLEL_STYLES.register calls: "colwise" = Colwise(Replicate -> Shard(-1)),
+   "rowwise" = Rowwise(Shard(-1) -> Replicate), "colwise_gather_output" = Colwise(-> Replicate),
+   "embedding_rowwise" = the vocabulary-sharded embedding, torch's Rowwise on nn.Embedding with a
+   replicated input, as torchtitan's llama3 parallelize.py writes it);
+2. Llama-family names (q/k/v/gate/up_proj column-wise, o_proj/down_proj row-wise), Megatron's split;
+3. consecutive nn.Linear pairs inside an nn.Sequential (column-wise, then row-wise: the hidden activation
+   stays sharded between them and one all-reduce ends the pair), for `mlp:` and layer-spec models.
+Anything that does not divide by the tensor-parallel degree is refused with the module and dimension named;
+a model none of these plans covers is refused.
+
+Attention: Hugging Face attention reshapes its projections with view(..., -1, head_dim), so a column-wise
+q/k/v shard is read as heads/tp local heads; the head counts themselves must divide by tp (checked). Logits:
+a Hugging Face plan's lm_head "colwise_gather_output" all-gathers them (replicated on every rank, no loss
+parallelism); the other plans leave the output layer replicated or as their pair makes it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainmem.errors import SetupError
+from trainmem.parallel.apply import ParallelContext, Parallelized
+
+_COLWISE_NAMES = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROWWISE_NAMES = ("o_proj", "down_proj")
+
+
+def _styles() -> dict[str, Any]:
+    """Hugging Face style name -> a factory of the torch style with the same input/output layouts."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    return {
+        "colwise": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
+        "rowwise": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()),
+        "colwise_gather_output": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "colwise_rep": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        # torch's RowwiseParallel defaults its input to Shard(-1): for token ids that would be read as a
+        # sharded sequence and all-gathered; the ids are replicated (torchtitan: input_layouts=Replicate())
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "sequence_parallel": lambda: SequenceParallel(use_local_output=True),
+    }
+
+
+# ---- choosing the plan ---------------------------------------------------------------------------------
+def _hf_plan(model: nn.Module) -> dict[str, str] | None:
+    plan = getattr(model, "tp_plan", None)
+    if not isinstance(plan, dict) or not plan:
+        plan = getattr(model, "_tp_plan", None)
+    return dict(plan) if isinstance(plan, dict) and plan else None
+
+
+def _expand(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """Plan keys with '*' (a layer index) matched against the model's module names."""
+    names = [name for name, _ in model.named_modules()]
+    expanded: dict[str, str] = {}
+    for pattern, style in plan.items():
+        regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+") + "$")
+        for name in names:
+            if regex.match(name):
+                expanded[name] = style
+    return expanded
+
+
+def _name_plan(model: nn.Module) -> dict[str, str]:
+    plan = {}
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if isinstance(module, nn.Linear) and leaf in _COLWISE_NAMES:
+            plan[name] = "colwise"
+        elif isinstance(module, nn.Linear) and leaf in _ROWWISE_NAMES:
+            plan[name] = "rowwise"
+    has_both = {"colwise", "rowwise"} <= set(plan.values())
+    return plan if has_both else {}
+
+
+def _sequential_plan(model: nn.Module) -> tuple[dict[str, str], list[str]]:
+    """Consecutive Linear pairs in each nn.Sequential: (colwise, rowwise); an unpaired Linear is replicated."""
+    plan: dict[str, str] = {}
+    unpaired: list[str] = []
+    for seq_name, seq in model.named_modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        linears = [f"{seq_name}.{child}" if seq_name else child
+                   for child, module in seq.named_children() if isinstance(module, nn.Linear)]
+        for index in range(0, len(linears) - 1, 2):
+            plan[linears[index]], plan[linears[index + 1]] = "colwise", "rowwise"
+        if len(linears) % 2:
+            unpaired.append(linears[-1])
+    return plan, unpaired
+
+
+def choose_plan(model: nn.Module) -> tuple[dict[str, str], str]:
+    """(module name -> Hugging Face style name, where the plan comes from); refuses a model with none."""
+    hf = _hf_plan(model)
+    if hf is not None:
+        expanded = _expand(model, hf)
+        if expanded:
+            return expanded, f"the model's own Hugging Face tensor-parallel plan ({type(model).__name__}.tp_plan)"
+    named = _name_plan(model)
+    if named:
+        return named, "Llama-family projection names (q/k/v/gate/up_proj column-wise, o_proj/down_proj row-wise)"
+    paired, unpaired = _sequential_plan(model)
+    if paired:
+        where = "consecutive nn.Linear pairs in nn.Sequential stacks (column-wise, then row-wise)"
+        if unpaired:
+            where += f"; unpaired {', '.join(unpaired)} replicated on every rank"
+        return paired, where
+    raise SetupError(f"expected a model with a tensor-parallel plan (a Hugging Face tp_plan, Llama-style "
+                     f"q/k/v/o and gate/up/down projections, or nn.Linear pairs in an nn.Sequential), got "
+                     f"{type(model).__name__} with none", where="--tp")
+
+
+# ---- checking that it divides ----------------------------------------------------------------------------
+_COLWISE_STYLES = ("colwise", "colwise_gather_output", "colwise_rep")
+_ROWWISE_STYLES = ("rowwise", "rowwise_split_input", "rowwise_rep")
+
+
+def check_plan(model: nn.Module, plan: dict[str, str], tp: int) -> None:
+    """Refuse, naming the module and dimension, a style torch has no match for or a split that is uneven."""
+    modules = dict(model.named_modules())
+    known = _styles()
+    for name, style in plan.items():
+        module = modules[name]
+        if style not in known:
+            raise SetupError(f"expected tensor-parallel styles trainmem maps onto torch's ({', '.join(known)}), "
+                             f"got {style!r} for {name}", where="--tp")
+        if style in _COLWISE_STYLES + _ROWWISE_STYLES and not isinstance(module, nn.Linear):
+            raise SetupError(f"expected an nn.Linear for the {style} style, got {type(module).__name__} at {name}",
+                             where="--tp")
+        if style == "embedding_rowwise" and not isinstance(module, nn.Embedding):
+            raise SetupError(f"expected an nn.Embedding for embedding_rowwise, got {type(module).__name__} at {name}",
+                             where="--tp")
+        split = {**dict.fromkeys(_COLWISE_STYLES, ("out_features", "output features")),
+                 **dict.fromkeys(_ROWWISE_STYLES, ("in_features", "input features")),
+                 "embedding_rowwise": ("num_embeddings", "vocabulary rows")}.get(style)
+        if split is not None and getattr(module, split[0]) % tp:
+            raise SetupError(f"expected {name}'s {split[1]} ({split[0]}={getattr(module, split[0]):,}) to divide by "
+                             f"--tp {tp}, got a remainder of {getattr(module, split[0]) % tp}", where="--tp")
+    _check_heads(model, plan, tp)
+
+
+def _check_heads(model: nn.Module, plan: dict[str, str], tp: int) -> None:
+    """Attention splits whole heads: each rank's q/k/v shard must hold heads/tp query and kv heads."""
+    if not any(name.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj") for name in plan):
+        return
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, key, None)
+        if isinstance(heads, int) and heads % tp:
+            raise SetupError(f"expected the attention's {key} ({heads}) to divide by --tp {tp}, got a remainder of "
+                             f"{heads % tp}", where="--tp")
+
+
+# ---- applying it -------------------------------------------------------------------------------------------
+def _tied_groups(model: nn.Module) -> list[list[tuple[str, str]]]:
+    """(module name, parameter name) groups that share one Parameter object."""
+    owners: dict[int, list[tuple[str, str]]] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for param_name, param in module._parameters.items():
+            if param is not None and (module_name, param_name) not in owners.setdefault(id(param), []):
+                owners[id(param)].append((module_name, param_name))
+    return [group for group in owners.values() if len(group) > 1]
+
+
+def _retie(model: nn.Module, groups: list[list[tuple[str, str]]]) -> None:
+    """parallelize_module replaces each module's parameter with a new DTensor Parameter, so a tied weight
+    (Llama 3.2's embed_tokens / lm_head) becomes two; tie them again when the plan split both alike."""
+    from torch.distributed.tensor import DTensor
+
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for group in groups:
+        params = [modules[m]._parameters[p] for m, p in group]
+        layouts = {(tuple(p.placements) if isinstance(p, DTensor) else "replicated") for p in params}
+        if len(layouts) > 1:
+            names = ", ".join(f"{m}.{p}" for m, p in group)
+            raise SetupError(f"expected tied weights ({names}) to be split alike by the tensor-parallel plan, got "
+                             f"{' and '.join(map(str, layouts))}", where="--tp")
+        for module_name, param_name in group[1:]:
+            modules[module_name]._parameters[param_name] = params[0]
+
+
+def parallelize(model: nn.Module, tp_mesh: Any, tp: int) -> tuple[nn.Module, str]:
+    """Split the meta-built model over `tp_mesh`; returns it and a note saying which plan was used."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan, source = choose_plan(model)
+    check_plan(model, plan, tp)
+    groups = _tied_groups(model)
+    styles = _styles()
+    parallelize_module(model, tp_mesh, {name: styles[style]() for name, style in plan.items()})
+    _retie(model, groups)
+    return model, f"tensor parallel over {tp} ranks: {len(plan)} modules split by {source}"
+
+
+def on_meta(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+    model, note = parallelize(model, ctx.world.tp_mesh(), ctx.layout.tp)
+    ctx.notes.append(note)
+    return model
+
+
+def on_fake(model: nn.Module, ctx: ParallelContext) -> Parallelized:
+    """Nothing to add after materialization: the DTensor parameters and their hooks do the communication."""
+    return Parallelized(model)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank holds), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
