@@ -23,7 +23,16 @@ Measured per communicator (the range): 388 MiB per extra group on an RTX 3060 (s
 NCCL_MAX_NCHANNELS=1); 544 MB for 2-rank and 688 MB for 3-4-rank groups on 4 × A100 with NVLink after a 4 MB
 all-reduce (NVIDIA/nccl#964); 1.06 GB on 8 × H100 before the first all-to-all including the CUDA context, 4.34 GB
 after it (#1685: 3.28 GB for 7 peers × 32 channels, 14 MiB per channel per peer). This module returns the high end:
-32 channels (NCCL's channel limit seen on H100) with ring and tree connections on each.
+32 channels (as NCCL used for 8 × H100 peers in #1685) with ring and tree connections on each, and once per process
+the fixed cost measured below.
+
+Measured here (benchmarks/nccl_memory_probe.py on one H200, torch 2.11.0+cu130, NCCL 2.28.9; the figures are in
+benchmarks/data/nccl_memory_h200.json): the process's first communicator takes 180 MiB with NCCL_MAX_NCHANNELS=1
+(NCCL's own device code and structures plus one channel) and 558 MiB by default; each further single-rank group
+388-390 MiB, 10-12 MiB with one channel: 64 channels of 6 MiB. NCCL_BUFFSIZE=1 MiB changed nothing there (a rank
+alone in its ring allocates no Simple FIFO). One GPU cannot hold two ranks of a communicator, so the multi-rank
+per-peer figures above stay those reported; 64 channels for multi-rank communicators on Hopper would double
+the per-communicator figure (not seen reported: the range's high end is kept at 32).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ SEND_BYTES = GRANULE  # the send side's small structures, one granule (#1685's 2
 CHANNELS = 32  # channels per communicator on H100 NVLink (#1685's log: channels 00-31); the high end
 COLL_CONNECTIONS = 2  # ring + tree on every channel (#986)
 P2P_BYTES_PER_CHANNEL = 14 * MIB  # send/recv per channel per peer: 3.28 GB / (7 peers × 32 channels) (#1685)
+FIRST_COMM_BYTES = 180 * MIB  # the process's first communicator with one channel, H200 NCCL 2.28.9 (measured above)
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default
 NVLS_STEP_BYTES = 128 * 1024 * 8  # nvlsChunkSize 128 KiB × NCCL_STEPS 8 (src/transport/nvls.cc)
 
@@ -112,11 +122,13 @@ def nccl_process_bytes(layout: ParallelLayout, role: Any, device: Any) -> tuple[
         parts.append(f"pp send/recv ({peers} peer{'s' if peers > 1 else ''})")
     if not parts:
         return 0, "one rank: no NCCL communicator"
+    total += FIRST_COMM_BYTES
     text = (f"NCCL: {len(parts)} communicator use(s) on this rank — {', '.join(parts)}; each collective communicator "
             f"{CHANNELS} channels × ring + tree × (10 MiB LL/LL128/Simple FIFO + 2 MiB) = "
             f"{per_comm // MIB} MiB at NCCL_BUFFSIZE's default 4 MiB"
             + (f", NVLS 16 channels × 2 × 1 MiB × the group's GPUs on the node" if any("NVLS" in p for p in parts) else "")
             + (f", send/recv {CHANNELS} channels × 14 MiB a peer" if peers else "")
+            + f", plus {FIRST_COMM_BYTES // MIB} MiB once a process (NCCL's device code, measured on an H200)"
             + ". The high end of what was measured (388 MiB-688 MB a communicator on RTX 3060/A100, NVIDIA/nccl#964, "
               "sglang#35538); fewer channels, ncclCommSplit resource sharing or a smaller NCCL_BUFFSIZE use less.")
     return total, text
