@@ -119,3 +119,11 @@ def test_nccl_3d_layout_counts_tp_dp_world_and_pipeline_peers():
 def test_nccl_is_zero_on_the_cpu_and_for_one_rank():
     assert nccl_process_bytes(ParallelLayout(strategy="ddp", world_size=2), 0, get_device("cpu"))[0] == 0
     assert nccl_process_bytes(ParallelLayout(), 0, get_device("h100-80gb"))[0] == 0
+
+
+def test_cross_checks_move_offloaded_states_off_the_gpu():
+    est = _estimate_dict(8_000_000, {"parameters": 0})
+    optimizer = cross_checks(est, ParallelLayout(strategy="fsdp", world_size=8, offload="optimizer"), None)[0]
+    params = cross_checks(est, ParallelLayout(strategy="fsdp", world_size=8, offload="params"), None)[0]
+    assert optimizer.formula_bytes == 4 * 8_000_000 // 8 and "ZeRO-Offload" in optimizer.explanation
+    assert params.formula_bytes == 0

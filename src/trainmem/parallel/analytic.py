@@ -185,9 +185,17 @@ def _zero_check(est: dict[str, Any], layout: ParallelLayout) -> CrossCheck:
     stage, n, meaning = _zero_stage(layout)
     setup = est.get("setup", {})
     formula = zero_model_states(psi, n, stage)
+    offload = str(layout.offload)
+    if offload == "optimizer":  # ZeRO-Offload: the K bytes of optimizer state live in host RAM
+        formula -= math.ceil(ADAM_K * psi / n)
+    elif offload == "params":  # parameters, gradients and optimizer state all in host RAM (FSDP2 CPUOffloadPolicy)
+        formula = 0
     split = f"Ψ = {psi_total:,} parameters" + (f" / (tp {layout.tp} × pp {layout.pp}) = {psi:,} a model-parallel "
                                                  "shard (even split assumed)" if shard > 1 else "")
-    explanation = (f"ZeRO stage {stage}, {meaning}, N = {n}, K = 12; {split}. "
+    moved = {"optimizer": " With --offload optimizer the KΨ/N optimizer share is in host RAM (ZeRO-Offload).",
+             "params": " With --offload params every model state is in host RAM: only gathered layers are on the GPU."
+             }.get(offload, "")
+    explanation = (f"ZeRO stage {stage}, {meaning}, N = {n}, K = 12; {split}.{moved} "
                    f"{_precision_note(str(setup.get('precision')), str(setup.get('optimizer')))}. The traced figure "
                    "is parameters + gradients + optimizer state at this rank's peak: gradients not yet produced or "
                    "already freed there are absent, and FSDP's all-gathered (unsharded) layers count as parameters.")
