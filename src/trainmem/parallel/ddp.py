@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainmem.errors import SetupError
 from trainmem.trace.torch_private import TorchDispatchMode, disable_current_modes
 
 DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel(bucket_cap_mb=None) -> distributed.py _DEFAULT_BUCKET_CAP_MB = 25
@@ -51,8 +52,28 @@ def on_fake(model: nn.Module, ctx: Any):
     """Wrap the fake model in DDP with the layout's bucket size and gradient_as_bucket_view."""
     from trainmem.parallel.apply import Parallelized
 
-    ddp, buckets = wrap(model, ctx)
-    return Parallelized(model=ddp, communication_tensors=buckets.tensors, notes=notes(ctx.layout))
+    wrapped, buckets = wrap_roots(model, ctx)
+    return Parallelized(model=wrapped, communication_tensors=buckets, notes=notes(ctx.layout))
+
+
+def wrap_roots(model: nn.Module, ctx: Any) -> tuple[nn.Module, Any]:
+    """DDP around the model, or around each stage of a multi-stage pipeline rank (a DDP per stage, each with
+    its Reducer); returns the module to call and `() -> bucket tensors` of all of them."""
+    from trainmem.parallel.fsdp import roots
+
+    if ctx.layout.tp > 1:
+        raise SetupError(f"expected fsdp or hsdp over the data-parallel ranks with --tp (DDP replicates plain "
+                         f"tensors, not DTensor shards; torchtitan refuses DDP with tensor parallelism), got "
+                         f"--strategy {ctx.layout.strategy}", where="--strategy")
+    stages = roots(model)
+    if stages == [model]:
+        wrapped, log = wrap(model, ctx)
+        return wrapped, log.tensors
+    logs = []
+    for key, stage in list(model.stages.items()):
+        model.stages[key], log = wrap(stage, ctx)
+        logs.append(log)
+    return model, lambda: [t for log in logs for t in log.tensors()]
 
 
 def wrap(model: nn.Module, ctx: Any, process_group: Any = None) -> tuple[nn.Module, BucketLog]:

@@ -26,11 +26,26 @@ SHARDED_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
 
 
 def on_meta(model: nn.Module, ctx: Any) -> nn.Module:
-    """fully_shard each wrapping unit, then the root, with the layout's knobs."""
+    """fully_shard each wrapping unit, then the root, with the layout's knobs (each pipeline stage of this
+    rank as a root of its own, as torchtitan's apply_fsdp does per model part)."""
     layout = ctx.layout
-    ctx.notes.extend(shard(model, ctx, reshard_after_forward=layout.reshard_after_forward,
-                           prefetch=layout.fsdp_prefetch))
+    for root in roots(model):
+        ctx.notes.extend(shard(root, ctx, reshard_after_forward=layout.reshard_after_forward,
+                               prefetch=layout.fsdp_prefetch))
+    if layout.pp > 1 and layout.reshard_after_forward:
+        ctx.notes.append("FSDP with pipeline parallelism: reshard_after_forward=True as asked; torchtitan's default "
+                         "there is False (parallelize.py: reshard_after_forward = not pp_enabled), which keeps "
+                         "each stage's parameters unsharded between micro-batches")
     return model
+
+
+def roots(model: nn.Module) -> list[nn.Module]:
+    """The modules the schedule or loop calls: each stage of a multi-stage pipeline rank (pp.RankStages, whose
+    own forward never runs), else the model."""
+    stages = getattr(model, "stages", None)
+    if hasattr(model, "trainmem_pipeline") and isinstance(stages, nn.ModuleDict):
+        return list(stages.values())
+    return [model]
 
 
 def on_fake(model: nn.Module, ctx: Any):

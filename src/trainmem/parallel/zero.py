@@ -40,10 +40,11 @@ DEEPSPEED_NOTE = ("zero1/2/3 are traced through torch's own mechanisms (DeepSpee
 
 def on_meta(model: nn.Module, ctx: Any) -> nn.Module:
     layout = ctx.layout
-    if layout.strategy == Strategy.ZERO2:
-        ctx.notes.extend(fsdp.shard(model, ctx, reshard_after_forward=False, prefetch=layout.fsdp_prefetch))
-    elif layout.strategy == Strategy.ZERO3:
-        ctx.notes.extend(_zero3(model, ctx))
+    for root in fsdp.roots(model):
+        if layout.strategy == Strategy.ZERO2:
+            ctx.notes.extend(fsdp.shard(root, ctx, reshard_after_forward=False, prefetch=layout.fsdp_prefetch))
+        elif layout.strategy == Strategy.ZERO3:
+            ctx.notes.extend(_zero3(root, ctx))
     return model
 
 
@@ -82,13 +83,13 @@ def on_fake(model: nn.Module, ctx: Any):
         result = offload.parallelized(model, ctx) if layout.offload != Offload.NONE else Parallelized(model)
         result.notes.append(DEEPSPEED_NOTE)
         return result
-    wrapped, buckets = ddp.wrap(model, ctx)
+    wrapped, buckets = ddp.wrap_roots(model, ctx)
     factory = zero1_factory(ctx)
     result = offload.parallelized(wrapped, ctx, factory)
     if layout.offload == Offload.NONE:
         result.host_tensors = None
         result.notes = []
-    result.communication_tensors = buckets.tensors
+    result.communication_tensors = buckets
     result.notes += ddp.notes(layout) + [DEEPSPEED_NOTE]
     return result
 
