@@ -57,6 +57,7 @@ class PipelineRunner:
         self.schedule = None
         self.stages: list[Any] = []
         self.step_index = 0
+        self.most_in_flight: dict[int, int] = {}  # stage index -> most micro-batches held at once
 
     # ---- stage boundaries -------------------------------------------------------------------------------
     def _boundaries(self, first_inputs: tuple[torch.Tensor, ...], prepared: Any, setup: Any) -> list[tuple]:
@@ -133,6 +134,10 @@ class PipelineRunner:
             observer.phase(Phase.FORWARD, self.step_index)
             with training.autocast_region(prepared, setup):
                 output = forward(*args, **kwargs)
+            # micro-batches whose forward ran and backward has not: the schedule's fwd_cache holds their
+            # stage outputs and inputs (and, through autograd, their saved activations)
+            self.most_in_flight[stage.stage_index] = max(self.most_in_flight.get(stage.stage_index, 0),
+                                                         len(stage.fwd_cache))
             if not stage.is_last:
                 observer.phase(Phase.BACKWARD, self.step_index)  # settles this chunk's forward
             return output

@@ -93,8 +93,10 @@ class CausalLMStage(nn.Module):
         if self.first:
             hidden = self.model.embed_tokens(hidden)
         position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        # on meta (pp_run's pass for the stage boundaries' shapes) the packed-sequence check that position_ids
+        # trigger would read values; shapes do not depend on it. Under fake tensors transformers skips it itself.
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
-                                  position_ids=position_ids)
+                                  position_ids=None if hidden.device.type == "meta" else position_ids)
         position_embeddings = self.model.rotary_emb(hidden, position_ids=position_ids)
         for layer in self.model.layers.values():
             hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,

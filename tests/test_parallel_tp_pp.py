@@ -1,0 +1,183 @@
+"""Tensor and pipeline parallelism (parallel/tp.py, pp.py): each rank traced alone under the fake process group,
+checked against hand-computed parameter splits and the schedules' documented in-flight micro-batches."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from trainmem import frontends
+from trainmem.errors import SetupError
+from trainmem.frontends import ModelSource
+from trainmem.parallel.apply import ParallelContext, apply_on_fake, apply_on_meta
+from trainmem.parallel.layout import ParallelLayout
+from trainmem.parallel.pp import stage_parameter_counts
+from trainmem.parallel.world import fake_world
+from trainmem.setup import TrainingSetup
+from trainmem.trace import step as training
+from trainmem.trace.loops import run_loop
+from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, tree_leaves
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of live storages made by ops (a weak reference per storage), and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: dict[int, int] = {}
+        self.now = self.peak = 0
+        self.refs: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and id(tensor.untyped_storage()) not in self.sizes:
+                storage = tensor.untyped_storage()
+                key = id(storage)
+                self.sizes[key] = storage.nbytes()
+                self.now += storage.nbytes()
+                self.peak = max(self.peak, self.now)
+                self.refs.append(weakref.ref(storage, lambda _, key=key: self._died(key)))
+        return out
+
+    def _died(self, key: int) -> None:
+        self.now -= self.sizes.pop(key, 0)
+
+
+def _run(source, rank: int, setup: TrainingSetup):
+    """Build on meta, apply the layout, materialize under fake tensors, run the steps: (model, result, live)."""
+    source = frontends.resolve(source, setup)
+    with torch.device("meta"):
+        model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    with fake_world(setup.parallel, rank) as world:
+        ctx = ParallelContext(setup.parallel, world, None, setup)
+        model = apply_on_meta(model, ctx)
+        live = _LiveBytes()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            with live:
+                result = apply_on_fake(model, ctx)
+                prepared = training.prepare(result.model, make_batch, loss_fn, setup, source)
+                (result.run_steps or run_loop)(prepared, setup, training.Observer())
+    return model, result, live
+
+
+def _local_numel(model: nn.Module) -> int:
+    unique = {id(p): p for p in model.parameters()}.values()
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in unique)
+
+
+def _tiny_llama(tie: bool, heads: int = 4, kv_heads: int = 2, hidden: int = 64) -> ModelSource:
+    transformers = pytest.importorskip("transformers")
+    from trainmem.frontends.hf import _batch_maker, _model_loss
+
+    def build():
+        config = transformers.LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=128,
+                                          num_hidden_layers=4, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                          tie_word_embeddings=tie)
+        return transformers.LlamaForCausalLM(config)
+    return ModelSource(ref="", name="tiny llama", build=build, make_batch=_batch_maker("causal-lm", {"vocab_size": 128}, 16),
+                       loss_fn=_model_loss)
+
+
+# ---- tensor parallelism -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tp_mlp_pair_halves_the_weights(rank):
+    # Linear(64,128) column-wise: weight rows and bias halved; Linear(128,10) row-wise: weight columns halved,
+    # bias replicated (torch RowwiseParallel keeps the bias whole and adds it after the all-reduce)
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 8})
+    model, _, _ = _run("mlp:64-128-10", rank, setup)
+    assert _local_numel(model) == (128 * 64 // 2 + 128 // 2) + (10 * 128 // 2 + 10)
+    assert model[0].weight.to_local().shape == (64, 64) and model[2].weight.to_local().shape == (10, 64)
+    assert model[2].bias.to_local().shape == (10,)
+
+
+def test_tp_llama_uses_its_own_plan():
+    # per layer, halved: q 64x64, k and v 32x64 (2 kv heads of 16), o 64x64, gate/up/down 128x64; norms whole
+    layer = (4096 + 2048 + 2048 + 4096 + 3 * 8192) // 2 + 2 * 64
+    vocab = 128 * 64 // 2  # embed_tokens (embedding_rowwise) and lm_head (colwise_gather_output) each halved
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 2})
+    untied, _, _ = _run(_tiny_llama(tie=False), 0, setup)
+    assert _local_numel(untied) == 4 * layer + 64 + 2 * vocab
+    tied, _, _ = _run(_tiny_llama(tie=True), 1, setup)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight  # still one Parameter after parallelize_module
+    assert _local_numel(tied) == 4 * layer + 64 + vocab
+
+
+def test_tp_refuses_uneven_splits_and_models_without_a_plan():
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 8})
+    with pytest.raises(SetupError, match=r"0's output features \(out_features=127\) to divide by --tp 2"):
+        _run("mlp:64-127-10", 0, setup)
+    with pytest.raises(SetupError, match="num_attention_heads \\(6\\) to divide by --tp 4"):
+        _run(_tiny_llama(tie=False, heads=6, kv_heads=2, hidden=96), 0,
+             TrainingSetup.from_mapping({"strategy": "tp", "world_size": 4, "batch_size": 2}))
+    from trainmem.parallel.tp import choose_plan
+
+    with torch.device("meta"), pytest.raises(SetupError, match="expected a model with a tensor-parallel plan"):
+        choose_plan(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()))
+
+
+# ---- pipeline parallelism -----------------------------------------------------------------------------------
+def test_stage_parameter_counts_by_parameter_balance():
+    with torch.device("meta"):
+        model = frontends.resolve("mlp:64-64-64-64-10", TrainingSetup()).build()
+    linear, head = 64 * 64 + 64, 10 * 64 + 10
+    assert stage_parameter_counts(model, ParallelLayout(strategy="pp", pp=2, world_size=2)) == [2 * linear, linear + head]
+    assert stage_parameter_counts(model, ParallelLayout(strategy="pp", pp=4, world_size=4)) == [linear] * 3 + [head]
+    with pytest.raises(SetupError, match="at least 8 layers"):
+        stage_parameter_counts(model, ParallelLayout(strategy="pp", pp=8, world_size=8))
+
+
+def test_pp_refuses_models_it_cannot_split():
+    from trainmem.parallel.pp_split import split_stages
+
+    with pytest.raises(SetupError, match="expected an nn.Sequential or a Llama-family"):
+        split_stages(nn.Transformer(d_model=8, nhead=2, batch_first=True, device="meta"), 2)
+
+
+def test_schedules_keep_their_micro_batches_in_flight():
+    # torch's GPipe runs every forward before any backward; 1F1B lets stage i run pp - i forwards ahead
+    per_micro = 2 * 1024 * 64 * 4  # stage 0 keeps two ReLU outputs of 1,024 rows x 64 fp32 per micro-batch
+    held = {"gpipe": {0: 4, 1: 4}, "1f1b": {0: 2, 1: 1}}
+    stage0_peak = {}
+    for schedule in held:
+        for rank in (0, 1):
+            setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 4096,
+                                                "schedule": schedule, "microbatches": 4})
+            model, result, live = _run("mlp:64-64-64-64-10", rank, setup)
+            assert result.run_steps.__self__.most_in_flight == {rank: held[schedule][rank]}
+            assert _local_numel(model) == [2 * 4160, 4160 + 650][rank]
+            if rank == 0:
+                stage0_peak[schedule] = live.peak
+    # GPipe's stage 0 holds two micro-batches more than 1F1B's at its peak
+    assert stage0_peak["gpipe"] - stage0_peak["1f1b"] == pytest.approx(2 * per_micro, rel=0.05)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_llama_pipeline_runs_on_first_middle_and_last_stage(rank):
+    setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 4, "batch_size": 4, "schedule": "1f1b"})
+    model, result, _ = _run(_tiny_llama(tie=True), rank, setup)
+    layer = 4096 + 2048 + 2048 + 4096 + 3 * 8192 + 2 * 64
+    expected = [128 * 64 + layer, layer, layer, layer + 64 + 128 * 64][rank]  # one decoder layer per stage
+    assert _local_numel(model) == expected
+    assert result.run_steps.__self__.most_in_flight == {rank: 4 - rank}
+
+
+def test_interleaved_and_tp_with_pp():
+    setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 8, "microbatches": 4,
+                                        "schedule": "interleaved-1f1b"})
+    model, result, _ = _run("mlp:64-64-64-64-64-64-64-64-64-10", 1, setup)
+    assert sorted(result.run_steps.__self__.most_in_flight) == [1, 3]  # stages s with s % pp == rank
+    setup = TrainingSetup.from_mapping({"tp": 2, "pp": 2, "world_size": 4, "batch_size": 4})
+    model, _, _ = _run(_tiny_llama(tie=False), 3, setup)  # last stage, tp index 1: both halves of the plan
+    layer = (4096 + 2048 + 2048 + 4096 + 3 * 8192) // 2 + 2 * 64
+    assert _local_numel(model) == 2 * layer + 64 + 128 * 64 // 2
+
+
+def test_pp_refuses_uneven_micro_batches():
+    setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 7})
+    with pytest.raises(SetupError, match=r"--batch-size \(7\) to divide into --microbatches 2"):
+        _run("mlp:64-64-64-64-10", 0, setup)
