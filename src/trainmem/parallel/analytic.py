@@ -79,7 +79,9 @@ def deepspeed_zero3_model_states(total_params: int, largest_layer_params: int, n
     largest_layer_memory = 4 * largest_layer_params
     if cpu_offload:
         per_param = 18 if cpu_offload_params else 16
-        gpu_mem = largest_layer_memory if cpu_offload_params else largest_layer_memory + int(2 * total_params / total_gpus)
+        gpu_mem = largest_layer_memory
+        if not cpu_offload_params:
+            gpu_mem += int(2 * total_params / total_gpus)
         factor = per_param * gpus_factor if zero_init else max(4 * num_gpus_per_node, per_param * gpus_factor)
         cpu_mem = total_params * factor * additional_buffer_factor
     else:
@@ -156,7 +158,8 @@ def _zero_stage(layout: ParallelLayout) -> tuple[int, int, str]:
     if kind == Strategy.ZERO2:
         return 2, layout.dp, "P_os+g (optimizer state and gradients sharded)"
     if kind == Strategy.HSDP:
-        return 3, layout.hsdp_shard, f"P_os+g+p over the {layout.hsdp_shard} ranks that shard (HSDP replicates across the rest)"
+        return 3, layout.hsdp_shard, (f"P_os+g+p over the {layout.hsdp_shard} ranks that shard "
+                                      "(HSDP replicates across the rest)")
     return 3, layout.dp, "P_os+g+p (everything sharded, FSDP2 fully_shard)"
 
 
@@ -217,7 +220,8 @@ def _deepspeed_check(est: dict[str, Any], layout: ParallelLayout, config: dict |
         _, gpu = deepspeed_zero2_model_states(psi, per_node, nodes, cpu_offload=offload != "none")
         return CrossCheck("DeepSpeed estimate_zero2_model_states_mem_needs (GPU)", gpu, traced,
                           f"{per_node} GPUs a node × {nodes} nodes, offload_optimizer={offload != 'none'}: "
-                          "2Ψ fp16 parameters + 18Ψ/N (fp16 and fp32 gradients, fp32 parameters, Adam's two moments); "
+                          "2Ψ fp16 parameters + 18Ψ/N (fp16 and fp32 gradients, fp32 parameters, Adam's two "
+                          "moments); "
                           "DeepSpeed has no ZeRO-1 estimator, so zero1 is compared with ZeRO-2's. A torch run has no "
                           "fp16 copies, and ZeRO-1 keeps full gradients on every rank." + _tail())
     largest = int((config or {}).get("largest_layer_params") or 0)
@@ -257,10 +261,12 @@ def _activation_check(est: dict[str, Any], layout: ParallelLayout, config: dict)
     if layout.pp > 1 and str(layout.schedule) == "gpipe" and m > layout.pp:
         total = total * m // layout.pp  # GPipe runs every forward before any backward: all m micro-batches live
     explanation = (f"s={s}, b={b} a micro-batch, h={h}, a={a}, t={layout.tp}, p={layout.pp}, m={m}, "
-                   f"{layout.schedule if layout.pp > 1 else 'no pipeline'}, recompute={recompute}: sbh(10 + 24/t + 5as/(ht)) a layer"
+                   f"{layout.schedule if layout.pp > 1 else 'no pipeline'}, recompute={recompute}: "
+                   "sbh(10 + 24/t + 5as/(ht)) a layer"
                    + (" (full recomputation keeps 2sbh)" if recompute == "full" else "")
                    + ", plus Megatron's input/output terms (token ids, embedding dropout mask, final norm and fp32 "
-                   "logits 4sbh(1 + v/h)). The formula assumes 16-bit activations, 1-byte dropout masks, GELU with a 4h "
+                   "logits 4sbh(1 + v/h)). The formula assumes 16-bit activations, 1-byte dropout masks, GELU with a "
+                   "4h "
                    "MLP and attention that stores its a·s² scores; torch's SDPA/flash attention saves only a "
                    "logsumexp (no 5as/h term), Llama-style models have no dropout, SwiGLU MLPs and RMSNorm, an fp32 "
                    "run keeps 4-byte activations, and torch TP without SequenceParallel keeps norms and residuals "

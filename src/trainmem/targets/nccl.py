@@ -126,7 +126,8 @@ def nccl_process_bytes(layout: ParallelLayout, role: Any, device: Any) -> tuple[
     text = (f"NCCL: {len(parts)} communicator use(s) on this rank — {', '.join(parts)}; each collective communicator "
             f"{CHANNELS} channels × ring + tree × (10 MiB LL/LL128/Simple FIFO + 2 MiB) = "
             f"{per_comm // MIB} MiB at NCCL_BUFFSIZE's default 4 MiB"
-            + (f", NVLS 16 channels × 2 × 1 MiB × the group's GPUs on the node" if any("NVLS" in p for p in parts) else "")
+            + (", NVLS 16 channels × 2 × 1 MiB × the group's GPUs on the node" if any("NVLS" in p for p in parts)
+               else "")
             + (f", send/recv {CHANNELS} channels × 14 MiB a peer" if peers else "")
             + f", plus {FIRST_COMM_BYTES // MIB} MiB once a process (NCCL's device code, measured on an H200)"
             + ". The high end of what was measured (388 MiB-688 MB a communicator on RTX 3060/A100, NVIDIA/nccl#964, "
