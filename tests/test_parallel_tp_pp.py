@@ -140,7 +140,7 @@ def test_pp_refuses_models_it_cannot_split():
 
 def test_schedules_keep_their_micro_batches_in_flight():
     # torch's GPipe runs every forward before any backward; 1F1B lets stage i run pp - i forwards ahead
-    per_micro = 2 * 1024 * 64 * 4  # stage 0 keeps two ReLU outputs of 1,024 rows x 64 fp32 per micro-batch
+    per_micro = 2 * 1024 * 64 * 4  # stage 0 (Linear, ReLU, Linear, ReLU) keeps both ReLU outputs of 1,024 rows x 64 fp32 per micro-batch
     held = {"gpipe": {0: 4, 1: 4}, "1f1b": {0: 2, 1: 1}}
     stage0_peak = {}
     for schedule in held:
@@ -181,3 +181,13 @@ def test_pp_refuses_uneven_micro_batches():
     setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 7})
     with pytest.raises(SetupError, match=r"--batch-size \(7\) to divide into --microbatches 2"):
         _run("mlp:64-64-64-64-10", 0, setup)
+
+
+def test_receive_buffers_are_communication_tensors():
+    # the last of 2 stages receives one activation buffer per micro-batch (4 of 1,024 x 64 fp32) and no gradients;
+    # the first receives one gradient buffer per micro-batch of its output's shape
+    for rank in (0, 1):
+        setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 4096, "microbatches": 4})
+        _, result, _ = _run("mlp:64-64-64-64-10", rank, setup)
+        buffers = result.communication_tensors()
+        assert [tuple(b.shape) for b in buffers] == [(1024, 64)] * 4

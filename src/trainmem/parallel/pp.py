@@ -101,7 +101,8 @@ def on_fake(model: nn.Module, ctx: ParallelContext) -> Parallelized:
              "micro-batch's output and concatenates them, as a plain call does",
              "pipeline: the P2P warm-up vote (4-byte tensors) is answered locally: every stage is built with its "
              "input/output shapes, so the vote's answer is torch's static mode"]
-    return Parallelized(model, run_steps=runner.run_steps, notes=notes)
+    return Parallelized(model, run_steps=runner.run_steps, communication_tensors=runner.communication_tensors,
+                        notes=notes)
 
 
 def schedule_class(schedule: Schedule) -> type:

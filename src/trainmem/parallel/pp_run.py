@@ -107,6 +107,16 @@ class PipelineRunner:
         except (ValueError, AssertionError) as error:  # the schedule's own checks (micro-batches vs stages)
             raise SetupError(f"expected a pipeline layout {cls.__name__} accepts, got: {error}", where="--microbatches") from None
 
+    def communication_tensors(self) -> list[torch.Tensor]:
+        """The receive buffers the stages allocated at their first step: one per input (activations from the
+        previous stage) and per output (gradients from the next) for every micro-batch, kept for the run."""
+        buffers = []
+        for stage in self.stages:
+            for table in (stage.args_recv_info, stage.grad_recv_info):
+                buffers += [info.buffer for infos in table.values() for info in infos
+                            if isinstance(getattr(info, "buffer", None), torch.Tensor)]
+        return buffers
+
     # ---- what the schedule calls -------------------------------------------------------------------------
     def _loss_fn(self, prepared: Any, setup: Any, observer: Any):
         last = self._stage_modules()[-1] if self.stages[-1].is_last else None

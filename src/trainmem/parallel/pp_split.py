@@ -28,7 +28,8 @@ def _count(params: Any) -> int:
 
 def balanced_cuts(weights: list[int], parts: int) -> list[tuple[int, int]]:
     """Contiguous [start, end) ranges, one per part, none empty, minimising the largest part's weight (the
-    classic linear-partition dynamic programme; ties go to the earlier cut)."""
+    classic linear-partition dynamic programme). Ties go to the later cut, so a parameter-free layer (an
+    activation) stays with the layer before it, as a hand-written split would put it."""
     n = len(weights)
     prefix = [0]
     for weight in weights:
@@ -41,7 +42,7 @@ def balanced_cuts(weights: list[int], parts: int) -> list[tuple[int, int]]:
         for end in range(k, n - (parts - k) + 1):
             for start in range(k - 1, end):
                 cost = max(best[k - 1][start], prefix[end] - prefix[start])
-                if cost < best[k][end]:
+                if cost <= best[k][end]:
                     best[k][end], cut[k][end] = cost, start
     ranges, end = [], n
     for k in range(parts, 0, -1):
