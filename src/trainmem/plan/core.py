@@ -1,0 +1,155 @@
+"""`plan()`: every layout for COUNT GPUs (enumerate.py), those that model states alone rule out left out
+(states.py), the rest estimated from a few reused traces (reuse.py, tracer.py) and ranked by headroom."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from trainmem.errors import TrainmemError, one_line
+from trainmem.parallel.layout import Offload, Strategy
+from trainmem.plan import enumerate as layouts
+from trainmem.plan.blocks import ModelFacts
+from trainmem.plan.reuse import PADDING_BYTES_PER_ELEMENT, Figures, extrapolate, over_dp
+from trainmem.plan.result import PlanRow
+from trainmem.plan.states import model_state_floor
+from trainmem.plan.tracer import Tracer
+from trainmem.units import format_bytes
+
+BLOCK_POINTS = (1, 2, 3)  # blocks per pipeline stage traced for the line (reuse.py, 1.)
+DP_POINTS = (2, 4)  # data-parallel degrees traced for the line in 1/dp (reuse.py, 3.)
+REUSE_WORDS = ("each layout's rank roles traced with 1, 2 and 3 blocks per pipeline stage and extrapolated to "
+               "the model's blocks per (phase, category) maximum; data-parallel degrees above 4 from traces at 2 "
+               "and 4 as lines in 1/dp plus a padded row per parameter; figures rounded up to MiB "
+               "(trainmem/plan/reuse.py)")
+
+
+def dp_points(candidate: layouts.Candidate, gpus_per_node: int) -> tuple[int, ...]:
+    dp = candidate.dp
+    if dp <= DP_POINTS[-1]:
+        return (dp,)
+    if candidate.kind == Strategy.DDP:
+        return (2,)  # full replicas and buckets: the same for every dp ≥ 2
+    if candidate.kind == Strategy.HSDP:
+        shard = candidate.layout(gpus_per_node).hsdp_shard
+        return (min(dp, 2 * shard),)  # only the shard degree moves memory; 2 replicas stand for any number
+    return DP_POINTS
+
+
+def block_points(facts: ModelFacts, pp: int) -> tuple[tuple[int, ...], int]:
+    """(blocks per stage to trace, blocks per stage to extrapolate to): the most loaded stage holds ceil(L / pp)."""
+    per_stage = math.ceil(facts.blocks / pp) if facts.blocks else 0
+    if facts.blocks == 0 or per_stage <= BLOCK_POINTS[-1]:
+        return (per_stage,), per_stage
+    return BLOCK_POINTS, per_stage
+
+
+def figures_for(tracer: Tracer, candidate: layouts.Candidate) -> Figures:
+    """The most loaded rank's figures for `candidate` (max over pipeline stages of each stage's extrapolation)."""
+    facts, pp = tracer.facts, candidate.pp
+    ks, full = block_points(facts, pp)
+    per_dp = []
+    for dp in dp_points(candidate, tracer.gpus_per_node):
+        # traced models hold k blocks per stage; the whole model when it has no repeated blocks
+        traced = {k: tracer.stages(candidate, dp, k * pp if facts.blocks else 0) for k in ks}
+        stages = [extrapolate([(k, traced[k][s]) for k in ks], full, "blocks") for s in range(len(traced[ks[0]]))]
+        per_dp.append((dp, stages))
+    padding = facts.row_elements * PADDING_BYTES_PER_ELEMENT if candidate.dp > per_dp[-1][0] else 0
+    stage_figures = [over_dp([(dp, stages[s]) for dp, stages in per_dp], candidate.dp, padding)
+                     for s in range(len(per_dp[0][1]))]
+    return max(stage_figures, key=lambda f: f.peak())
+
+
+def assess(tracer: Tracer, candidate: layouts.Candidate, budget: int) -> PlanRow:
+    """One candidate's row: its figure against the budget, or why it could not be traced."""
+    try:
+        figures = figures_for(tracer, candidate)
+    except TrainmemError as error:
+        return PlanRow(candidate, "refused", why=error_line(error))
+    except ImportError as error:  # a strategy module or the engine this version lacks
+        return PlanRow(candidate, "refused", why=f"this version cannot trace it ({one_line(error)})")
+    peak = figures.peak()
+    _, phase, dominant = figures.bound()
+    how = "extrapolated" + (f"; not affine: {', '.join(figures.not_affine)}" if figures.not_affine else "")
+    return PlanRow(candidate, "fits" if peak <= budget else "does not fit", peak, phase, dominant,
+                   figures.breakdown(), figures.label, how)
+
+
+def least_first(candidate: layouts.Candidate) -> tuple:
+    """The order knobs are tried in at one micro-batch: no offload before optimizer before params (offload
+    is slower than recomputation), no checkpointing before checkpointing."""
+    return (list(Offload).index(candidate.offload), candidate.checkpointing)
+
+
+def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int) -> list[PlanRow]:
+    """Rows for the candidates of one (kind, dp, tp, pp, precision). Per micro-batch, from the smallest, the
+    knobs are tried least intrusive first (least_first) and the first that fits is kept: the costlier ones at
+    that micro-batch are skipped (they are not needed). When nothing fits at a micro-batch, the larger ones are
+    skipped (more samples never need less memory)."""
+    rows: list[PlanRow] = []
+    by_batch: dict[int, list[layouts.Candidate]] = {}
+    for candidate in candidates:
+        by_batch.setdefault(candidate.micro_batch, []).append(candidate)
+    none_fit = None
+    for batch in sorted(by_batch):
+        fitted = None
+        for candidate in sorted(by_batch[batch], key=least_first):
+            if none_fit is not None or fitted is not None:
+                rows.append(PlanRow(candidate, "skipped", why=none_fit or f"{fitted} fits with less"))
+                continue
+            row = assess(tracer, candidate, budget)
+            rows.append(row)
+            if row.status == "fits":
+                fitted = _knobs(candidate)
+        if fitted is None and none_fit is None:
+            none_fit = f"nothing fits at micro-batch {batch} (more samples never need less memory)"
+    return rows
+
+
+def _knobs(candidate: layouts.Candidate) -> str:
+    words = ["checkpointing" if candidate.checkpointing else "no checkpointing",
+             "no offload" if candidate.offload == Offload.NONE else f"offload {candidate.offload}"]
+    return " and ".join(words)
+
+
+def error_line(error: TrainmemError) -> str:
+    return f"{error.where}: {error.message}" if error.where else error.message
+
+
+def screen(candidates: list[layouts.Candidate], facts: ModelFacts, tracer: Tracer, budget: int):
+    """(rows ruled out by model states alone, candidates left with their floor), states.py's floor against
+    the budget."""
+    ruled, left = [], []
+    for candidate in candidates:
+        setup = dataclasses.replace(tracer.setup, precision=candidate.precision)
+        floor = model_state_floor(facts.parameters, candidate.layout(tracer.gpus_per_node), setup)
+        if floor > budget:
+            ruled.append(PlanRow(candidate, "ruled out", floor, why=f"model states alone need at least "
+                                 f"{format_bytes(floor)} per rank (no trace)"))
+        else:
+            left.append((floor, candidate))
+    return ruled, left
+
+
+def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progress, time_limit: float | None,
+        started: float) -> list[PlanRow]:
+    """Groups of one (kind, dp, tp, pp, precision), those with the smallest model-state floor first (the most
+    sharded: the likeliest to fit with the most headroom); past `time_limit` seconds the rest are listed as not
+    evaluated."""
+    ruled, left = screen(candidates, tracer.facts, tracer, budget)
+    groups: dict[tuple, list] = {}
+    for floor, candidate in left:
+        key = (candidate.kind, candidate.dp, candidate.tp, candidate.pp, candidate.precision)
+        groups.setdefault(key, []).append((floor, candidate))
+    order = sorted(groups.values(), key=lambda members: (min(f for f, _ in members), str(members[0][1])))
+    progress.total(len(left))
+    rows = list(ruled)
+    for members in order:
+        chosen = [c for _, c in members]
+        if time_limit is not None and time.perf_counter() - started > time_limit:
+            rows += [PlanRow(c, "not evaluated", why=f"past the time limit of {time_limit:g} s") for c in chosen]
+        else:
+            rows += evaluate(tracer, chosen, budget)
+        progress.advance(len(chosen))
+    return rows

@@ -1,0 +1,102 @@
+"""The planner's answer: every layout considered, those that fit ranked by headroom. No torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainmem.plan.enumerate import Candidate
+from trainmem.plan.gpus import Gpus
+from trainmem.units import format_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    candidate: Candidate
+    status: str  # "fits" | "does not fit" | "ruled out" (model states alone) | "refused" |
+    # "skipped" (fits with fewer knobs, or a smaller micro-batch already does not fit) | "not evaluated" (time limit)
+    peak_bytes: int | None = None  # the most loaded rank's high process figure (reuse.py: never below a full estimate)
+    phase: str = ""  # where that peak is
+    dominant: str = ""  # the largest category there
+    breakdown: dict[str, int] = dataclasses.field(default_factory=dict)
+    rank: str = ""  # which rank role ("all ranks", "pp stage 3")
+    why: str = ""  # for ruled out / refused / skipped: the reason; else how the figure was made
+
+    def headroom(self, capacity: int) -> int | None:
+        return None if self.peak_bytes is None else capacity - self.peak_bytes
+
+    def to_dict(self, capacity: int) -> dict[str, Any]:
+        return {"layout": self.candidate.to_dict(), "label": self.candidate.label(), "status": self.status,
+                "peak_bytes": self.peak_bytes, "headroom_bytes": self.headroom(capacity), "phase": self.phase,
+                "dominant": self.dominant, "breakdown": dict(self.breakdown), "rank": self.rank, "why": self.why}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanResult:
+    model_name: str
+    parameters: int
+    gpus: Gpus
+    gpus_per_node: int
+    budget: int  # a layout fits when its figure is at most this (capacity less the margin)
+    margin: float
+    margin_source: str
+    rows: tuple[PlanRow, ...]
+    reuse: str  # how traces were reused, in words
+    traces: int  # rank-role traces run
+    seconds: float
+    notes: tuple[str, ...] = ()
+    top: int = 20
+
+    @property
+    def fitting(self) -> list[PlanRow]:
+        """The layouts that fit, most headroom first (then fewer pipeline stages and less tensor parallelism,
+        the simpler layout)."""
+        rows = [r for r in self.rows if r.status == "fits"]
+        return sorted(rows, key=lambda r: (r.peak_bytes, r.candidate.pp, r.candidate.tp, r.candidate.label()))
+
+    @property
+    def best(self) -> PlanRow | None:
+        rows = self.fitting
+        return rows[0] if rows else None
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.rows:
+            out[row.status] = out.get(row.status, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        from trainmem import __version__
+
+        capacity = self.gpus.device.capacity_bytes
+        return {"trainmem_version": __version__, "model": {"name": self.model_name, "parameters": self.parameters},
+                "gpus": {**self.gpus.to_dict(), "gpus_per_node": self.gpus_per_node}, "budget_bytes": self.budget,
+                "margin": self.margin, "margin_source": self.margin_source, "counts": self.counts(),
+                "fits": [row.to_dict(capacity) for row in self.fitting],
+                "not_fitting": [row.to_dict(capacity) for row in self.rows if row.status != "fits"],
+                "reuse": self.reuse, "traces": self.traces, "seconds": round(self.seconds, 2),
+                "notes": list(self.notes)}
+
+    def __str__(self) -> str:
+        capacity = self.gpus.device.capacity_bytes
+        counts = ", ".join(f"{n:,} {status}" for status, n in sorted(self.counts().items()))
+        lines = [f"trainmem plan — {self.model_name} ({self.parameters:,} parameters) on {self.gpus.count:,} × "
+                 f"{self.gpus.device.name} ({format_bytes(capacity)} each, {self.gpus_per_node} per node)",
+                 f"  a layout fits when its most loaded rank's high figure ≤ {format_bytes(self.budget)} "
+                 f"(a {self.margin:.0%} margin: {self.margin_source})",
+                 f"  {len(self.rows):,} layouts: {counts}; {self.traces:,} rank traces in {self.seconds:.1f} s",
+                 f"  reuse: {self.reuse}", ""]
+        fitting = self.fitting
+        if not fitting:
+            lines.append("No layout fits.")
+        else:
+            lines.append(f"Layouts that fit, most headroom first ({min(self.top, len(fitting))} of {len(fitting):,}):")
+            lines.append(f"  {'layout':<52} {'per-rank peak':>13} {'headroom':>10}  peak in / largest")
+            for row in fitting[:self.top]:
+                lines.append(f"  {row.candidate.label():<52} {format_bytes(row.peak_bytes):>13} "
+                             f"{format_bytes(row.headroom(capacity)):>10}  {row.phase} / {row.dominant}"
+                             + (f" ({row.rank})" if row.rank not in ("", "all ranks") else ""))
+        reasons = sorted({row.why for row in self.rows if row.status == "refused"})
+        lines += [f"refused: {why}" for why in reasons[:5]]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
