@@ -273,3 +273,41 @@ def test_offload_optimizer_names_only_the_state():
     run = _trace(_linears(10, 2, bias=False), 0, strategy="zero3", world_size=2, offload="optimizer",
                  zero3_persistence_threshold=0)
     assert sorted(b for b in run.host if b > 8) == [5 * 10 * F32] * 4
+
+
+# ---- end to end through trainmem.estimate -------------------------------------------------------------------
+# mlp:1000-100-100-10 holds W1 100x1000, b1 100, W2 100x100, b2 100, W3 10x100, b3 10 (111,210 parameters)
+MLP = "mlp:1000-100-100-10"
+
+
+def _roles(strategy: str, **knobs) -> dict:
+    import trainmem
+
+    result = trainmem.estimate(MLP, batch_size=8, strategy=strategy, world_size=4, **knobs).to_dict()
+    return {role["label"]: role for role in result["ranks"]}
+
+
+def test_estimate_fsdp_roles_and_adam_state():
+    roles = _roles("fsdp")
+    # over 4 ranks W1, b1, W2, b2 split evenly (25 rows); W3 and b3's 10 rows split 3, 3, 3, 1
+    rank0 = 25 * 1000 + 25 + 25 * 100 + 25 + 3 * 100 + 3
+    rank3 = 25 * 1000 + 25 + 25 * 100 + 25 + 1 * 100 + 1
+    assert sorted(roles) == ["dp index 3", "dp indices 0-2"]
+    assert roles["dp indices 0-2"]["breakdown"]["optimizer_state"] == 2 * rank0 * F32
+    assert roles["dp index 3"]["breakdown"]["optimizer_state"] == 2 * rank3 * F32
+
+
+def test_estimate_ddp_buckets_are_communication():
+    roles = _roles("ddp")
+    [role] = roles.values()
+    assert role["ranks"] == [0, 1, 2, 3]
+    assert role["breakdown"]["optimizer_state"] == 2 * 111_210 * F32
+    assert role["breakdown"]["communication"] >= 111_210 * F32  # the gradient buckets
+
+
+def test_estimate_zero1_state_follows_the_partition():
+    roles = _roles("zero1")
+    # largest first to the least loaded rank: W1 -> 0, W2 -> 1, W3 -> 2, then b1, b2, b3 -> 3
+    state = {label: role["breakdown"]["optimizer_state"] for label, role in roles.items()}
+    assert state == {"dp index 0": 2 * 100_000 * F32, "dp index 1": 2 * 10_000 * F32, "dp index 2": 2 * 1_000 * F32,
+                     "dp index 3": 2 * 210 * F32}

@@ -105,8 +105,13 @@ def zero1_factory(ctx: Any):
         params = list(params)
         template = step.make_optimizer(params, setup, getattr(ctx, "cuda_semantics", False))
         defaults = {k: v for k, v in template.defaults.items() if k not in ("params",)}
-        return ZeroRedundancyOptimizer(params, optimizer_class=type(template), process_group=ctx.world.dp_group(),
+        zero = ZeroRedundancyOptimizer(params, optimizer_class=type(template), process_group=ctx.world.dp_group(),
                                        **defaults)
+        # this rank's state lives in the local optimizer (`zero.optim.state`); ZeRO's own `state` stays an empty
+        # dict that nothing of ZeRO's step reads: point it at the local one so that whoever reads
+        # `optimizer.state` (the trace's category settling) sees this rank's partition
+        zero.state = zero.optim.state
+        return zero
 
     return make
 
