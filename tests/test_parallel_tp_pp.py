@@ -191,3 +191,37 @@ def test_receive_buffers_are_communication_tensors():
         _, result, _ = _run("mlp:64-64-64-64-10", rank, setup)
         buffers = result.communication_tensors()
         assert [tuple(b.shape) for b in buffers] == [(1024, 64)] * 4
+
+
+def test_recorder_settles_each_chunk_of_an_interleaving_schedule():
+    # 1F1B runs two forwards on stage 0 before its first backward; each chunk is settled on its own, so the
+    # Linear outputs (dead once ReLU ran) are temporaries and the ReLU outputs (saved, or the stage's output
+    # held by the schedule) activations: 4 micro-batches x 256 KiB of each, per step
+    from trainmem.trace.events import Category, Phase
+    from trainmem.trace.modules import ModuleTracker
+    from trainmem.trace.recorder import TraceRecorder
+    from trainmem.trace.run import _RecordingObserver
+
+    setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 4096, "microbatches": 4})
+    source = frontends.resolve("mlp:64-64-64-64-10", setup)
+    with torch.device("meta"):
+        model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    with fake_world(setup.parallel, 0) as world:
+        ctx = ParallelContext(setup.parallel, world, None, setup)
+        model = apply_on_meta(model, ctx)
+        tracker = ModuleTracker(model)
+        recorder = TraceRecorder(tracker)
+        with FakeTensorMode(allow_non_fake_inputs=True), tracker, recorder:
+            model.to_empty(device="cpu")
+            result = apply_on_fake(model, ctx)
+            prepared = training.prepare(result.model, make_batch, loss_fn, setup, source)
+            result.run_steps(prepared, setup, _RecordingObserver(recorder, model))
+        recorder.closed = True
+    forward = {}
+    for record in recorder.trace.storages.values():
+        if record.step == 1 and record.phase == Phase.FORWARD:
+            key = (record.op, record.category)
+            forward[key] = forward.get(key, 0) + record.nbytes
+    quarter_mib = 1024 * 64 * 4
+    assert forward == {("addmm", Category.TEMPORARIES): 2 * 4 * quarter_mib,
+                       ("relu", Category.ACTIVATIONS): 2 * 4 * quarter_mib}
