@@ -18,8 +18,10 @@ from trainmem.errors import SetupError
 
 # Hugging Face model types whose decoder layers take (hidden, attention_mask, position_embeddings,
 # position_ids) and whose base model is embed_tokens -> layers -> norm with one rotary_emb, as LlamaModel.
-# forward in transformers 5 (models/llama/modeling_llama.py) writes it; others are refused rather than guessed.
-LLAMA_FAMILY = ("llama",)
+# forward in transformers 5 (models/llama/modeling_llama.py) writes it; they differ only in the masks:
+# Qwen2/Qwen3 give each layer the mask of its config.layer_types entry (full or sliding window), Mistral uses
+# the sliding-window mask for every layer when config.sliding_window is set. Others are refused, not guessed.
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def _count(params: Any) -> int:
@@ -89,22 +91,36 @@ class CausalLMStage(nn.Module):
         self._loss_function = full.loss_function
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
-
         if self.first:
             hidden = self.model.embed_tokens(hidden)
         position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        # on meta (pp_run's pass for the stage boundaries' shapes) the packed-sequence check that position_ids
-        # trigger would read values; shapes do not depend on it. Under fake tensors transformers skips it itself.
-        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
-                                  position_ids=None if hidden.device.type == "meta" else position_ids)
+        masks = self._masks(hidden, position_ids)
         position_embeddings = self.model.rotary_emb(hidden, position_ids=position_ids)
-        for layer in self.model.layers.values():
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                           position_ids=position_ids)
+        for index, layer in self.model.layers.items():
+            hidden = layer(hidden, attention_mask=masks[self._layer_type(int(index))],
+                           position_embeddings=position_embeddings, position_ids=position_ids)
         if self.last:
             hidden = self.lm_head(self.model.norm(hidden))
         return hidden
+
+    def _layer_type(self, index: int) -> str:
+        if getattr(self.config, "model_type", "") in ("qwen2", "qwen3"):
+            return self.config.layer_types[index]
+        if getattr(self.config, "model_type", "") == "mistral" and self.config.sliding_window is not None:
+            return "sliding_attention"
+        return "full_attention"
+
+    def _masks(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+        """The masks this stage's layers read, made as the model's forward makes them (masking_utils)."""
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        # on meta (pp_run's pass for the stage boundaries' shapes) the packed-sequence check that position_ids
+        # trigger would read values; shapes do not depend on it. Under fake tensors transformers skips it itself.
+        ids = None if hidden.device.type == "meta" else position_ids
+        kinds = {self._layer_type(int(index)) for index in self.model.layers}
+        return {kind: makers[kind](config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                                   position_ids=ids) for kind in kinds}
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The loss LlamaForCausalLM.forward computes from `labels` (ForCausalLMLoss: shift, upcast, cross-entropy)."""
