@@ -1,13 +1,114 @@
-"""Per-rank estimates for many ranks: one trace per distinct rank role, each replayed through the target.
-(The engine lands in the next commits; until then a distributed setup is refused in one line.)"""
+"""Per-rank estimates for many ranks: one trace per distinct rank role (parallel/roles.py), each replayed through
+the target as a single-process trace is (estimate/assemble.py), then the roles side by side.
+
+The answer is the most loaded role's Estimate (by process bytes: what must fit on each GPU), with `ranks` (one
+row per role) and `parallel` (the layout, the spread between roles, host RAM with offload, the strategies'
+notes, the analytic cross-checks). On a GPU the NCCL communicators' buffers, outside PyTorch's allocator, are
+added to each rank's process figure (targets/nccl.py); on the CPU, gloo's collectives' temporaries are kernel
+rules of the CPU target (targets/gloo.py).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
 from typing import Any
 
-from trainmem.errors import SetupError
+from trainmem.estimate.result import Estimate, RankEstimate
+from trainmem.setup import TrainingSetup
 
 
-def estimate_distributed(chosen: Any, setup: Any) -> Any:
-    raise SetupError(f"expected a single-process setup, got --strategy {setup.parallel.strategy}: per-rank "
-                     "estimates are not yet supported", where="--strategy")
+def estimate_distributed(chosen: Any, setup: TrainingSetup) -> Estimate:
+    """Trace every distinct rank role of `setup.parallel` and assemble each; the most loaded one answers."""
+    from trainmem.parallel.roles import rank_roles
+    from trainmem.trace.distributed import build_on_meta
+
+    model, _, _, _ = build_on_meta(chosen.source, setup)
+    roles = rank_roles(setup.parallel, model)
+    del model
+    estimates = [assemble_role(chosen, setup, role, trace_role(chosen, setup, role)) for role in roles]
+    return combine(setup, roles, estimates)
+
+
+def trace_role(chosen: Any, setup: TrainingSetup, role: Any) -> Any:
+    """The TraceResult of one role's rank (for the planner, which reuses traces across layouts)."""
+    from trainmem.trace.distributed import trace_rank
+
+    return trace_rank(chosen.source, setup, role, kernel_ops(chosen.target), chosen.target.trace_semantics())
+
+
+def kernel_ops(target: Any) -> frozenset[str]:
+    """The target's kernel ops; the CPU target also sees gloo's collectives (their temporaries are its rules)."""
+    return frozenset(target.kernel_ops())
+
+
+def assemble_role(chosen: Any, setup: TrainingSetup, role: Any, traced: Any) -> Estimate:
+    """One role's Estimate: the single-process assembly of its trace, NCCL's buffers added on a GPU, and the
+    role as the only row of `ranks` (combine() puts the rows of all roles together)."""
+    from trainmem.estimate.assemble import assemble
+
+    est = assemble(chosen.source, setup, chosen.device, chosen.target, traced, chosen.depth)
+    est = _with_nccl(est, setup, role, chosen.device)
+    breakdown = {**est.breakdown, "communication": est.breakdown.get("communication", 0)}
+    peak = est.to_dict()["peak"]
+    row = RankEstimate(role.label, tuple(role.ranks), peak, breakdown, dict(est.process_parts), host_bytes(traced))
+    return dataclasses.replace(est, breakdown=breakdown, ranks=(row,))
+
+
+def _with_nccl(est: Estimate, setup: TrainingSetup, role: Any, device: Any) -> Estimate:
+    try:
+        from trainmem.targets.nccl import nccl_process_bytes
+    except ImportError:
+        return est
+    nbytes, assumption = nccl_process_bytes(setup.parallel, role, device)
+    if not nbytes:
+        return est
+    parts = {**est.process_parts, "NCCL communicators": nbytes}
+    high = None if est.process_high is None else est.process_high + nbytes
+    return dataclasses.replace(est, process_parts=parts, process_bytes=est.process_bytes + nbytes, process_high=high,
+                               warnings=(*est.warnings, assumption))
+
+
+def host_bytes(traced: Any) -> int:
+    """The peak of the host-resident (offloaded) storages over the trace: their own timeline."""
+    host = traced.trace.offloaded_storages
+    if not host:
+        return 0
+    live = peak = 0
+    for event in traced.trace.events:
+        if event.sid in host:
+            live += event.nbytes if event.action == "alloc" else -event.nbytes
+            peak = max(peak, live)
+    return peak
+
+
+def combine(setup: TrainingSetup, roles: list[Any], estimates: list[Estimate]) -> Estimate:
+    """The most loaded role's Estimate, with every role's row, the spread and host RAM per node."""
+    rows = tuple(est.ranks[0] for est in estimates)
+    most = max(range(len(estimates)), key=lambda i: (estimates[i].process_bytes, estimates[i].allocated_bytes))
+    layout = setup.parallel
+    figures = [row.process_bytes for row in rows]
+    parallel = {
+        "layout": layout.to_dict(),
+        "roles": len(rows),
+        "most_loaded": {"label": rows[most].label, "rank": roles[most].rank},
+        "spread_bytes": max(figures) - min(figures),
+        "host_bytes_per_rank": max(row.host_bytes for row in rows),
+        "host_bytes_per_node": _host_per_node(layout, roles, rows),
+        "notes": [],
+        "cross_checks": [],
+    }
+    warnings = list(dict.fromkeys(w for est in estimates for w in est.warnings))
+    return dataclasses.replace(estimates[most], ranks=rows, parallel=parallel, warnings=tuple(warnings))
+
+
+def _host_per_node(layout: Any, roles: list[Any], rows: tuple[RankEstimate, ...]) -> int:
+    """Host RAM the offloaded tensors of a node's ranks take together (ranks fill nodes in order), the most
+    loaded node's."""
+    if not any(row.host_bytes for row in rows):
+        return 0
+    per_node: dict[int, int] = defaultdict(int)
+    for role, row in zip(roles, rows):
+        for rank in role.ranks:
+            per_node[rank // layout.gpus_per_node] += row.host_bytes
+    return max(per_node.values())

@@ -67,6 +67,26 @@ class LeanLoop:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankEstimate:
+    """One distinct rank role of a many-rank run: the ranks it stands for and what each of them holds."""
+
+    label: str  # "all ranks", "pp stage 1", "dp indices 0-6" …
+    ranks: tuple[int, ...]
+    peak: dict[str, Any]  # tensor_bytes, allocated_bytes, reserved_bytes, process_bytes, phase, module, op, step
+    breakdown: dict[str, int]
+    process: dict[str, int]  # process_parts
+    host_bytes: int = 0  # offloaded tensors in host RAM at their peak (not in the device figures)
+
+    @property
+    def process_bytes(self) -> int:
+        return int(self.peak["process_bytes"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "ranks": list(self.ranks), "peak": dict(self.peak),
+                "breakdown": dict(self.breakdown), "process": dict(self.process), "host_bytes": self.host_bytes}
+
+
+@dataclasses.dataclass(frozen=True)
 class Estimate:
     """The answer: peaks, what is alive at the peak, where it happens, and why.
     Prints itself as the terminal report; `to_dict()` gives the JSON of DESIGN.md."""
@@ -101,6 +121,9 @@ class Estimate:
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values the trace used
     lean_loop: LeanLoop | None = None  # with compare_loop: the lean loop's figures (None: not compared)
+    # many ranks (estimate/distributed.py): one row per distinct rank role; this Estimate is the most loaded's
+    ranks: tuple[RankEstimate, ...] = ()
+    parallel: dict[str, Any] | None = None  # layout, most_loaded, spread_bytes, host RAM, notes, cross_checks
 
     @property
     def process_bytes_high(self) -> int:
@@ -144,6 +167,8 @@ class Estimate:
             "coverage": self.coverage,
             "baselines": [dataclasses.asdict(row) for row in self.baselines],
             **({"allocator": dataclasses.asdict(self.allocator)} if self.allocator else {}),
+            **({"ranks": [row.to_dict() for row in self.ranks], "parallel": self.parallel}
+               if self.parallel is not None else {}),
             "warnings": list(self.warnings),
         }
 

@@ -78,11 +78,19 @@ def _modules(layout: ParallelLayout) -> list[tuple[str, ModuleType]]:
     return chosen
 
 
-def apply_on_meta(model: Any, ctx: ParallelContext) -> Any:
-    """pp -> tp -> data-parallel `on_meta`, each on what the one before returned."""
-    for _, module in _modules(ctx.layout):
+def apply_on_meta(model: Any, ctx: ParallelContext, before_data_parallel: Callable | None = None) -> Any:
+    """pp -> tp -> data-parallel `on_meta`, each on what the one before returned. `before_data_parallel(model)`
+    runs between TP and the data-parallel wrapping: activation checkpointing, where torchtitan applies it
+    (apply_tp, apply_ac, apply_fsdp)."""
+    called = False
+    for kind, module in _modules(ctx.layout):
+        if kind == "dp" and before_data_parallel is not None:
+            before_data_parallel(model)
+            called = True
         if hasattr(module, "on_meta"):
             model = module.on_meta(model, ctx)
+    if before_data_parallel is not None and not called:
+        before_data_parallel(model)
     return model
 
 

@@ -22,6 +22,7 @@ class Category(enum.StrEnum):
     TEMPORARIES = "temporaries"
     INPUTS = "inputs"
     RUNTIME = "runtime"  # allocations below the dispatcher: kernel scratch, workspaces
+    COMMUNICATION = "communication"  # collective buffers: all-gather / reduce-scatter staging, DDP buckets
 
 
 class Phase(enum.StrEnum):
@@ -90,3 +91,5 @@ class Trace:
     host_storages: set[int] = dataclasses.field(default_factory=set)
     # storages a CUDA run allocates outside PyTorch's caching allocator (paged optimizer state: managed memory)
     managed_storages: set[int] = dataclasses.field(default_factory=set)
+    # many ranks with --offload: storages the strategy keeps in host RAM (also in host_storages)
+    offloaded_storages: set[int] = dataclasses.field(default_factory=set)

@@ -19,7 +19,7 @@ from trainmem.errors import TraceError
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.rules import DataDependentRules
-from trainmem.trace.torch_private import TorchDispatchMode, schema_arguments, tree_leaves
+from trainmem.trace.torch_private import FakeTensor, TorchDispatchMode, schema_arguments, storage_tensors, tree_leaves
 
 _PROVISIONAL = {
     Phase.INIT: Category.PARAMETERS, Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS,
@@ -52,6 +52,7 @@ class _OpFacts:
     name: str  # 'add' for aten.add.Tensor: the key of op_counts and of the kernel rules
     written: tuple[int | str, ...]  # where the arguments it writes in place are: position, or keyword name
     recorded_call: bool  # the target's kernel rules want to see its calls
+    communication: bool = False  # a collective's op (c10d, _c10d_functional) or FSDP's copy-in/out (fsdp)
 
 
 def _op_facts(func: Any, kernel_ops: frozenset[str]) -> _OpFacts:
@@ -64,7 +65,21 @@ def _op_facts(func: Any, kernel_ops: frozenset[str]) -> _OpFacts:
     for position, argument in enumerate(arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
             written.append(argument.name if argument.kwarg_only else position)
-    return _OpFacts(name, tuple(written), name in kernel_ops)
+    namespace = getattr(func, "namespace", "")
+    if namespace == "c10d" and not written and arguments and not name.startswith("send"):
+        # c10d's schemas mark no argument as written (torch/csrc/distributed/c10d/Ops.cpp); by its convention the
+        # first argument is what the collective fills: allreduce_'s tensors, _allgather_base_'s output, recv_'s
+        written = [0]
+    return _OpFacts(name, tuple(written), name in kernel_ops, namespace in COMMUNICATION_NAMESPACES)
+
+
+# The op namespaces of torch.distributed's collectives (torch/csrc/distributed/c10d/Ops.cpp: c10d;
+# Functional.cpp: _c10d_functional) and of FSDP2's copy-in/out ops (torch/distributed/fsdp/_fully_shard/
+# _fsdp_collectives.py registers the fsdp library): what they allocate are collective buffers.
+COMMUNICATION_NAMESPACES = frozenset({"c10d", "_c10d_functional", "fsdp"})
+# FSDP2's copy-out writes the all-gathered values into the unsharded parameters (_fsdp_collectives.py
+# foreach_all_gather_copy_out): those storages are parameters, whenever FSDP re-allocates them.
+UNSHARDED_PARAMETER_OPS = frozenset({"split_with_sizes_copy"})
 
 
 def _written_storages(facts: _OpFacts, args: tuple, kwargs: dict) -> list[int]:
@@ -76,6 +91,16 @@ def _written_storages(facts: _OpFacts, args: tuple, kwargs: dict) -> list[int]:
             if isinstance(tensor, torch.Tensor):
                 keys.append(id(tensor.untyped_storage()))
     return keys
+
+
+# what a buffer a collective fills may have been labelled before (made by aten.empty in forward or backward);
+# parameters, inputs and settled categories are never relabelled by a collective that reads or writes them
+_WORKING_CATEGORIES = frozenset({Category.ACTIVATIONS, Category.TEMPORARIES})
+
+
+def _wrapper_types(types: Any) -> bool:
+    """Whether an op's tensor types include a wrapper subclass other than FakeTensor (DTensor)."""
+    return any(t is not torch.Tensor and not issubclass(t, FakeTensor) for t in types)
 
 
 def _tensor_leaves(out: Any) -> list:
@@ -101,6 +126,13 @@ class TraceRecorder(TorchDispatchMode):
         self._deaths: dict[int, weakref.ref] = {}  # sid -> the weak reference whose callback frees it
         self._facts: dict[Any, _OpFacts] = {}
         self.closed = False  # set when the recorded steps end: later deaths are not part of the run
+        # many ranks (trace/distributed.py): ops on wrapper subclasses (DTensor) are left to the subclass, whose
+        # ops on the local tensors come back here; categories that outlive a storage's resize (FSDP frees and
+        # re-allocates unsharded parameters by resizing one storage); `muted` while DTensor works out the
+        # global shapes of an op's output on throw-away fake tensors
+        self.distributed = False
+        self.muted = False
+        self._sticky: dict[int, Category] = {}  # id(storage) -> category its next allocations get
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE_QUERY and hasattr(args[0], "fake_device"):
@@ -110,6 +142,10 @@ class TraceRecorder(TorchDispatchMode):
             self.modules.resolve_pending()
             return args[0].device
         kwargs = kwargs or {}
+        if self.distributed and (self.muted or _wrapper_types(types)):
+            # a DTensor op: returning NotImplemented lets DTensor run it on its local tensors, whose ops come
+            # back to this mode and are recorded as the memory they are (the DTensor itself holds none)
+            return func(*args, **kwargs) if self.muted else NotImplemented
         facts = self._facts.get(func)
         if facts is None:
             facts = self._facts[func] = _op_facts(func, self.kernel_ops)
@@ -123,6 +159,8 @@ class TraceRecorder(TorchDispatchMode):
         self.rules.observe(op_name, args, out)  # where routing masks come from (trace/rules.py)
         at_seq = len(self.trace.events)
         sids = [self._track(leaf, op_name) if isinstance(leaf, torch.Tensor) else None for leaf in _tensor_leaves(out)]
+        if facts.communication:
+            self._label_communication(facts, args, kwargs, sids)
         if facts.recorded_call:
             self.trace.kernel_calls.append(KernelCall(op_name, at_seq, len(self.trace.events) - at_seq,
                                                       _meta_of(args), _meta_of(_tensor_leaves(out)), tuple(sids)))
@@ -141,7 +179,8 @@ class TraceRecorder(TorchDispatchMode):
                 return None
             self._free(key)  # resized in place (out= ops, resize_): old block gone, new one made
         sid = len(self.trace.storages)
-        record = StorageRecord(sid, nbytes, _PROVISIONAL[self.phase], self.phase, self.modules.current(),
+        category = self._sticky.get(key, _PROVISIONAL[self.phase]) if self._sticky else _PROVISIONAL[self.phase]
+        record = StorageRecord(sid, nbytes, category, self.phase, self.modules.current(),
                                op_name, self.step, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
         self.trace.storages[sid] = record
         self._live[key] = (sid, nbytes)
@@ -167,11 +206,55 @@ class TraceRecorder(TorchDispatchMode):
         events.append(Event(len(events), action, record.nbytes, record.sid, self.phase,
                             self.modules.current(), record.op, self.step))
 
+    # ---- many ranks: collective buffers and storages resized in place -----------------------
+    def _label_communication(self, facts: _OpFacts, args: tuple, kwargs: dict, sids: list[int | None]) -> None:
+        """What a collective allocates is a communication buffer; FSDP's copy-out fills unsharded parameters.
+        Storages it writes in place keep a category already settled (a gradient, a parameter)."""
+        if facts.name in UNSHARDED_PARAMETER_OPS:
+            for key in _written_storages(facts, args, kwargs):
+                self._sticky[key] = Category.PARAMETERS
+                known = self._live.get(key)
+                if known is not None:
+                    self.trace.storages[known[0]].category = Category.PARAMETERS
+            return
+        for sid in sids:
+            if sid is not None:
+                self.trace.storages[sid].category = Category.COMMUNICATION
+        for key in _written_storages(facts, args, kwargs) if facts.written else []:
+            known = self._live.get(key)
+            if known is not None and self.trace.storages[known[0]].category in _WORKING_CATEGORIES:
+                self.trace.storages[known[0]].category = Category.COMMUNICATION
+
+    def storage_resized(self, storage: Any) -> None:
+        """`storage.resize_(n)` (FSDP2's free_storage / alloc_storage of unsharded parameters): the old block
+        is freed and, for n > 0, a new one of n bytes is made, as the allocator sees it."""
+        if self.closed:
+            return
+        key, nbytes = id(storage), storage.nbytes()
+        known = self._live.get(key)
+        if known is not None and known[1] == nbytes:
+            return
+        if known is not None:
+            self._free(key)
+        if nbytes == 0:
+            return
+        old = self.trace.storages[known[0]] if known is not None else None
+        category = self._sticky.get(key, old.category if old is not None else _PROVISIONAL[self.phase])
+        sid = len(self.trace.storages)
+        record = StorageRecord(sid, nbytes, category, self.phase, self.modules.current(),
+                               old.op if old is not None else "resize_", self.step, old.dtype if old else "", ())
+        self.trace.storages[sid] = record
+        self._live[key] = (sid, nbytes)
+        self._emit("alloc", record)
+        self._deaths[sid] = weakref.ref(storage, lambda _, key=key, sid=sid: self._died(key, sid))
+
     # ---- settling categories after the fact -------------------------------------------------
     def storage_ids_of(self, tensors: Any) -> set[int]:
         ids = set()
-        for tensor in tensors:
-            if isinstance(tensor, torch.Tensor):
+        for outer in tensors:
+            if not isinstance(outer, torch.Tensor):
+                continue
+            for tensor in storage_tensors(outer) if self.distributed else (outer,):
                 known = self._live.get(id(tensor.untyped_storage()))
                 if known is not None:
                     ids.add(known[0])

@@ -50,6 +50,7 @@ class Prepared:
     checkpointed: list[str]
     device_type: str = "cpu"  # where the real run happens: autocast and GradScaler follow it
     cuda_semantics: bool = False  # a CPU trace of a CUDA run: CUDA's autocast lists, CUDA's optimizer default
+    autocast: bool = True  # False where FSDP2's MixedPrecisionPolicy casts instead (torchtitan uses no autocast then)
 
 
 def unpack_built(built: Any, source: ModelSource) -> tuple[torch.nn.Module, Any, Any]:
@@ -199,8 +200,11 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
 
 
 def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup,
-            source: ModelSource, device_type: str = "cpu", cuda_semantics: bool = False) -> Prepared:
-    """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model."""
+            source: ModelSource, device_type: str = "cpu", cuda_semantics: bool = False,
+            optimizer_factory: Any = None, checkpointed: list[str] | None = None) -> Prepared:
+    """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model. Many ranks
+    (trace/distributed.py) pass the strategy's `optimizer_factory(params, setup)` and the blocks already
+    checkpointed on the meta model (before sharding, as torchtitan orders them)."""
     if setup.precision == Precision.BF16 and any(p.dtype != torch.bfloat16 for p in model.parameters()
                                                  if p.is_floating_point()):
         model.to(torch.bfloat16)
@@ -216,13 +220,16 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
                              "matching all of them", where="--freeze")
         raise SetupError("expected a parameter to train, got a model whose parameters all have requires_grad=False",
                          where=model_where)
-    checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
+    if checkpointed is None:
+        checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
     scaler = torch.amp.GradScaler(device_type) if setup.precision == Precision.FP16_MIXED else None
     loss = setup.loss or source.default_loss or Loss.CROSS_ENTROPY
     if loss_fn is not None and setup.target_shape is not None:
         raise SetupError("expected --target-shape only with a built-in --loss; this model brings its own loss_fn",
                          where="--target-shape")
-    return Prepared(model, make_optimizer(trainable, setup, cuda_semantics), scaler,
+    optimizer = (optimizer_factory(trainable, setup) if optimizer_factory is not None
+                 else make_optimizer(trainable, setup, cuda_semantics))
+    return Prepared(model, optimizer, scaler,
                     make_batch or default_make_batch(setup, source), loss_fn or builtin_loss(loss),
                     make_target_fn(setup, loss), checkpointed, device_type, cuda_semantics)
 
@@ -231,7 +238,7 @@ def autocast_region(prepared: Prepared, setup: TrainingSetup):
     """One autocast region around forward and loss, as loops write `with autocast(): out = model(x);
     loss = loss_fn(out, y)`: the cast cache (low-precision parameter copies) lives until it closes."""
     dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
-    if dtype is None:
+    if dtype is None or not prepared.autocast:
         return contextlib.nullcontext()
     if prepared.cuda_semantics:
         from trainmem.trace.cuda_autocast import cuda_autocast_region

@@ -132,3 +132,72 @@ def fake_store():
 def flatten_mesh(mesh, name: str):
     """A multi-dimensional DeviceMesh as one dimension (DeviceMesh._flatten, what FSDP2's HSDP uses itself)."""
     return mesh._flatten(name)
+
+
+# ---- wrapper subclasses (DTensor) and storage resizes, for the per-rank trace (trace/distributed.py) ----
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402,F401 - re-exported
+
+
+def storage_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold a tensor's storage: a wrapper subclass (DTensor: its local shard) is
+    flattened through __tensor_flatten__, recursively; a plain or fake tensor is itself."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    inner = [getattr(tensor, name) for name in names]
+    return [leaf for value in inner if isinstance(value, torch.Tensor) for leaf in storage_tensors(value)]
+
+
+@contextlib.contextmanager
+def storage_resizes_reported(callback):
+    """While open, every `UntypedStorage.resize_` (FSDP2 frees and re-allocates unsharded parameters this way,
+    torch/distributed/fsdp/_fully_shard/_fsdp_common.py free_storage / alloc_storage; no dispatcher op sees
+    it) calls `callback(storage)` after resizing. Undone at exit."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(self, size):
+        result = original(self, size)
+        callback(self)
+        return result
+
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original
+
+
+@contextlib.contextmanager
+def dtensor_shape_propagation_muted(recorder):
+    """DTensor works out an op's global output shape by running the op on throw-away fake tensors of the
+    global shapes (torch/distributed/tensor/_sharding_prop.py _propagate_tensor_meta_non_cached), inside
+    `ShardingPropagator._fake_mode_lock` (a nullcontext by default). Those tensors are no rank's memory:
+    the lock is replaced by a context that mutes the recorder while it is held. Undone at exit."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    class _Muted:
+        def __init__(self):
+            self.before: list[bool] = []
+
+        def __enter__(self):
+            self.before.append(recorder.muted)
+            recorder.muted = True
+
+        def __exit__(self, *exc):
+            recorder.muted = self.before.pop()
+
+    original = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = _Muted()
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = original
+
+
+def is_wrapper_subclass(tensor: torch.Tensor) -> bool:
+    """A tensor subclass that wraps others (DTensor) rather than holding a storage of its own."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return is_traceable_wrapper_subclass(tensor)

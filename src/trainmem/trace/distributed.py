@@ -1,0 +1,164 @@
+"""Trace one rank of a many-rank run: the real torch.distributed code (DDP, FSDP2, DTensor TP, pipelining)
+on fake tensors over the fake process group, in this one process.
+
+For one RankRole, inside `fake_world(layout, role.rank)`: build on meta -> LoRA/QLoRA (finetune.apply) -> pure
+bf16 cast and --freeze on meta -> the strategies' `on_meta` (pp -> tp -> checkpointing -> data-parallel) ->
+FakeTensorMode + recorder -> materialize (`to_empty`, DTensor-aware) -> the strategies' `on_fake` -> prepare
+(the strategy's optimizer) -> the steps (the strategy's loop, for pipelines, or the user's loop).
+
+What the recorder does differently for ranks (trace/recorder.py): a DTensor op is left to DTensor, whose ops on
+the local shards are the ones recorded; DTensor's throw-away global-shape tensors are muted; FSDP2's storage
+resizes (free and re-allocate unsharded parameters) are alloc/free events; collective ops' outputs are
+communication buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+
+from trainmem.errors import SetupError, TrainmemError
+from trainmem.frontends import ModelSource
+from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake, apply_on_meta
+from trainmem.parallel.world import fake_world
+from trainmem.setup import Precision, TrainingSetup
+from trainmem.trace import keras_torch_step
+from trainmem.trace import step as training
+from trainmem.trace.checkpointing import checkpoint_blocks
+from trainmem.trace.dtype_checks import SameDtypeKernels
+from trainmem.trace.events import Category, Phase
+from trainmem.trace.meta_build import building_on_meta
+from trainmem.trace.modules import ModuleTracker
+from trainmem.trace.recorder import TraceRecorder
+from trainmem.trace.run import TraceSemantics, _model_facts, _RecordingObserver, materialize_fake
+from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, FakeTensorMode, dtensor_shape_propagation_muted, is_wrapper_subclass,
+                                          storage_resizes_reported, storage_tensors)
+from trainmem.trace.traced import TraceResult
+
+
+def build_on_meta(source: ModelSource, setup: TrainingSetup) -> tuple[Any, Any, Any, list[str]]:
+    """The model as every rank builds it, on meta: LoRA applied, cast for pure bf16, --freeze applied (FSDP2
+    and DDP read requires_grad when they wrap)."""
+    from trainmem.trace import finetune
+
+    with building_on_meta():
+        model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+        if keras_torch_step.is_keras_model(model):
+            raise SetupError("expected a PyTorch model with --strategy, got a Keras model", where="--strategy")
+        model, notes = finetune.apply(model, setup)
+        if setup.precision == Precision.BF16:
+            model.to(torch.bfloat16)  # on meta: the shards are made in bf16, and ties stay ties
+        training.freeze_parameters(model, setup.freeze)
+    return model, make_batch, loss_fn, notes
+
+
+def trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops: frozenset[str] = frozenset(),
+               semantics: TraceSemantics | None = None) -> TraceResult:
+    """The training steps of one rank (role.rank) as the TraceResult the assembler reads; extra fields on the
+    trace: `host_storages` (offloaded tensors) and the notes of the strategies in `warnings`."""
+    cuda = semantics is not None and semantics.cuda_semantics
+    with fake_world(setup.parallel, role.rank) as world:
+        model, make_batch, loss_fn, notes = build_on_meta(source, setup)
+        facts = _model_facts(model)  # the whole model's counts, as its card gives them
+        ctx = ParallelContext(setup.parallel, world, role, setup, cuda_semantics=cuda)
+        checkpointed: list[str] = []
+
+        def checkpoint(module: Any) -> None:
+            if setup.checkpointing:
+                checkpointed.extend(checkpoint_blocks(module))
+
+        model = apply_on_meta(model, ctx, before_data_parallel=checkpoint)
+        return _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
+                       notes, kernel_ops, semantics)
+
+
+def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts, notes, kernel_ops, semantics):
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
+    tracker = ModuleTracker(model)
+    recorder = TraceRecorder(tracker, kernel_ops)
+    recorder.distributed = True
+    observer = _RecordingObserver(recorder, model)
+    try:
+        switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
+        with fake_mode, SameDtypeKernels(), tracker, recorder, switched as target_notes, \
+                storage_resizes_reported(recorder.storage_resized), dtensor_shape_propagation_muted(recorder):
+            prepared, parallel, resolved = _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed,
+                                                  recorder, observer)
+    except TrainmemError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the model or a strategy failed: one line, where it failed
+        raise recorder.fail(error) from error
+    finally:
+        recorder.closed = True
+        FAKE_TENSOR_LOG.setLevel(fake_log_level)
+    parameters, trainable, per_module, trainable_shapes = facts
+    owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
+    warnings = (list(source.notes) + notes + ctx.notes + parallel.notes + recorder.rules.warnings()
+                + (target_notes.summary() if target_notes is not None else []))
+    return TraceResult(
+        trace=recorder.trace, parameters=parameters, trainable_parameters=trainable, module_parameters=per_module,
+        op_counts=recorder.op_counts, warnings=list(dict.fromkeys(warnings)), checkpointed=checkpointed,
+        model_name=type(getattr(model, "module", model)).__name__, output_elements=tracker.output_elements,
+        parameter_modules=owners, trainable_shapes=trainable_shapes, leaf_modules=leaves,
+        buffer_bytes=sum(local.numel() * local.element_size() for b in model.buffers() for local in storage_tensors(b)),
+        input_bytes=sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
+        resolved=resolved)
+
+
+def _materialize(model: Any) -> None:
+    """Fake CPU tensors for the meta ones: `to_empty` where a strategy made DTensors (it keeps their layout),
+    else the single-process path's materialize_fake (which keeps tied weights tied)."""
+    if any(is_wrapper_subclass(t) for t in model.parameters()):
+        model.to_empty(device="cpu")
+    else:
+        materialize_fake(model)
+
+
+def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorder, observer):
+    from trainmem.trace.resolved import BatchProbe, resolved_setup
+
+    _materialize(model)
+    observer.model = model
+    recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
+    recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
+    recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
+    before = len(recorder.trace.storages)
+    parallel = apply_on_fake(model, ctx)
+    # what the wrappers allocate when they are built (DDP's Reducer: its gradient buckets) is theirs
+    recorder.set_category({sid for sid in range(before, len(recorder.trace.storages))
+                           if recorder.trace.storages[sid].category == Category.PARAMETERS}, Category.COMMUNICATION)
+    prepared = training.prepare(parallel.model, make_batch, loss_fn, setup, source, cuda_semantics=ctx.cuda_semantics,
+                                optimizer_factory=parallel.make_optimizer, checkpointed=checkpointed)
+    prepared.autocast = not _fsdp_casts(ctx)
+    prepared.make_batch = probe = BatchProbe(prepared.make_batch)
+    (parallel.run_steps or training.run_steps)(prepared, setup, observer)
+    _label_after(recorder, parallel)
+    from trainmem.trace import finetune
+
+    resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
+                              prepared.optimizer, finetune.lora_used(model))
+    return prepared, parallel, resolved
+
+
+def _fsdp_casts(ctx: ParallelContext) -> bool:
+    """FSDP2 with a MixedPrecisionPolicy casts parameters itself; torchtitan then runs without autocast."""
+    from trainmem.parallel.layout import Strategy
+
+    sharded = ctx.layout.data_parallel in (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
+    return sharded and ctx.setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+
+
+def _label_after(recorder: TraceRecorder, parallel: Parallelized) -> None:
+    """Communication buffers and host-resident tensors the strategy names, once the steps ran."""
+    if parallel.communication_tensors is not None:
+        recorder.set_category(recorder.storage_ids_of(parallel.communication_tensors()), Category.COMMUNICATION)
+    if parallel.host_tensors is not None:
+        offloaded = recorder.storage_ids_of(parallel.host_tensors())
+        recorder.trace.offloaded_storages |= offloaded
+        recorder.trace.host_storages |= offloaded
+
