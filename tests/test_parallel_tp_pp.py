@@ -225,3 +225,19 @@ def test_recorder_settles_each_chunk_of_an_interleaving_schedule():
     quarter_mib = 1024 * 64 * 4
     assert forward == {("addmm", Category.TEMPORARIES): 2 * 4 * quarter_mib,
                        ("relu", Category.ACTIVATIONS): 2 * 4 * quarter_mib}
+
+
+# ---- end to end through trainmem.estimate ---------------------------------------------------------------------
+def test_estimate_tp_and_pp_per_rank_parameters_and_buffers():
+    import trainmem
+
+    # mlp:64-128-128-10 = Linear(64,128) 8,320, Linear(128,128) 16,512, Linear(128,10) 1,290 parameters
+    tp = trainmem.estimate("mlp:64-128-128-10", strategy="tp", world_size=2, batch_size=8).to_dict()
+    # the first pair is split (4,160 + 128x64 + 128 bias replicated); the unpaired last Linear stays whole
+    assert tp["breakdown"]["parameters"] == 4 * (4160 + 128 * 64 + 128 + 1290)
+    assert [r["ranks"] for r in tp["ranks"]] == [[0, 1]]
+    pp = trainmem.estimate("mlp:64-128-128-10", strategy="pp", world_size=2, batch_size=8).to_dict()
+    stages = {tuple(r["ranks"]): r["breakdown"] for r in pp["ranks"]}
+    assert stages[(0,)]["parameters"] == 4 * 8320 and stages[(1,)]["parameters"] == 4 * (16512 + 1290)
+    # one receive buffer per micro-batch (2 of 4 rows x 128 fp32): gradients into stage 0, activations into 1
+    assert stages[(0,)]["communication"] == stages[(1,)]["communication"] == 2 * 4 * 128 * 4
