@@ -76,6 +76,9 @@ def shard(model: nn.Module, ctx: Any, *, reshard_after_forward: bool, prefetch: 
     notes = [f"{kind}: fully_shard on {len(units)} unit(s) ({listed or 'none'}) then the root "
              f"(--fsdp-wrap {layout.fsdp_wrap}); reshard_after_forward={reshard_after_forward}; "
              f"prefetch {prefetch} module(s) ahead"]
+    if prefetch == 0:
+        notes.append("--fsdp-prefetch 0 traced as 1: FSDP2 has no public switch for its implicit backward prefetch "
+                     "(_fsdp_param_group.py _backward_prefetch all-gathers the next module in each pre-backward)")
     return notes + ([mp_note] if mp_note else [])
 
 

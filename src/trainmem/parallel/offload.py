@@ -90,9 +90,11 @@ def parallelized(model: nn.Module, ctx: Any, factory: Any = None):
 def note(offload: Offload) -> str:
     if offload == Offload.PARAMS:
         return ("offload params: FSDP2 CPUOffloadPolicy semantics, sharded parameters, gradients and optimizer "
-                "state (and the optimizer step) in host RAM; unsharded parameters and collective buffers on "
-                "the device. The per-unit device copy of the host shard before each all-gather is not traced "
-                "(at most one unit's shard: its unsharded bytes / dp)")
+                "state (and the optimizer step) in host RAM; unsharded parameters and collective buffers on the "
+                "device. Not traced (the trace's device is the host, so FSDP2's .to(device) copies are no-ops): "
+                "each unit's shards copied to the device before its all-gather (freed before the copy-out, which "
+                "holds twice the unit's unsharded bytes, so never the peak) and the reduce-scatter output on the "
+                "device until its copy to host (a unit's unsharded bytes / dp, during that unit's reduce-scatter)")
     return ("offload optimizer: optimizer state and its step in host RAM (DeepSpeed offload_optimizer "
             "semantics; FSDP2 only offloads parameters, gradients and state together); DeepSpeed's extra fp32 "
             "master copy for 16-bit parameters is not modelled")
