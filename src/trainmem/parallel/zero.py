@@ -13,13 +13,16 @@
   stage3_prefetch_bucket_size (elements fetched ahead) maps onto FSDP2's explicit prefetch: as many units
   ahead as the bucket holds, counting the smallest unit (at least one, FSDP2's implicit prefetch).
 
-How torch's mechanisms differ from DeepSpeed's (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py;
-docs: https://deepspeed.readthedocs.io/en/latest/zero3.html): DeepSpeed keeps 16-bit parameters for the
-model and fp32 master weights in the optimizer partition (the 2/2/12 bytes per parameter of the ZeRO paper's
-16Ψ), while torch trains the parameters in their own dtype (fp32 with autocast: no separate master copy);
-ZeRO-1/2 reduce into contiguous gradient buffers with `reduce_bucket_size` = 5e8 elements and
-`allgather_bucket_size` = 5e8 by default (stage_1_and_2.py), and ZeRO-2 keeps the full 16-bit parameters at
-all times, where FSDP2 reshards after backward; DDP's buckets default to 25 MiB.
+How torch's mechanisms differ from DeepSpeed's (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py; the
+defaults are DeepSpeedZeroConfig's in deepspeed/runtime/zero/config.py; docs:
+https://deepspeed.readthedocs.io/en/latest/zero3.html): DeepSpeed keeps 16-bit parameters for the model and
+fp32 master weights in the optimizer partition (the 2/2/12 bytes per parameter of the ZeRO paper's 16Ψ),
+while torch trains the parameters in their own dtype (fp32 with autocast: no separate master copy); ZeRO-1/2
+reduce into contiguous gradient buffers (`contiguous_gradients`) in buckets of `reduce_bucket_size` = 5e8
+elements and all-gather updated parameters in `allgather_bucket_size` = 5e8 elements, and ZeRO-2 keeps the
+full 16-bit parameters at all times, where FSDP2 reshards after backward; DDP's buckets default to 25 MiB.
+ZeRO-3's `stage3_max_live_parameters` (1e9) and `stage3_max_reuse_distance` (1e9) have no FSDP2 counterpart
+and are not modelled; DeepSpeed's `offload_param` is valid with stage 3 only.
 """
 
 from __future__ import annotations
