@@ -161,6 +161,13 @@ def test_wrap_units_policies():
         mixed = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.LayerNorm(4))
     assert fsdp.wrap_units(mixed, FsdpWrap.AUTO) == [mixed[0], mixed[2]]  # no repeated block: the children
     assert fsdp.wrap_units(mixed, FsdpWrap.BLOCKS) == []
+    with torch.device("meta"):
+        mlp = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        seq2seq = nn.Module()
+        seq2seq.encoder = nn.ModuleList([Block(), Block()])
+        seq2seq.decoder = nn.ModuleList([Block(), Block()])
+    assert fsdp.wrap_units(mlp, FsdpWrap.AUTO) == [mlp[0], mlp[2], mlp[4]]  # the LayerNorm stays with the root
+    assert fsdp.wrap_units(seq2seq, FsdpWrap.AUTO) == [*seq2seq.encoder, *seq2seq.decoder]
 
 
 # ---- FSDP2 traced ----------------------------------------------------------------------------------------

@@ -3,9 +3,9 @@ the fake process group's data-parallel mesh (2-D, replicate x shard, for HSDP), 
 all-gather buffers and unsharded parameters, the reduce-scatter buffers and sharded gradients are made and
 freed by FSDP2's own code (torch/distributed/fsdp/_fully_shard, torch 2.13).
 
-Wrapping (`--fsdp-wrap`): `auto` shards each repeated block (the children with parameters of a ModuleList or
-Sequential when there are at least two and all have the same class: transformer layers, a stack of Linear
-layers), else each top-level child with parameters, then the root (torchtitan's apply_fsdp shards each
+Wrapping (`--fsdp-wrap`): `auto` shards each repeated block (in a ModuleList or Sequential, the children with
+parameters whose class occurs there at least twice: transformer layers, a stack of Linear layers), else each
+top-level child with parameters, then the root (torchtitan's apply_fsdp shards each
 transformer block, then the model); `blocks`, `children` and `root` choose one of those alone.
 """
 
@@ -94,23 +94,28 @@ def wrap_units(model: nn.Module, policy: FsdpWrap | str) -> list[nn.Module]:
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """Children with parameters of every ModuleList/Sequential whose parameterized children (at least two)
-    share one class; the search does not descend into a block found."""
+    """In every ModuleList/Sequential (the model itself included), the children with parameters whose class
+    occurs there at least twice (a transformer's layers, an MLP's Linears; an encoder's and a decoder's
+    layers both); the search does not descend into a block found."""
     found: list[nn.Module] = []
+
+    def members(container: nn.Module) -> list[nn.Module]:
+        kinds = [type(m) for m in container.children() if _has_parameters(m)]
+        return [m for m in container.children() if _has_parameters(m) and kinds.count(type(m)) >= 2]
 
     def visit(module: nn.Module) -> None:
         for child in module.children():
-            if isinstance(child, (nn.ModuleList, nn.Sequential)):
-                members = [m for m in child.children() if _has_parameters(m)]
-                if len(members) >= 2 and len({type(m) for m in members}) == 1:
-                    found.extend(members)
-                    continue
+            if id(child) in taken:
+                continue
+            if isinstance(child, (nn.ModuleList, nn.Sequential)) and members(child):
+                found.extend(members(child))
+                taken.update(id(m) for m in members(child))
+                continue
             visit(child)
 
-    if isinstance(model, (nn.ModuleList, nn.Sequential)):  # the root itself is the stack
-        members = [m for m in model.children() if _has_parameters(m)]
-        if len(members) >= 2 and len({type(m) for m in members}) == 1:
-            return members
+    taken: set[int] = set()
+    if isinstance(model, (nn.ModuleList, nn.Sequential)) and members(model):
+        return members(model)
     visit(model)
     return found
 
