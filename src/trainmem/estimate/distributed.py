@@ -25,9 +25,36 @@ def estimate_distributed(chosen: Any, setup: TrainingSetup) -> Estimate:
 
     model, _, _, _ = build_on_meta(chosen.source, setup)
     roles = rank_roles(setup.parallel, model)
+    shape = transformer_shape(model, chosen.source, setup)
     del model
     estimates = [assemble_role(chosen, setup, role, trace_role(chosen, setup, role)) for role in roles]
-    return combine(setup, roles, estimates)
+    est = combine(setup, roles, estimates)
+    return dataclasses.replace(est, parallel={**est.parallel, "cross_checks": cross_checks(est, setup, shape)})
+
+
+def transformer_shape(model: Any, source: Any, setup: TrainingSetup) -> dict | None:
+    """A Hugging Face transformer's shape numbers (hidden size, heads, layers, sequence) for the activation
+    formula; None for other models."""
+    config = getattr(model, "config", None)
+    seq_len = source.resolved.get("seq_len") or setup.seq_len
+    if config is None or not seq_len or not all(hasattr(config, key) for key in
+                                                ("hidden_size", "num_attention_heads", "num_hidden_layers")):
+        return None
+    from trainmem.parallel.analytic import model_config_from_hf
+
+    try:
+        return model_config_from_hf(config, int(seq_len))
+    except (AttributeError, TypeError):
+        return None
+
+
+def cross_checks(est: Estimate, setup: TrainingSetup, shape: dict | None) -> list[dict]:
+    """The analytic formulas beside the traced figures (parallel/analytic.py), each difference explained."""
+    try:
+        from trainmem.parallel.analytic import cross_checks as formulas
+    except ImportError:
+        return []
+    return [check.to_dict() for check in formulas(est.to_dict(), setup.parallel, shape)]
 
 
 def trace_role(chosen: Any, setup: TrainingSetup, role: Any) -> Any:

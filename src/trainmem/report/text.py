@@ -111,6 +111,7 @@ def render_text(est) -> str:
     if est.process_bytes_high > est.process_bytes:
         out += _table([["process, high end", format_bytes(est.process_bytes_high),
                         "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")
+    out += _ranks_section(est)
     out += ["", f"Where: {step_label(est.peak_step, s.steps)}, {est.peak_phase}, module "
                 f"'{module_label(est.peak_module)}', op {est.peak_op}", *_lean_loop(est), "", "Breakdown at the peak"]
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
@@ -144,3 +145,39 @@ def render_text(est) -> str:
     if est.warnings:
         out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
     return "\n".join(out)
+
+
+def _layout_words(parallel: dict) -> str:
+    layout = parallel["layout"]
+    degrees = " × ".join(f"{name} {layout[name]}" for name in ("pp", "dp", "tp") if layout[name] > 1) or "1 rank"
+    extra = f", offload {layout['offload']}" if layout["offload"] != "none" else ""
+    return f"{layout['strategy']}: {layout['world_size']:,} ranks ({degrees}){extra}"
+
+
+def _ranks_section(est) -> list[str]:
+    """Many ranks: one row per distinct rank role, the most loaded marked, the spread between them."""
+    parallel = getattr(est, "parallel", None)
+    if parallel is None:
+        return []
+    cuda = est.device.kind == "cuda"
+    most = parallel["most_loaded"]["label"]
+    host = any(row.host_bytes for row in est.ranks)
+    header = ["role", "ranks", "tensors", *(["reserved"] if cuda else []), "process", *(["host RAM"] if host else []), ""]
+    rows = [header]
+    for row in est.ranks:
+        peak = row.peak
+        rows.append([row.label, f"{len(row.ranks):,}", format_bytes(peak["tensor_bytes"]),
+                     *([format_bytes(peak["reserved_bytes"] or 0)] if cuda else []), format_bytes(peak["process_bytes"]),
+                     *([format_bytes(row.host_bytes)] if host else []), "◀ most loaded" if row.label == most else ""])
+    lines = ["", f"Per rank — {_layout_words(parallel)}"]
+    lines += _table(rows, "lr" + "r" * (len(header) - 3) + "l")
+    lines.append(f"  spread between roles: {format_bytes(parallel['spread_bytes'])} (process); the figures above "
+                 f"this section are the most loaded role's ({most})")
+    if host:
+        lines.append(f"  host RAM for offloaded tensors: {format_bytes(parallel['host_bytes_per_rank'])} a rank, "
+                     f"{format_bytes(parallel['host_bytes_per_node'])} a node of {parallel['layout']['gpus_per_node']}")
+    for check in parallel.get("cross_checks", []):
+        lines.append(f"  {check['name']}: formula {format_bytes(check['formula_bytes'])} → traced "
+                     f"{format_bytes(check['traced_bytes'])}")
+        lines.append(f"      {check['explanation']}")
+    return lines

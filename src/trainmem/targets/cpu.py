@@ -295,3 +295,25 @@ def _transients(effect: KernelEffect, call: KernelCall, trace: Trace, keys) -> t
                     emit(out, "alloc", size - remaining, live[-1][0])
                 remaining -= min(size, remaining)
     return lists[0], lists[1]
+
+
+def _gloo_rule(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
+    """gloo's collectives on the CPU (targets/gloo.py: the flat all-gather buffer, the reduce-scatter input clone,
+    measured in real multi-process runs); a call with several effects keeps them all live together (high)."""
+    from trainmem.targets.gloo import gloo_effects
+
+    effects = gloo_effects(call)
+    if not effects:
+        return KernelEffect()
+    return KernelEffect(tuple(n for e in effects for n in e.before), tuple(n for e in effects for n in e.after),
+                        rule=effects[0].rule)
+
+
+def _register_gloo() -> None:
+    from trainmem.targets.gloo import GLOO_OPS
+
+    for op in sorted(GLOO_OPS):
+        kernel_rule(op)(_gloo_rule)
+
+
+_register_gloo()

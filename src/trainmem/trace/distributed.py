@@ -23,6 +23,7 @@ import torch
 from trainmem.errors import SetupError, TrainmemError
 from trainmem.frontends import ModelSource
 from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake, apply_on_meta
+from trainmem.parallel.layout import Offload
 from trainmem.parallel.world import fake_world
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import keras_torch_step
@@ -81,7 +82,7 @@ def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
     tracker = ModuleTracker(model)
     recorder = TraceRecorder(tracker, kernel_ops)
     recorder.distributed = True
-    observer = _RecordingObserver(recorder, model)
+    observer = _RankObserver(recorder, model)
     try:
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
         with fake_mode, SameDtypeKernels(), tracker, recorder, switched as target_notes, \
@@ -128,7 +129,7 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
     before = len(recorder.trace.storages)
-    parallel = apply_on_fake(model, ctx)
+    parallel = observer.parallel = apply_on_fake(model, ctx)
     # what the wrappers allocate when they are built (DDP's Reducer: its gradient buckets) is theirs
     recorder.set_category({sid for sid in range(before, len(recorder.trace.storages))
                            if recorder.trace.storages[sid].category == Category.PARAMETERS}, Category.COMMUNICATION)
@@ -137,7 +138,8 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     prepared.autocast = not _fsdp_casts(ctx)
     prepared.make_batch = probe = BatchProbe(prepared.make_batch)
     (parallel.run_steps or training.run_steps)(prepared, setup, observer)
-    _label_after(recorder, parallel)
+    if ctx.layout.offload != Offload.NONE:  # the optimizer step runs on the host: its allocations are host RAM
+        observer.offload({r.sid for r in recorder.trace.storages.values() if r.phase == Phase.OPTIMIZER})
     from trainmem.trace import finetune
 
     resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
@@ -153,12 +155,29 @@ def _fsdp_casts(ctx: ParallelContext) -> bool:
     return sharded and ctx.setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
 
 
-def _label_after(recorder: TraceRecorder, parallel: Parallelized) -> None:
-    """Communication buffers and host-resident tensors the strategy names, once the steps ran."""
-    if parallel.communication_tensors is not None:
-        recorder.set_category(recorder.storage_ids_of(parallel.communication_tensors()), Category.COMMUNICATION)
-    if parallel.host_tensors is not None:
-        offloaded = recorder.storage_ids_of(parallel.host_tensors())
-        recorder.trace.offloaded_storages |= offloaded
-        recorder.trace.host_storages |= offloaded
+class _RankObserver(_RecordingObserver):
+    """The recording observer, plus what the strategy names after each backward and optimizer step: DDP's
+    buckets of that backward (rebuilt between steps, so asked each time) and the tensors in host RAM (gradients
+    die at zero_grad, so asked while they live)."""
 
+    parallel: Parallelized | None = None
+
+    def after_backward(self, model: Any) -> None:
+        super().after_backward(model)
+        if self.parallel is not None and self.parallel.communication_tensors is not None:
+            ids = self.recorder.storage_ids_of(self.parallel.communication_tensors())
+            self.recorder.set_category(ids, Category.COMMUNICATION)
+        self._host()
+
+    def after_optimizer(self, optimizer: Any, scaler: Any) -> None:
+        super().after_optimizer(optimizer, scaler)
+        self._host()
+
+    def _host(self) -> None:
+        if self.parallel is not None and self.parallel.host_tensors is not None:
+            self.offload(self.recorder.storage_ids_of(self.parallel.host_tensors()))
+
+    def offload(self, sids: set[int]) -> None:
+        trace = self.recorder.trace
+        trace.offloaded_storages |= sids
+        trace.host_storages |= sids
