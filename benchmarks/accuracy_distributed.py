@@ -117,6 +117,16 @@ print("RESULT " + json.dumps({"peak": out["peak"], "breakdown": out["breakdown"]
 
 
 def trace_row(row: dict, timeout: int) -> dict:
+    """The row's trace; for selective activation checkpointing (not modelled) also the trace without any, so that
+    the two bracket it."""
+    result = _run_child(row, timeout)
+    if "selective" in row["published_settings"] and "error" not in result:
+        bare = _run_child({**row, "setup": {**row["setup"], "checkpointing": False}}, timeout)
+        result["no_ac"] = {k: bare[k] for k in ("peak", "error", "seconds", "wall_s") if k in bare}
+    return result
+
+
+def _run_child(row: dict, timeout: int) -> dict:
     """Run trainmem.estimate for the row in a fresh process; the result, or the failure's last line."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(LLAMA_405B))
@@ -147,8 +157,17 @@ def _cell(traced: dict | None, published: int) -> tuple[str, str, str]:
     if "error" in traced:
         return f"not traced ({traced['wall_s']} s): {traced['error']}", "", ""
     reserved = traced["peak"]["reserved_bytes"]
-    error = (reserved - published) / published
-    return f"{reserved / GIB:.1f}", f"{error:+.0%}", f"{traced['seconds']:.0f} s"
+    value, error, seconds = f"{reserved / GIB:.1f}", f"{(reserved - published) / published:+.0%}", \
+        f"{traced['seconds']:.0f} s"
+    bare = traced.get("no_ac")
+    if bare and "peak" in bare:
+        other = bare["peak"]["reserved_bytes"]
+        value += f" (full AC) – {other / GIB:.1f} (no AC)"
+        error += f" – {(other - published) / published:+.0%}"
+        seconds += f" + {bare['seconds']:.0f} s"
+    elif bare:
+        value += f" (full AC); no AC: {bare.get('error', 'failed')}"
+    return value, error, seconds
 
 
 def render(rows: list[dict], traced: dict[str, dict]) -> str:
@@ -202,11 +221,16 @@ def main() -> None:
     rows = [json.loads(line) for line in PUBLISHED.read_text().splitlines() if line.strip()]
     traced = load_traced()
     if args.trace:
+        done: dict[str, dict] = {}  # rows whose traced setup is the same (compile, float8 differ only in notes)
         for row in rows:
             if args.only and row["id"] not in args.only:
                 continue
-            traced[row["id"]] = trace_row(row, args.timeout)
-            print(row["id"], {k: v for k, v in traced[row["id"]].items() if k in ("error", "wall_s", "peak")},
+            key = json.dumps([row["model"], row["setup"], row["layout"], row["device"],
+                              "selective" in row["published_settings"]], sort_keys=True)
+            if key not in done:
+                done[key] = trace_row(row, args.timeout)
+            traced[row["id"]] = {**done[key], "id": row["id"]}
+            print(row["id"], {k: v for k, v in traced[row["id"]].items() if k in ("error", "wall_s", "peak", "no_ac")},
                   flush=True)
             TRACED.write_text("".join(json.dumps(traced[r["id"]]) + "\n" for r in rows if r["id"] in traced))
     REPORT.write_text(render(rows, traced))
