@@ -26,6 +26,7 @@ from pathlib import Path
 
 _EVENT = re.compile(r"C10 (alloc|deleted) (\d+) bytes, total alloc (\d+) bytes")
 _MARK = "TRAINMEM_MARK "
+LOOKAHEAD = 32  # profiler events searched ahead when pairing c10's lines with them (threads interleave)
 ROUND = 64  # PyTorch's CPU allocator rounds each request to 64 bytes (c10/core/impl/alloc_cpu.cpp), as measure/child.py
 
 
@@ -71,7 +72,9 @@ def _rounded(nbytes: int) -> int:
 
 
 def events(path: str | Path) -> list[tuple[str, int, int]]:
-    """("alloc"|"free"|"mark", bytes, reported total) in the order written; a mark has its name's hash 0."""
+    """(kind, bytes, reported total) in the order written: kind "alloc", "free" or "mark:<name>" (a mark's
+    bytes and total are 0 and -1). The log's time stamps are not used: their fraction of a second does not
+    follow the wall clock (measured 0.64 s off the profiler's)."""
     out: list[tuple[str, int, int]] = []
     with open(path, errors="replace") as handle:
         for line in handle:
@@ -85,31 +88,81 @@ def events(path: str | Path) -> list[tuple[str, int, int]]:
     return out
 
 
-def peaks(path: str | Path) -> dict[str, int | str]:
-    """The tensor peak (running sum of 64-byte-rounded blocks, as measure/child.py counts), the peak of the
-    reporter's own unrounded total, and the rounded peaks before and within the loop (marks loop_start /
-    loop_end). Lines written by different threads may land out of the reporter's order; the unrounded
-    peak is the reporter's total and does not depend on it, and `order_gaps` counts lines whose total does
-    not follow from the line before."""
+def peaks(stream: list[tuple[str, int, int]]) -> dict[str, int | str]:
+    """The tensor peak (running sum of 64-byte-rounded blocks, as measure/child.py counts) of `stream` in its
+    order, the peak of the reporter's own unrounded total, and the rounded peaks before and within the loop
+    (marks loop_start / loop_end). Lines written by different threads may land out of the reporter's order;
+    `order_gaps` counts lines whose total does not follow from the line before (0 when in order)."""
     current = peak = total_peak = gaps = frees = allocs = 0
     previous_total = 0
     section = "init"
     section_peaks = {"init": 0, "loop": 0, "after": 0}
     peak_in = "init"
-    for kind, nbytes, total in events(path):
+    for kind, nbytes, total in stream:
         if kind.startswith("mark:"):
             section = {"mark:loop_start": "loop", "mark:loop_end": "after"}.get(kind, section)
             continue
         signed = nbytes if kind == "alloc" else -nbytes
         allocs += kind == "alloc"
         frees += kind == "free"
-        gaps += total - signed != previous_total
-        previous_total = total
+        if total >= 0:
+            gaps += total - signed != previous_total
+            previous_total = total
+            total_peak = max(total_peak, total)
         current += _rounded(nbytes) if kind == "alloc" else -_rounded(nbytes)
-        total_peak = max(total_peak, total)
         section_peaks[section] = max(section_peaks[section], current)
         if current > peak:
             peak, peak_in = current, section
     return {"tensor_peak_bytes": peak, "c10_total_peak_bytes": total_peak, "init_peak_bytes": section_peaks["init"],
             "loop_peak_bytes": section_peaks["loop"], "peak_in": peak_in, "order_gaps": gaps,
             "c10_allocs": allocs, "c10_frees": frees}
+
+
+def settled(stream: list[tuple[str, int, int]], profiled: list[tuple[int, int, int]],
+            main: int | None) -> tuple[list[tuple[str, int, int]], int]:
+    """The stream with each free that a gloo worker made after its work had finished moved back to where
+    that work finished, and how many were moved.
+
+    Such a free is one the profiler did not record (it happens on a thread without the profiler's state;
+    every other line of the stream has a profiler event): c10's lines are paired in order with the
+    profiler's (epoch ns, signed bytes, thread) events, looking a few events ahead where threads interleave.
+    An unpaired free is moved to just after the last line made on a worker thread (not `main`) before it: a
+    reduce-scatter's work on gloo ends there, with ReduceOp.AVG's division, and an idle machine's worker
+    drops the finished work then. A moved line's reported total is -1."""
+    threads = _pair(stream, profiled)
+    out: list[tuple[str, int, int]] = []
+    last_worker = -1  # position in `out` of the last line made on a worker thread
+    moved = 0
+    for (kind, nbytes, total), thread in zip(stream, threads):
+        if kind == "free" and thread is None and last_worker >= 0:
+            out.insert(last_worker + 1, (kind, nbytes, -1))
+            last_worker += 1
+            moved += 1
+            continue
+        out.append((kind, nbytes, total))
+        if thread is not None and thread != main:
+            last_worker = len(out) - 1
+    return out, moved
+
+
+def _pair(stream: list[tuple[str, int, int]], profiled: list[tuple[int, int, int]]) -> list[int | None]:
+    """The profiler's thread of each line of `stream` (None: a mark, or a line the profiler did not record)."""
+    used = [False] * len(profiled)
+    start = 0
+    threads: list[int | None] = []
+    for kind, nbytes, _ in stream:
+        signed = nbytes if kind == "alloc" else -nbytes
+        found = None
+        if not kind.startswith("mark:"):
+            for index in range(start, min(start + LOOKAHEAD, len(profiled))):
+                if not used[index] and profiled[index][1] == signed:
+                    found = index
+                    break
+        if found is None:
+            threads.append(None)
+            continue
+        used[found] = True
+        threads.append(profiled[found][2])
+        while start < len(used) and used[start]:
+            start += 1
+    return threads

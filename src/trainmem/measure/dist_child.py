@@ -68,17 +68,26 @@ def run(request: dict) -> dict:
 
 
 def _measure_tensors(request: dict, layout: dict) -> dict:
-    """The run with c10's allocation log on (measure/c10_log.py) and, for comparison, the profiler."""
+    """The run with c10's allocation log on (measure/c10_log.py) and the profiler beside it. The tensor peak
+    is c10's stream with gloo workers' late frees moved back to the end of their work (`late_frees`);
+    `raw_peak_bytes` is the stream as it happened (higher when a worker ran late on a busy machine)."""
     from torch.profiler import ProfilerActivity, profile
 
     from trainmem.measure import c10_log
+    from trainmem.trace.torch_private import profiler_memory_events_threads
 
     log_path = os.path.join(request["log_dir"], f"{os.environ['RANK']}.c10.log")
     with c10_log.logging(log_path) as log:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             _train(request, layout, log.mark)
-    figures = c10_log.peaks(log_path)
-    figures.update(_profiler_figures(prof))
+    stream = c10_log.events(log_path)
+    profiled = sorted(profiler_memory_events_threads(prof))
+    main = profiled[0][2] if profiled else None  # the first allocation builds the model, on the main thread
+    settled, moved = c10_log.settled(stream, profiled, main)
+    figures = c10_log.peaks(settled)
+    figures["raw_peak_bytes"] = c10_log.peaks(stream)["tensor_peak_bytes"]
+    figures["late_frees"] = moved
+    figures.update(_profiler_figures(profiled, main))
     return figures
 
 
@@ -197,15 +206,11 @@ def _optimizer_class(setup) -> tuple[type, dict]:
     return cls, {**kwargs, **impl}
 
 
-def _profiler_figures(prof) -> dict:
+def _profiler_figures(events: list[tuple[int, int, int]], main: int | None) -> dict:
     """The profiler's view of the same run, beside c10's: its peak (running sum of its memory events over
     all threads, 64-byte rounded), the bytes it saw allocated on threads other than the main one (gloo's
     workers), and how many threads it saw allocate. It misses frees made on a thread without the
     profiler's state, so its peak can only be higher than c10's."""
-    from trainmem.trace.torch_private import profiler_memory_events_threads
-
-    events = sorted(profiler_memory_events_threads(prof), key=lambda e: e[0])
-    main = events[0][2] if events else None  # the first allocation builds the model, on the main thread
     current = peak = other = 0
     for _, size, thread in events:
         rounded = (abs(size) + 63) // 64 * 64
