@@ -57,7 +57,8 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
         rows = core.run(tracer, candidates, budget, bar, time_limit, started)
     notes = [] if facts.blocks else ["no repeated blocks found: every layout traced with the whole model"]
     return PlanResult(source.name, facts.parameters, chosen, gpus_per_node, budget, kept.fraction, kept.source,
-                      tuple(rows), core.REUSE_WORDS, tracer.traces, time.perf_counter() - started, tuple(notes), top)
+                      tuple(rows), core.REUSE_WORDS, tracer.traces, time.perf_counter() - started, tuple(notes), top,
+                      tracer.predicted)
 
 
 def _choices(strategies, micro_batches, precisions, checkpointing, offloads) -> dict[str, Any]:

@@ -20,9 +20,9 @@ from trainmem.units import format_bytes
 BLOCK_POINTS = (1, 2, 3)  # blocks per pipeline stage traced for the line (reuse.py, 1.)
 DP_POINTS = (2, 4)  # data-parallel degrees traced for the line in 1/dp (reuse.py, 3.)
 REUSE_WORDS = ("each layout's rank roles traced with 1, 2 and 3 blocks per pipeline stage and extrapolated to "
-               "the model's blocks per (phase, category) maximum; data-parallel degrees above 4 from traces at 2 "
-               "and 4 as lines in 1/dp plus a padded row per parameter; figures rounded up to MiB "
-               "(trainmem/plan/reuse.py)")
+               "the model's blocks per (phase, category) maximum; micro-batches above 2 predicted from two traced "
+               "ones (checked once per layout); data-parallel degrees above 4 from traces at 2 and 4 as lines in "
+               "1/dp plus a padded row per parameter; figures rounded up to MiB (trainmem/plan/reuse.py)")
 
 
 def dp_points(candidate: layouts.Candidate, gpus_per_node: int) -> tuple[int, ...]:
@@ -132,17 +132,22 @@ def screen(candidates: list[layouts.Candidate], facts: ModelFacts, tracer: Trace
     return ruled, left
 
 
+def _simplest_first(members: list) -> tuple:
+    """Fewer model-parallel ranks first (no pipeline bubble, fewer TP all-reduces), then the lower floor."""
+    first = members[0][1]
+    return (first.tp * first.pp, first.pp, min(f for f, _ in members), str(first))
+
+
 def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progress, time_limit: float | None,
         started: float) -> list[PlanRow]:
-    """Groups of one (kind, dp, tp, pp, precision), those with the smallest model-state floor first (the most
-    sharded: the likeliest to fit with the most headroom); past `time_limit` seconds the rest are listed as not
+    """Groups of one (kind, dp, tp, pp, precision), the simplest first (_simplest_first); past `time_limit` seconds the rest are listed as not
     evaluated."""
     ruled, left = screen(candidates, tracer.facts, tracer, budget)
     groups: dict[tuple, list] = {}
     for floor, candidate in left:
         key = (candidate.kind, candidate.dp, candidate.tp, candidate.pp, candidate.precision)
         groups.setdefault(key, []).append((floor, candidate))
-    order = sorted(groups.values(), key=lambda members: (min(f for f, _ in members), str(members[0][1])))
+    order = sorted(groups.values(), key=_simplest_first)
     progress.total(len(left))
     rows = list(ruled)
     for members in order:

@@ -16,7 +16,9 @@ estimate's (tests/test_plan.py checks them against full estimates of small model
    The slope used is the larger of the two steps (1→2, 2→3), never below 0; a series whose two steps differ
    is counted as not affine and named in the result. What the allocator and the runtime add beyond the live
    bytes (rounding, cached blocks, the CUDA context) is extrapolated the same way.
-2. Micro-batch. Each micro-batch size is its own trace of the small models (1–3 blocks cost seconds).
+2. Micro-batch. Micro-batches 1 and 2 are traced (2 and 4 where batch 1 traces another stream); larger ones
+   are predicted from those two traces value by value (trace/batch_scaling.py, fit's ScaledBatches), once per
+   layout a real trace at the first predicted micro-batch is found equal to its prediction (else all traced).
 3. Data-parallel degree. A rank's sharded states are exact padded shards (ceil(dim0 / dp) rows per
    parameter), so every figure is U + W/dp plus at most one padded row per parameter tensor. With dp ≤ 4 the
    layout itself is traced; above, dp = 2 and dp = 4 are traced and each figure is extrapolated in 1/dp, plus
@@ -24,6 +26,12 @@ estimate's (tests/test_plan.py checks them against full estimates of small model
    on dp ≥ 2 (full replicas, full buckets): dp = 2 stands for all. HSDP depends on its shard degree only:
    traced with that shard degree and 2 replicas.
 Every extrapolated figure is rounded up to whole MiB.
+
+What this does not prove: a per-(phase, category) maximum is a maximum over moments, each moment's bytes a line
+in the blocks (or in 1/dp); a maximum of lines bends upwards, so a line through traced points is below it beyond
+them when the moment that holds the maximum changes past the traced sizes (a fixed-size temporary that leads at
+1-3 blocks, overtaken at 80 by one that grows per block). The steeper-slope rule catches a change within the
+traced sizes only; tests/test_plan.py compares the planner with full estimates of small models.
 """
 
 from __future__ import annotations

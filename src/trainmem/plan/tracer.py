@@ -73,14 +73,32 @@ def traced_roles(roles: list, layout: ParallelLayout, model: Any) -> list:
     return [role for role in roles if role.pp_index in kept]
 
 
+@dataclasses.dataclass
+class RoleTrace:
+    """One traced rank role: what assembles it again at another batch size."""
+
+    pp_index: int
+    label: str
+    role: Any  # parallel.roles.RankRole, None for one process
+    traced: Any  # trace.run.TraceResult
+
+
 class Tracer:
-    """Figures per pipeline stage for (candidate's structure, dp, blocks, micro-batch); each traced once."""
+    """Figures per pipeline stage for (candidate's structure, dp, blocks, micro-batch), each traced once.
+
+    Micro-batches 1 and 2 are traced; larger ones are predicted from those two traces, value by value
+    (trace/batch_scaling.py, as fit's ScaledBatches does), once a real trace at the first larger micro-batch
+    has been found equal to its prediction for that layout and data-parallel degree; when it is not (or the
+    two traces are not one stream), every micro-batch of that layout is traced."""
 
     def __init__(self, source: Any, facts: ModelFacts, setup: TrainingSetup, device: Any, gpus_per_node: int):
         self.source, self.facts, self.setup, self.device = source, facts, setup, device
         self.gpus_per_node = gpus_per_node
         self.cache: dict[tuple, list[Figures]] = {}
+        self.real: dict[tuple, tuple[Any, TrainingSetup, list[RoleTrace]]] = {}
+        self.scalable: dict[tuple, Any] = {}  # (structure, dp) -> the confirmed pair of micro-batches, or False
         self.traces = 0  # rank-role traces run
+        self.predicted = 0  # rank-role traces predicted from two others
 
     def setup_for(self, candidate: Candidate, dp: int) -> TrainingSetup:
         layout = dataclasses.replace(candidate, dp=dp).layout(self.gpus_per_node, self.setup.parallel)
@@ -92,34 +110,90 @@ class Tracer:
     def stages(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures]:
         key = (candidate.structure(), dp, blocks, candidate.micro_batch)
         if key not in self.cache:
-            self.cache[key] = self._trace(candidate, dp, blocks)
+            self.cache[key] = self._figures(candidate, dp, blocks)
         return self.cache[key]
 
-    def _trace(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures]:
-        from trainmem.estimate.orchestrate import assemble_traced, plan, trace
+    def _figures(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures]:
+        family = (candidate.structure(), dp)
+        if candidate.micro_batch > 2 and self.scalable.get(family) is not False:
+            predicted = self._predicted(candidate, dp, blocks)
+            if predicted is not None:
+                return predicted
+        chosen, setup, roles = self._real(candidate, dp, blocks)
+        return self._assembled(chosen, setup, roles)
 
+    def _real(self, candidate: Candidate, dp: int, blocks: int):
+        key = (candidate.structure(), dp, blocks, candidate.micro_batch)
+        if key not in self.real:
+            from trainmem.estimate.orchestrate import plan
+
+            setup = self.setup_for(candidate, dp)
+            chosen = plan(variant(self.source, self.facts, blocks), setup, self.device, 1)
+            self.real[key] = (chosen, setup, self._trace_roles(chosen, setup))
+        return self.real[key]
+
+    def _predicted(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures] | None:
+        """Figures from traces at two smaller micro-batches — (2, 4) when below, else (1, 2) (batch 1 may trace
+        another stream, fit's ScaledBatches says why) — or None where prediction is refuted or impossible."""
+        from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
+
+        family = (candidate.structure(), dp)
         setup = self.setup_for(candidate, dp)
-        source = variant(self.source, self.facts, blocks)
-        chosen = plan(source, setup, self.device, 1)
-        if not setup.parallel.distributed:
-            traced = trace(chosen, setup)
-            self.traces += 1
-            return [figures_of(chosen.target, traced, assemble_traced(chosen, setup, traced), "all ranks")]
-        return self._trace_roles(chosen, setup)
+        for pair in ((2, 4), (1, 2)):  # the nearer pair first
+            if pair[1] >= candidate.micro_batch or self.scalable.get(family) not in (None, pair):
+                continue
+            keys = [(family[0], dp, blocks, b) for b in pair]
+            if not all(key in self.real for key in keys):  # predict from traces made anyway, never trace for it
+                continue
+            traced = [self._real(dataclasses.replace(candidate, micro_batch=b), dp, blocks) for b in pair]
+            try:
+                scalings = [BatchScaling(traced[0][1].batch_size, one.traced, traced[1][1].batch_size, two.traced)
+                            for one, two in zip(traced[0][2], traced[1][2])]
+                roles = [dataclasses.replace(role, traced=scaling.at(setup.batch_size))
+                         for role, scaling in zip(traced[0][2], scalings)]
+            except (StreamsDiffer, Unpredictable):
+                continue
+            if family not in self.scalable:  # the family's first prediction is checked against a real trace
+                real = self._real(candidate, dp, blocks)[2]
+                if not all(s.matches(setup.batch_size, r.traced) for s, r in zip(scalings, real)):
+                    self.scalable[family] = False
+                    return None
+                self.scalable[family] = pair
+            else:
+                self.predicted += len(roles)
+            return self._assembled(traced[0][0], setup, roles)
+        return None
 
-    def _trace_roles(self, chosen: Any, setup: TrainingSetup) -> list[Figures]:
-        from trainmem.estimate.distributed import assemble_role, trace_role  # the engine (estimate/distributed.py)
+    def _assembled(self, chosen: Any, setup: TrainingSetup, roles: list[RoleTrace]) -> list[Figures]:
+        from trainmem.estimate.orchestrate import assemble_traced
+
+        by_stage: dict[int, list[Figures]] = {}
+        for role in roles:
+            if role.role is None:
+                estimate = assemble_traced(chosen, setup, role.traced)
+            else:
+                from trainmem.estimate.distributed import assemble_role
+
+                estimate = assemble_role(chosen, setup, role.role, role.traced)
+            by_stage.setdefault(role.pp_index, []).append(figures_of(chosen.target, role.traced, estimate, role.label))
+        label = (lambda stage: f"pp stage {stage}") if setup.parallel.pp > 1 else (lambda stage: "all ranks")
+        return [merged(figs, label(stage)) for stage, figs in sorted(by_stage.items())]
+
+    def _trace_roles(self, chosen: Any, setup: TrainingSetup) -> list[RoleTrace]:
+        from trainmem.estimate.orchestrate import trace
+
+        if not setup.parallel.distributed:
+            self.traces += 1
+            return [RoleTrace(0, "all ranks", None, trace(chosen, setup))]
+        from trainmem.estimate.distributed import trace_role  # the engine (estimate/distributed.py)
         from trainmem.parallel.roles import rank_roles
         from trainmem.trace import step as training
         from trainmem.trace.meta_build import building_on_meta
 
         with building_on_meta():
             model = training.unpack_built(chosen.source.build(), chosen.source)[0]
-        by_stage: dict[int, list[Figures]] = {}
+        out = []
         for role in traced_roles(rank_roles(setup.parallel, model), setup.parallel, model):
-            traced = trace_role(chosen, setup, role)
+            out.append(RoleTrace(role.pp_index, role.label, role, trace_role(chosen, setup, role)))
             self.traces += 1
-            estimate = assemble_role(chosen, setup, role, traced)
-            by_stage.setdefault(role.pp_index, []).append(figures_of(chosen.target, traced, estimate, role.label))
-        return [merged(figs, f"pp stage {stage}" if setup.parallel.pp > 1 else "all ranks")
-                for stage, figs in sorted(by_stage.items())]
+        return out
