@@ -78,7 +78,7 @@ def launch(request: dict[str, Any], world_size: int, timeout: float, where: str)
             _kill(processes)
         results = [_result(rank, out, err, processes[rank].returncode) for rank, (out, err) in enumerate(outputs)]
     if failed == "timeout":
-        raise MeasureError(f"expected the {world_size} ranks to finish within {timeout:.0f} s, they did not "
+        raise MeasureError(f"expected the {world_size} ranks to finish within {timeout:g} s, they did not "
                            f"(all killed)", where=where)
     errors = [f"rank {r['rank']}: {r['error']}" for r in results if "error" in r]
     if errors:
