@@ -241,3 +241,15 @@ def test_estimate_tp_and_pp_per_rank_parameters_and_buffers():
     assert stages[(0,)]["parameters"] == 4 * 8320 and stages[(1,)]["parameters"] == 4 * (16512 + 1290)
     # one receive buffer per micro-batch (2 of 4 rows x 128 fp32): gradients into stage 0, activations into 1
     assert stages[(0,)]["communication"] == stages[(1,)]["communication"] == 2 * 4 * 128 * 4
+
+
+def test_llama_stage_keeps_layer_names_and_checkpoint_blocks():
+    from trainmem.parallel.pp_split import split_stages
+    from trainmem.trace.checkpointing import find_blocks
+
+    with torch.device("meta"):
+        model = _tiny_llama(tie=False).build()
+    last = split_stages(model, 2)[1]
+    assert [name for name, _ in last.named_children()] == ["model", "lm_head"]
+    assert sorted(n for n, _ in last.model.layers.named_children()) == ["2", "3"]  # the model's own layer numbers
+    assert [block for _, block in find_blocks(last)] == [model.model.layers[2], model.model.layers[3]]

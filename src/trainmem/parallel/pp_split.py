@@ -78,7 +78,11 @@ class CausalLMStage(nn.Module):
         self.model = nn.Module()
         if first:
             self.model.embed_tokens = base.embed_tokens
-        self.model.layers = nn.ModuleDict({str(i): base.layers[i] for i in layer_ids})
+        # a ModuleList (so --checkpointing finds the decoder layers as blocks, trace/checkpointing.py) whose
+        # entries keep the model's layer numbers as names: "model.layers.7" is layer 7 on whichever stage
+        self.model.layers = nn.ModuleList()
+        for i in layer_ids:
+            self.model.layers.add_module(str(i), base.layers[i])
         if last:
             self.model.norm = base.norm
         self.model.rotary_emb = base.rotary_emb  # buffers only (inv_freq); each stage holds its copy
@@ -96,7 +100,7 @@ class CausalLMStage(nn.Module):
         position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
         masks = self._masks(hidden, position_ids)
         position_embeddings = self.model.rotary_emb(hidden, position_ids=position_ids)
-        for index, layer in self.model.layers.items():
+        for index, layer in self.model.layers.named_children():
             hidden = layer(hidden, attention_mask=masks[self._layer_type(int(index))],
                            position_embeddings=position_embeddings, position_ids=position_ids)
         if self.last:
@@ -118,7 +122,7 @@ class CausalLMStage(nn.Module):
         # on meta (pp_run's pass for the stage boundaries' shapes) the packed-sequence check that position_ids
         # trigger would read values; shapes do not depend on it. Under fake tensors transformers skips it itself.
         ids = None if hidden.device.type == "meta" else position_ids
-        kinds = {self._layer_type(int(index)) for index in self.model.layers}
+        kinds = {self._layer_type(int(index)) for index, _ in self.model.layers.named_children()}
         return {kind: makers[kind](config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
                                    position_ids=ids) for kind in kinds}
 
