@@ -97,7 +97,12 @@ def on_fake(model: nn.Module, ctx: ParallelContext) -> Parallelized:
         raise SetupError("expected a data-parallel kind that keeps stage modules apart (fsdp, hsdp, zero2, zero3) "
                          "with interleaved 1F1B, got a DDP wrapper around this rank's stages", where="--schedule")
     runner = pp_run.PipelineRunner(model, plan, ctx)
-    notes = ["pipeline: schedule.step() with torch's default return_outputs=True, so the last stage keeps every "
+    loop = getattr(ctx.setup, "loop", None)
+    notes = [f"pipeline: the loop is torchtitan's train_step (zero_grad, schedule.step, optimizer step; the batch "
+             f"bound until the next one), not --loop {loop}" if loop is not None and str(loop) != "inline" else
+             "pipeline: the loop is torchtitan's train_step (zero_grad, schedule.step, optimizer step; the batch "
+             "bound until the next one)",
+             "pipeline: schedule.step() with torch's default return_outputs=True, so the last stage keeps every "
              "micro-batch's output and concatenates them, as a plain call does",
              "pipeline: the P2P warm-up vote (4-byte tensors) is answered locally: every stage is built with its "
              "input/output shapes, so the vote's answer is torch's static mode"]
