@@ -318,3 +318,16 @@ def test_estimate_zero1_state_follows_the_partition():
     state = {label: role["breakdown"]["optimizer_state"] for label, role in roles.items()}
     assert state == {"dp index 0": 2 * 100_000 * F32, "dp index 1": 2 * 10_000 * F32, "dp index 2": 2 * 1_000 * F32,
                      "dp index 3": 2 * 210 * F32}
+
+
+def test_zero1_classes_per_pipeline_stage():
+    # 4 Linear(10, 10) in 2 stages of 2 over dp 2: on each stage the two weights go to ranks 0 and 1 and the
+    # biases follow (0: W + b, 1: W + b), so both dp indices are alike; the whole model's partition would say so too
+    model = _linears(10, 4)
+    layout = ParallelLayout(strategy="zero1", dp=2, pp=2, world_size=4).resolve()
+    assert zero.zero1_classes(model, layout) == [(0, 1)]
+    # 3 ranks on one stage of W(100) W(100) b b: 0 <- W, 1 <- W, 2 <- b, b: rank 2 differs; over the whole
+    # model (4 W, 4 b) ranks 1 and 2 would look alike, per stage they do not
+    layout = ParallelLayout(strategy="zero1", dp=3, pp=2, world_size=6).resolve()
+    assert zero.zero1_classes(model, layout) == [(0, 1), (2,)]
+    assert zero.zero1_classes(model, ParallelLayout(strategy="zero1", world_size=3).resolve()) == [(0,), (1, 2)]

@@ -71,6 +71,8 @@ def wrap_roots(model: nn.Module, ctx: Any) -> tuple[nn.Module, Any]:
         return wrapped, log.tensors
     logs = []
     for key, stage in list(model.stages.items()):
+        if not any(p.requires_grad for p in stage.parameters()):
+            continue  # DDP refuses a module with nothing to reduce (a stage of activations only)
         model.stages[key], log = wrap(stage, ctx)
         logs.append(log)
     return model, lambda: [t for log in logs for t in log.tensors()]

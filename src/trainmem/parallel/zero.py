@@ -135,17 +135,37 @@ def prefetch_count(units: list[nn.Module], bucket: int, persistent: set[nn.Param
 
 
 def zero1_classes(model: nn.Module, layout: ParallelLayout) -> list[tuple[int, ...]]:
-    """dp indices grouped by the sizes of their ZeroRedundancyOptimizer partition: parameters sorted by
-    numel, largest first (a stable sort), each to the rank with the fewest elements so far, the first such
-    rank on ties (zero_redundancy_optimizer.py _partition_parameters / _get_min_index); one param group."""
-    params = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
-    sizes = [0] * layout.dp
-    held: list[list[tuple[int, str]]] = [[] for _ in range(layout.dp)]
-    for param in sorted(params, key=lambda t: t.numel(), reverse=True):
+    """dp indices grouped by the sizes of their ZeroRedundancyOptimizer partitions. With pipeline parallelism
+    each pp rank's optimizer partitions only its stages' parameters: indices are alike when they are alike
+    on every pp rank."""
+    if layout.pp == 1:
+        return _group(partition_signatures(list(model.parameters()), layout.dp))
+    import copy
+
+    from trainmem.parallel import pp
+
+    stages = pp.split_stages(copy.deepcopy(model), pp.total_stages(layout))  # meta: no storage copied
+    per_rank = [partition_signatures([p for i in pp.rank_stage_indices(rank, layout.pp, len(stages))
+                                      for p in stages[i].parameters()], layout.dp) for rank in range(layout.pp)]
+    return _group([tuple(signatures[index] for signatures in per_rank) for index in range(layout.dp)])
+
+
+def partition_signatures(params: list[nn.Parameter], ranks: int) -> list[tuple]:
+    """What each rank's partition holds, (numel, dtype) sorted: parameters sorted by numel, largest first (a
+    stable sort), each to the rank with the fewest elements so far, the first such rank on ties
+    (zero_redundancy_optimizer.py _partition_parameters / _get_min_index); one param group."""
+    trainable = [p for p in {id(p): p for p in params}.values() if p.requires_grad]
+    sizes = [0] * ranks
+    held: list[list[tuple[int, str]]] = [[] for _ in range(ranks)]
+    for param in sorted(trainable, key=lambda t: t.numel(), reverse=True):
         rank = sizes.index(min(sizes))
         held[rank].append((param.numel(), str(param.dtype)))
         sizes[rank] += param.numel()
-    groups: dict[tuple, list[int]] = {}
-    for index, partition in enumerate(held):
-        groups.setdefault(tuple(sorted(partition)), []).append(index)
+    return [tuple(sorted(partition)) for partition in held]
+
+
+def _group(signatures: list) -> list[tuple[int, ...]]:
+    groups: dict[Any, list[int]] = {}
+    for index, signature in enumerate(signatures):
+        groups.setdefault(signature, []).append(index)
     return [tuple(group) for group in groups.values()]
