@@ -186,11 +186,37 @@ def render(rows: list[dict], traced: dict[str, dict]) -> str:
         total, how = formula(row)
         lines.append(f"| {row['id']} | {row['published']} | {value} | {error} | {seconds} | {total / GIB:.1f} | {how} "
                      f"| {row['published_settings']} | {_differs(row)} |")
-    lines += ["", "## Sources", ""]
+    lines += ["", "## Summary", "", *_summary(rows, traced), "", "## Sources", ""]
     for row in rows:
         lines.append(f"- **{row['id']}**: {row['source']} — {row['where']}. Counter: {row['counter']}. "
                      f"Hardware: {row['hardware']}. Config: {row['config']}.")
     return "\n".join(lines) + "\n"
+
+
+def _error(traced: dict, row: dict) -> float:
+    return (traced["peak"]["reserved_bytes"] - row["published_bytes"]) / row["published_bytes"]
+
+
+def _summary(rows: list[dict], traced: dict[str, dict]) -> list[str]:
+    """Counts computed from the rows: how many were traced, the errors, and whether a selective-AC row's published
+    figure lies between its full-AC and no-AC traces."""
+    ok = [r for r in rows if "peak" in traced.get(r["id"], {})]
+    failed = [r["id"] for r in rows if "error" in traced.get(r["id"], {})]
+    out = [f"- {len(ok)} of {len(rows)} published rows traced; not traced: {', '.join(failed) or 'none'}"
+           + ("; not run: " + ", ".join(r["id"] for r in rows if r["id"] not in traced)
+              if any(r["id"] not in traced for r in rows) else "") + "."]
+    bracket = [r for r in ok if "peak" in traced[r["id"]].get("no_ac", {})]
+    inside = [r for r in bracket if traced[r["id"]]["peak"]["reserved_bytes"] <= r["published_bytes"]
+              <= traced[r["id"]]["no_ac"]["peak"]["reserved_bytes"]]
+    if bracket:
+        out.append(f"- Selective activation checkpointing (torchtitan's per-op policy) is not modelled: the published "
+                   f"figure lies between trainmem's full-AC and no-AC traces in {len(inside)} of {len(bracket)} rows.")
+    direct = [r for r in ok if r not in bracket]
+    if direct:
+        errors = ", ".join(f"{r['id']} {_error(traced[r['id']], r):+.0%}" for r in direct)
+        out.append(f"- Rows traced as published (no bracket): {errors}. Each row's last column says what differs "
+                   "(torch.compile, float8, chunked loss, the counter).")
+    return out
 
 
 def _differs(row: dict) -> str:
