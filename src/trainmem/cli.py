@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
     _add_setup_flags(add("compare", "the same mlp: or layer-spec model in PyTorch and in Keras on TensorFlow, side "
                          "by side, each difference explained"))
+    from trainmem.plan.command import add_plan_command
+
+    add_plan_command(commands, _add_setup_flags)
     commands.add_parser("devices", help="list target devices").add_argument(
         "--format", choices=["table", "json"], default="table", help="(default: table)")
     return parser
@@ -439,7 +442,13 @@ def _trace_warnings(warnings: list[str], fmt: str) -> tuple[str, ...]:
     return tuple(f"warning: {warning}" for warning in warnings if warning.startswith("aten."))
 
 
-_COMMANDS = {"estimate": _estimate, "measure": _measure, "fit": _fit, "compare": _compare}
+def _plan(options: Options, setup: Any) -> Outcome:
+    from trainmem.plan.command import run_plan
+
+    return run_plan(options, setup)
+
+
+_COMMANDS = {"estimate": _estimate, "measure": _measure, "fit": _fit, "compare": _compare, "plan": _plan}
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:

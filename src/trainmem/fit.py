@@ -229,7 +229,7 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
         raise SetupError("expected --input-shape whose first dimension is the sequence length with --max-seq, "
                          "got none", where="--max-seq")
     budget = budget_of(target.capacity_bytes, kept)
-    if sequence or exhaustive:
+    if sequence or exhaustive or setup.parallel.distributed:  # many ranks: each candidate a per-rank estimate
         candidates: _Candidates = _EveryCandidateTraced(model, setup, target, sequence, hf, options)
     else:
         candidates = ScaledBatches(model, setup, target, options, limit)
