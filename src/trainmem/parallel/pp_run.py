@@ -73,7 +73,7 @@ class PipelineRunner:
             inputs = tuple(_meta_like(t, rows, grad=False) for t in first_inputs)
             shapes = []
             with torch.no_grad(), training.autocast_region(prepared, setup):
-                for stage in stages:
+                for stage in stages[:max(self.plan.stage_indices) + 1]:  # later stages' shapes are not needed
                     out = stage(*inputs)
                     outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
                     outputs = tuple(_meta_like(o, rows, grad=True) for o in outputs)
