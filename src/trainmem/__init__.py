@@ -5,6 +5,7 @@ from trainmem.devices import Device
 from trainmem.errors import TrainmemError
 from trainmem.estimate import Estimate, estimate
 from trainmem.fit import FitResult, fit
+from trainmem.parallel.layout import ParallelLayout
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
 
 __version__ = "0.1.0"
@@ -18,6 +19,7 @@ __all__ = [
     "Loss",
     "Optimizer",
     "OptimizerImpl",
+    "ParallelLayout",
     "Precision",
     "TrainingSetup",
     "TrainmemError",
