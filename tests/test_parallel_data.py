@@ -18,7 +18,7 @@ from trainmem.parallel.apply import ParallelContext, apply_on_fake, apply_on_met
 from trainmem.parallel.layout import FsdpWrap, ParallelLayout
 from trainmem.parallel.world import fake_world
 from trainmem.setup import TrainingSetup
-from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode
+from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, storage_resizes_reported
 
 F32 = 4
 
@@ -44,10 +44,10 @@ class _LiveBytes(TorchDispatchMode):
                 self.peak = max(self.peak, sum(self.live.values()))
         return out
 
-    def resized(self, storage: torch.UntypedStorage, before: int, after: int) -> None:
-        """FSDP2's free_storage / alloc_storage (fsdp.storage_resizes)."""
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """FSDP2's free_storage / alloc_storage resize a storage in place, which no dispatch mode sees."""
         if id(storage) in self.live:
-            self.live[id(storage)] = after
+            self.live[id(storage)] = storage.nbytes()
             self.peak = max(self.peak, sum(self.live.values()))
 
 
@@ -75,7 +75,7 @@ def _trace(model: nn.Module, rank: int, steps: int = 2, precision: str = "fp32",
         ctx = ParallelContext(layout, world, None, setup)
         model = apply_on_meta(model, ctx)
         live, buckets = _LiveBytes(), []
-        with FakeTensorMode(allow_non_fake_inputs=True), live, fsdp.storage_resizes(live.resized):
+        with FakeTensorMode(allow_non_fake_inputs=True), live, storage_resizes_reported(live.resized):
             model.to_empty(device="cpu")
             par = apply_on_fake(model, ctx)
             make = par.make_optimizer or (lambda params, _: torch.optim.Adam(list(params)))

@@ -11,9 +11,7 @@ transformer block, then the model); `blocks`, `children` and `root` choose one o
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -161,29 +159,6 @@ def offload_policy(layout: ParallelLayout) -> Any:
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
     return CPUOffloadPolicy(pin_memory=False) if layout.offload == Offload.PARAMS else OffloadPolicy()
-
-
-@contextlib.contextmanager
-def storage_resizes(on_resize: Callable[[torch.UntypedStorage, int, int], None]) -> Iterator[None]:
-    """Report every `UntypedStorage.resize_` as on_resize(storage, old_nbytes, new_nbytes) while the block
-    runs. FSDP2 frees an unsharded parameter and its all-gather output by resizing their storage to 0 bytes
-    and makes them again by resizing back (_fsdp_param.py free_storage / alloc_storage, called at every
-    reshard and unshard): a storage method that no dispatch mode sees, so a tracker that knows storages by
-    identity would keep them live for the whole run. The public method is wrapped and restored at exit."""
-    original = torch.UntypedStorage.resize_
-
-    def resize_(storage: torch.UntypedStorage, size: int):
-        before = storage.nbytes()
-        result = original(storage, size)
-        if storage.nbytes() != before:
-            on_resize(storage, before, storage.nbytes())
-        return result
-
-    torch.UntypedStorage.resize_ = resize_
-    try:
-        yield
-    finally:
-        torch.UntypedStorage.resize_ = original
 
 
 # ---- which data-parallel indices hold the same sizes ---------------------------------------------------
