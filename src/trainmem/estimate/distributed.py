@@ -27,8 +27,14 @@ def estimate_distributed(chosen: Any, setup: TrainingSetup) -> Estimate:
     roles = rank_roles(setup.parallel, model)
     shape = transformer_shape(model, chosen.source, setup)
     del model
-    estimates = [assemble_role(chosen, setup, role, trace_role(chosen, setup, role)) for role in roles]
+    estimates, notes = [], []
+    for role in roles:  # one trace alive at a time: a large model's trace holds millions of events
+        traced = trace_role(chosen, setup, role)
+        estimates.append(assemble_role(chosen, setup, role, traced))
+        notes += traced.parallel_notes
+        del traced
     est = combine(setup, roles, estimates)
+    est = dataclasses.replace(est, parallel={**est.parallel, "notes": list(dict.fromkeys(notes))})
     return dataclasses.replace(est, parallel={**est.parallel, "cross_checks": cross_checks(est, setup, shape)})
 
 

@@ -108,7 +108,7 @@ def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
         parameter_modules=owners, trainable_shapes=trainable_shapes, leaf_modules=leaves,
         buffer_bytes=sum(local.numel() * local.element_size() for b in model.buffers() for local in storage_tensors(b)),
         input_bytes=sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
-        resolved=resolved)
+        resolved=resolved, parallel_notes=list(dict.fromkeys(ctx.notes + parallel.notes)))
 
 
 def _materialize(model: Any) -> None:

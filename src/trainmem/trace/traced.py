@@ -32,3 +32,4 @@ class TraceResult:
     adapter_parameters: int = 0  # parameters LoRA added (included in `parameters`)
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
+    parallel_notes: list[str] = dataclasses.field(default_factory=list)  # many ranks: what the strategies assumed
