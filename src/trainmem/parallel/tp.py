@@ -170,9 +170,11 @@ def _check_heads(model: nn.Module, plan: dict[str, str], tp: int) -> None:
 # ---- applying it -------------------------------------------------------------------------------------------
 def _tied_groups(model: nn.Module) -> list[list[tuple[str, str]]]:
     """(module name, parameter name) groups that share one Parameter object."""
+    from trainmem.trace.torch_private import module_tensor_tables
+
     owners: dict[int, list[tuple[str, str]]] = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
-        for param_name, param in module._parameters.items():
+        for param_name, param in module_tensor_tables(module)[0].items():
             if param is not None and (module_name, param_name) not in owners.setdefault(id(param), []):
                 owners[id(param)].append((module_name, param_name))
     return [group for group in owners.values() if len(group) > 1]
@@ -183,16 +185,18 @@ def _retie(model: nn.Module, groups: list[list[tuple[str, str]]]) -> None:
     (Llama 3.2's embed_tokens / lm_head) becomes two; tie them again when the plan split both alike."""
     from torch.distributed.tensor import DTensor
 
+    from trainmem.trace.torch_private import module_tensor_tables
+
     modules = dict(model.named_modules(remove_duplicate=False))
     for group in groups:
-        params = [modules[m]._parameters[p] for m, p in group]
+        params = [module_tensor_tables(modules[m])[0][p] for m, p in group]
         layouts = {(tuple(p.placements) if isinstance(p, DTensor) else "replicated") for p in params}
         if len(layouts) > 1:
             names = ", ".join(f"{m}.{p}" for m, p in group)
             raise SetupError(f"expected tied weights ({names}) to be split alike by the tensor-parallel plan, got "
                              f"{' and '.join(map(str, layouts))}", where="--tp")
         for module_name, param_name in group[1:]:
-            modules[module_name]._parameters[param_name] = params[0]
+            module_tensor_tables(modules[module_name])[0][param_name] = params[0]
 
 
 def parallelize(model: nn.Module, tp_mesh: Any, tp: int) -> tuple[nn.Module, str]:
