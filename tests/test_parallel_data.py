@@ -331,3 +331,16 @@ def test_zero1_classes_per_pipeline_stage():
     layout = ParallelLayout(strategy="zero1", dp=3, pp=2, world_size=6).resolve()
     assert zero.zero1_classes(model, layout) == [(0, 1), (2,)]
     assert zero.zero1_classes(model, ParallelLayout(strategy="zero1", world_size=3).resolve()) == [(0,), (1, 2)]
+
+
+def test_dp_index_classes_are_the_chunk_intervals():
+    # against the direct definition: ranks alike when every parameter's local size is
+    for rows in ([10, 7, 3], [5], [16, 16], [9, 100, 1]):
+        with torch.device("meta"):
+            model = nn.Sequential(*[nn.Linear(4, r, bias=False) for r in rows])
+        for ranks in (2, 3, 4, 6, 8):
+            direct: dict[tuple, list[int]] = {}
+            for index in range(ranks):
+                direct.setdefault(tuple(fsdp.local_numels((r, 4), ranks)[index] for r in rows), []).append(index)
+            layout = ParallelLayout(strategy="fsdp", world_size=ranks)
+            assert fsdp.dp_index_classes(model, layout) == [tuple(g) for g in direct.values()], (rows, ranks)

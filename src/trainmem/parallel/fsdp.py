@@ -193,13 +193,23 @@ def dp_index_classes(model_on_meta: nn.Module, layout: ParallelLayout) -> list[t
     if kind not in SHARDED_KINDS:
         raise SetupError(f"expected a data-parallel strategy, got {kind}", where="--strategy")
     shard = layout.hsdp_shard if kind == Strategy.HSDP else layout.dp
-    shapes = _shard_shapes(model_on_meta, layout.tp)
-    signatures: dict[tuple, list[int]] = {}
-    per_shard = [tuple(local_numels(s, shard)[i] for s in shapes) for i in range(shard)]
-    for index in range(layout.dp):
-        # mesh (dp_replicate, dp_shard) in row-major order: the shard index is the inner one
-        signatures.setdefault(per_shard[index % shard], []).append(index)
-    return [tuple(group) for group in signatures.values()]
+    cuts = sorted({0, shard} | {b for shape in set(_shard_shapes(model_on_meta, layout.tp))
+                                for b in chunk_boundaries(shape, shard)})
+    # mesh (dp_replicate, dp_shard) in row-major order: a dp index's shard index is the inner one
+    return [tuple(i for i in range(layout.dp) if low <= i % shard < high) for low, high in zip(cuts, cuts[1:])]
+
+
+def chunk_boundaries(shape: tuple[int, ...], ranks: int) -> set[int]:
+    """Shard indices where a parameter's local size changes: ranks below d0 // c hold c rows (c = ceil(d0 /
+    ranks)), one may hold the remainder, the rest none (chunk_rows). Sizes only fall along the indices, so the
+    ranks between two consecutive boundaries of all parameters hold equal sizes of every one, and ranks on
+    either side of a boundary differ: the classes are those intervals (O(parameters + ranks), not their
+    product: 1,024 ranks of a 70B model)."""
+    rows = shape[0] if shape else 1
+    if rows == 0 or math.prod(shape[1:]) == 0:
+        return set()
+    size = math.ceil(rows / ranks)
+    return {b for b in (rows // size, math.ceil(rows / size)) if 0 < b < ranks}
 
 
 def _shard_shapes(model: nn.Module, tp: int) -> list[tuple[int, ...]]:
