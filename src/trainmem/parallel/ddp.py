@@ -113,11 +113,12 @@ class BucketLog:
         self._latest.append(weakref.ref(buffer))
 
     def tensors(self) -> list[torch.Tensor]:
-        """The latest backward's buckets that are collective buffers of their own; with
-        gradient_as_bucket_view the buckets are the gradients' storage and count as gradients."""
-        grads = {id(p.grad.untyped_storage()) for p in self._ddp.parameters() if p.grad is not None}
-        alive = [ref() for ref in self._latest]
-        return [t for t in alive if t is not None and id(t.untyped_storage()) not in grads]
+        """The latest backward's buckets, collective buffers of their own; none with gradient_as_bucket_view,
+        where the buckets are the gradients' storage (also while zero_grad has set the gradients to None:
+        the next backward writes into the same buckets) and count as gradients."""
+        if self._ddp.gradient_as_bucket_view:
+            return []
+        return [t for t in (ref() for ref in self._latest) if t is not None]
 
 
 class _HookState:
