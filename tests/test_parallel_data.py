@@ -344,3 +344,14 @@ def test_dp_index_classes_are_the_chunk_intervals():
                 direct.setdefault(tuple(fsdp.local_numels((r, 4), ranks)[index] for r in rows), []).append(index)
             layout = ParallelLayout(strategy="fsdp", world_size=ranks)
             assert fsdp.dp_index_classes(model, layout) == [tuple(g) for g in direct.values()], (rows, ranks)
+
+
+def test_estimate_hsdp_roles_follow_the_inner_shard_index():
+    import trainmem
+
+    result = trainmem.estimate(MLP, batch_size=8, strategy="hsdp", world_size=6, dp_shard=3).to_dict()
+    roles = {tuple(role["ranks"]): role["breakdown"]["optimizer_state"] for role in result["ranks"]}
+    # shards of 3 (replicas of 2): 100 rows -> 34, 34, 32; 10 rows -> 4, 4, 2; dp index = replica * 3 + shard
+    full = 34 * 1000 + 34 + 34 * 100 + 34 + 4 * 100 + 4
+    tail = 32 * 1000 + 32 + 32 * 100 + 32 + 2 * 100 + 2
+    assert roles == {(0, 1, 3, 4): 2 * full * F32, (2, 5): 2 * tail * F32}
