@@ -48,6 +48,7 @@ def test_each_rank_within_two_percent(strategy, world_size, loop, knobs):
     for rank, child in zip(result.ranks, result.tensors):
         # the ground truth wraps the model itself: nothing of trainmem.parallel but the layout dataclass
         assert set(child["parallel_modules"]) <= {"trainmem.parallel", "trainmem.parallel.layout"}
+        assert child["pairing_exact"], "c10's log and the profiler did not pair: the settled peak is not trusted"
         assert rank.estimated_tensor_bytes is not None, f"no estimate for rank {rank.rank}"
         assert abs(rank.tensor_error) <= TOLERANCE, (
             f"rank {rank.rank}: measured {rank.tensor_bytes:,} B, estimated {rank.estimated_tensor_bytes:,} B "

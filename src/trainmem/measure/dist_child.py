@@ -17,7 +17,9 @@ wrap, steps), and the peaks before and within the loop. It includes what gloo al
 threads (the all-gather's full-size flat buffer) and frees wherever they happen. The profiler runs too, for
 comparison: it sees gloo's worker allocations (ProcessGroupGloo runs each work with the caller's
 thread-local state) but misses a free made by a worker after that state is gone, so its peak is reported
-beside c10's, never used as the measurement. mode "rss": no logging, no profiler; peak RSS (VmHWM).
+beside c10's, never used as the measurement; it serves to find those late frees, which are moved back to the
+end of the worker's work (c10_log.settled: `tensor_peak_bytes` settled, `raw_peak_bytes` as it happened).
+mode "rss": no logging, no profiler; peak RSS (VmHWM).
 Prints one JSON line.
 """
 
@@ -88,6 +90,8 @@ def _measure_tensors(request: dict, layout: dict) -> dict:
     figures["raw_peak_bytes"] = c10_log.peaks(stream)["tensor_peak_bytes"]
     figures["late_frees"] = moved
     figures.update(_profiler_figures(profiled, main))
+    # every free the profiler lacks was found and moved, no other: the pairing held
+    figures["pairing_exact"] = moved == figures["c10_frees"] - figures["profiler_frees"]
     return figures
 
 

@@ -30,7 +30,7 @@ from trainmem.units import format_bytes
 CHILD = Path(__file__).resolve().parent / "dist_child.py"
 SRC = Path(__file__).resolve().parents[2]
 POLL_SECONDS = 0.05
-DETAIL_KEYS = ("raw_peak_bytes", "late_frees", "c10_total_peak_bytes", "init_peak_bytes", "loop_peak_bytes", "peak_in", "profiler_peak_bytes",
+DETAIL_KEYS = ("raw_peak_bytes", "late_frees", "pairing_exact", "c10_total_peak_bytes", "init_peak_bytes", "loop_peak_bytes", "peak_in", "profiler_peak_bytes",
                "other_thread_bytes", "order_gaps")
 
 
