@@ -101,3 +101,15 @@ def test_text_report_has_the_per_rank_section(fsdp, single):
     text = str(fsdp)
     assert "Per rank — fsdp: 4 ranks (dp 4)" in text and "◀ most loaded" in text and "spread between roles" in text
     assert "Per rank" not in str(single)
+
+
+def test_offloaded_optimizer_state_is_host_ram_not_device_memory():
+    est = trainmem.estimate(MODEL, batch_size=8, strategy="fsdp", world_size=4, offload="optimizer", device="h100-80gb")
+    assert est.breakdown["optimizer_state"] == 0  # the CUDA target leaves host-resident storages out
+    for row, index in zip(est.ranks, (0, 3)):
+        shard = _shard_bytes(index, 4, padded=False)
+        # host peak: Adam's two moments, plus the foreach step's sqrt of every second moment alive at once
+        # (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)),
+        # plus six fp32 step counters
+        assert row.host_bytes == 2 * shard + shard + 6 * 4
+    assert est.parallel["host_bytes_per_node"] == 3 * est.ranks[0].host_bytes + est.ranks[1].host_bytes
