@@ -99,8 +99,10 @@ _WORKING_CATEGORIES = frozenset({Category.ACTIVATIONS, Category.TEMPORARIES})
 
 
 def _wrapper_types(types: Any) -> bool:
-    """Whether an op's tensor types include a wrapper subclass other than FakeTensor (DTensor)."""
-    return any(t is not torch.Tensor and not issubclass(t, FakeTensor) for t in types)
+    """Whether an op's tensor types include a traceable wrapper subclass (DTensor: it defines
+    __tensor_flatten__); FakeTensor and nn.Parameter are not wrappers."""
+    return any(t is not torch.Tensor and not issubclass(t, FakeTensor) and hasattr(t, "__tensor_flatten__")
+               for t in types)
 
 
 def _tensor_leaves(out: Any) -> list:
