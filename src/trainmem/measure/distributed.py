@@ -80,7 +80,9 @@ def launch(request: dict[str, Any], world_size: int, timeout: float, where: str)
     if failed == "timeout":
         raise MeasureError(f"expected the {world_size} ranks to finish within {timeout:g} s, they did not "
                            f"(all killed)", where=where)
-    errors = [f"rank {r['rank']}: {r['error']}" for r in results if "error" in r]
+    # the rank that failed first, not one of those killed after it
+    errors = [f"rank {r['rank']}: {r['error']}" for r in sorted(results, key=lambda r: r.get("error") == "killed")
+              if "error" in r]
     if errors:
         raise MeasureError(f"the distributed run failed: {errors[0]}", where=where)
     return results
