@@ -8,6 +8,7 @@ wrapped as a user wraps it, with torch's own classes —
   fsdp   FSDP2: model built on the meta device, fully_shard on each block (FSDP_WRAP below), then on
          the root, `to_empty(device="cpu")` and each module's reset_parameters(), as torchtitan does
   zero2  the same with fully_shard(reshard_after_forward=False)
+  hsdp   the same on a 2-D mesh init_device_mesh("cpu", (replicate, shard)): shard inside, replicate across
 The model, its batch and loss, and the training loop (setup.loop) are trainmem's frontends and
 trace/loops.py, as measure/child.py uses them.
 
@@ -32,7 +33,7 @@ import os
 import sys
 import time
 
-SHARDED = ("fsdp", "zero2")
+SHARDED = ("fsdp", "zero2", "hsdp")
 SUPPORTED = ("ddp", "zero1") + SHARDED
 
 
@@ -153,10 +154,11 @@ def _prepare_sharded(source, setup, layout: dict, training):
     if setup.precision == Precision.BF16:
         model.to(torch.bfloat16)  # before sharding: the shards are made in the dtype the run uses
     checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
-    reshard = layout["strategy"] == "fsdp" and layout.get("reshard_after_forward", True)
+    reshard = layout["strategy"] != "zero2" and layout.get("reshard_after_forward", True)
+    mesh = _hsdp_mesh(layout) if layout["strategy"] == "hsdp" else None
     for block in wrap_units(model, layout.get("fsdp_wrap", "auto")):
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     model.to_empty(device="cpu")
     with torch.no_grad():
         for module in model.modules():
@@ -165,6 +167,14 @@ def _prepare_sharded(source, setup, layout: dict, training):
     prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False), source)
     prepared.checkpointed = checkpointed
     return prepared
+
+
+def _hsdp_mesh(layout: dict):
+    """HSDP's 2-D mesh as torchtitan makes it: (replicate, shard), shard innermost."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shard = layout["hsdp_shard"]
+    return init_device_mesh("cpu", (layout["world_size"] // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
 
 
 def wrap_units(model, policy: str) -> list:

@@ -190,9 +190,11 @@ def _percent(value: float | None) -> str:
 def _layout_of(setup: TrainingSetup) -> dict[str, Any]:
     layout = getattr(setup, "parallel", None)
     if layout is None or not layout.distributed:
-        raise MeasureError("expected a distributed setup (--strategy ddp|fsdp|zero1|zero2 --world-size N), got one "
+        raise MeasureError("expected a distributed setup (--strategy ddp|fsdp|hsdp|zero1|zero2 --world-size N), got one "
                            "process", where="--strategy")
-    return layout.to_dict()
+    values = layout.to_dict()
+    values["hsdp_shard"] = layout.hsdp_shard  # the shard degree the layout resolves (--dp-shard or a node's ranks)
+    return values
 
 
 def _check_supported(layout: dict[str, Any]) -> None:
