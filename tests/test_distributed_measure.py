@@ -4,9 +4,9 @@ The matrix covers DDP, FSDP2 and ZeRO-1 at world sizes 2 and 4 and each loop sty
 least once (six launches of 2 or 4 processes, ~2.5 min on the 2-core machine under load; marked slow,
 which `make test` runs):
 
-    ddp   ws 2 inline   default buckets (25 MB, grads copied into them)
+    ddp   ws 2 inline   tests/models.py:tiny_gpt, batch 4; default buckets (25 MB, grads copied into them)
     ddp   ws 4 step-fn  1 MB buckets, gradient_as_bucket_view
-    fsdp  ws 2 trainer  fully_shard per Linear, then the root
+    fsdp  ws 2 trainer  mlp:256-512-512-10 (as below), fully_shard per Linear, then the root
     fsdp  ws 4 lean     uneven shards (the 10-row head over 4 ranks)
     zero1 ws 2 lean     ZeroRedundancyOptimizer(Adam) partitions
     zero1 ws 4 inline
@@ -26,8 +26,9 @@ from trainmem.targets.gloo import GLOO_OPS, gloo_effects
 from trainmem.trace.events import KernelCall, TensorMeta
 
 MLP = "mlp:256-512-512-10"
+GPT = "tests/models.py:tiny_gpt"  # 4 pre-norm blocks, causal SDPA, tied LM head
 MATRIX = [
-    ("ddp", 2, "inline", {}),
+    ("ddp", 2, "inline", {"model": GPT, "batch_size": 4}),
     ("ddp", 4, "step-fn", {"ddp_bucket_mb": 1, "gradient_as_bucket_view": True}),
     ("fsdp", 2, "trainer", {}),
     ("fsdp", 4, "lean", {}),
@@ -41,9 +42,11 @@ TOLERANCE = 0.02
 @pytest.mark.parametrize(("strategy", "world_size", "loop", "knobs"), MATRIX,
                          ids=[f"{s}-ws{w}-{loop}" for s, w, loop, _ in MATRIX])
 def test_each_rank_within_two_percent(strategy, world_size, loop, knobs):
+    knobs = dict(knobs)
+    model = knobs.pop("model", MLP)
     setup = TrainingSetup.from_mapping({"batch_size": 32, "strategy": strategy, "world_size": world_size,
                                         "loop": loop, **knobs})
-    result = measure_distributed(MLP, setup, runs=0, timeout=300)
+    result = measure_distributed(model, setup, runs=0, timeout=300)
     assert [r.rank for r in result.ranks] == list(range(world_size))
     for rank, child in zip(result.ranks, result.tensors):
         # the ground truth wraps the model itself: nothing of trainmem.parallel but the layout dataclass
