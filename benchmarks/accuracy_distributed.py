@@ -231,6 +231,12 @@ def _differs(row: dict) -> str:
                      "activations than selective)")
     if "async TP" in text:
         notes.append("async TP's symmetric-memory buffers are not modelled")
+    if row["layout"].get("tp", 1) > 1:
+        notes.append("trainmem applies the Hugging Face model's own TP plan (LlamaForCausalLM: colwise/rowwise "
+                     "projections, lm_head colwise_gather_output): no sequence parallelism, so every rank keeps each "
+                     "layer's whole input, and the logits are gathered whole before the loss; torchtitan shards "
+                     "norms and layer inputs over the sequence (SequenceParallel) and computes the loss on "
+                     "vocabulary shards (loss parallel): a different program, far leaner in activations")
     if row["id"].startswith("tt-"):
         notes.append("torchtitan's FSDP2 MixedPrecisionPolicy (bf16 compute params) traced as autocast bf16-mixed")
     if row["id"].startswith("tune-"):
