@@ -194,6 +194,8 @@ class TraceRecorder(TorchDispatchMode):
 
     def _died(self, key: int, sid: int) -> None:
         self._deaths.pop(sid, None)
+        if self._sticky:  # the storage is gone: a later one at the same address is another storage
+            self._sticky.pop(key, None)
         self._free(key, sid)
 
     def _free(self, key: int, sid: int | None = None) -> None:
