@@ -92,7 +92,8 @@ def test_json_lists_roles_and_the_top_level_is_the_most_loaded(fsdp):
     assert data["peak"] == top["peak"] and data["breakdown"] == top["breakdown"]
     assert data["parallel"]["most_loaded"]["label"] == top["label"]
     assert data["parallel"]["layout"]["dp"] == 4 and data["parallel"]["cross_checks"]
-    spread = max(r["peak"]["process_bytes"] for r in data["ranks"]) - min(r["peak"]["process_bytes"] for r in data["ranks"])
+    figures = [row["peak"]["process_bytes"] for row in data["ranks"]]
+    spread = max(figures) - min(figures)
     assert data["parallel"]["spread_bytes"] == spread
     assert all(isinstance(v, int) for row in data["ranks"] for v in row["breakdown"].values())
 

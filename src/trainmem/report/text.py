@@ -162,12 +162,14 @@ def _ranks_section(est) -> list[str]:
     cuda = est.device.kind == "cuda"
     most = parallel["most_loaded"]["label"]
     host = any(row.host_bytes for row in est.ranks)
-    header = ["role", "ranks", "tensors", *(["reserved"] if cuda else []), "process", *(["host RAM"] if host else []), ""]
+    header = ["role", "ranks", "tensors", *(["reserved"] if cuda else []), "process",
+              *(["host RAM"] if host else []), ""]
     rows = [header]
     for row in est.ranks:
         peak = row.peak
         rows.append([row.label, f"{len(row.ranks):,}", format_bytes(peak["tensor_bytes"]),
-                     *([format_bytes(peak["reserved_bytes"] or 0)] if cuda else []), format_bytes(peak["process_bytes"]),
+                     *([format_bytes(peak["reserved_bytes"] or 0)] if cuda else []),
+                     format_bytes(peak["process_bytes"]),
                      *([format_bytes(row.host_bytes)] if host else []), "◀ most loaded" if row.label == most else ""])
     lines = ["", f"Per rank — {_layout_words(parallel)}"]
     lines += _table(rows, "lr" + "r" * (len(header) - 3) + "l")

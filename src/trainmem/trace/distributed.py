@@ -35,7 +35,8 @@ from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
 from trainmem.trace.run import TraceSemantics, _model_facts, _RecordingObserver, materialize_fake
-from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, FakeTensorMode, dtensor_shape_propagation_muted, is_wrapper_subclass,
+from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, FakeTensorMode, dtensor_shape_propagation_muted,
+                                          is_wrapper_subclass,
                                           storage_resizes_reported, storage_tensors)
 from trainmem.trace.traced import TraceResult
 
