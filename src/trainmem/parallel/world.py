@@ -70,7 +70,7 @@ def fake_world(layout: ParallelLayout, rank: int) -> Iterator[World]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainmem.trace.torch_private import fake_store
+    from trainmem.trace.torch_private import clear_dtensor_caches, fake_store
 
     layout = layout.resolve()
     if not 0 <= rank < layout.world_size:
@@ -86,3 +86,4 @@ def fake_world(layout: ParallelLayout, rank: int) -> Iterator[World]:
         yield World(layout, rank, mesh, pp_rank, dp_rank, tp_rank)
     finally:
         dist.destroy_process_group()
+        clear_dtensor_caches()  # decisions made on this world's meshes name its process groups

@@ -201,3 +201,13 @@ def is_wrapper_subclass(tensor: torch.Tensor) -> bool:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     return is_traceable_wrapper_subclass(tensor)
+
+
+def clear_dtensor_caches() -> None:
+    """DTensor caches each op's sharding decision, keyed by specs that compare meshes by shape and names, and the
+    decision keeps the mesh it was made on (with that world's process-group names). A later fake world builds an
+    equal mesh over new groups: the cached decision would name groups that no longer exist. Cleared when a fake
+    world ends (torch.distributed.tensor.debug._clear_sharding_prop_cache, 'the recommended way')."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
