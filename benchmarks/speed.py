@@ -14,10 +14,14 @@ CPU time (process_time: this process only, less sensitive to other processes tha
 the recorder's overhead is the difference. Both include building the model on fake tensors.
 
     python benchmarks/speed.py [--runs 5] [--long-runs 3]
+    python benchmarks/speed.py --only plan [--plan-runs 3]   # only `trainmem plan`'s rows, merged into speed.md
 Targets: the 1.3B GPT-style estimate in < 4 s with < 1 GiB peak RSS; the seed MLP CLI call < 3 s and at
 most 1.7 × `import torch`; a 2-layer bidirectional GRU on 200-token sequences, batch 64, in < 10 s;
 a 70B model from its configuration in < 1 min; the recorder's overhead under 25 % of FakeTensorMode's
-own per-op cost.
+own per-op cost; `trainmem plan` of a 70B model on up to 1,024 GPUs in < 2 min.
+
+The plan section (`## trainmem plan`) runs each plan command as fresh processes, medians of --plan-runs;
+`--only plan` replaces that section of an existing speed.md and leaves every other row as it was.
 """
 
 from __future__ import annotations
@@ -81,6 +85,15 @@ PER_OP = [
      {"batch_size": 8, "optimizer": "adamw", "precision": "bf16-mixed"}),
 ]
 RECORDER_TARGET = 0.25  # the recorder's own cost per op, as a fraction of FakeTensorMode's
+LLAMA_70B = ["hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw"]
+PLAN_TARGET = 120.0  # seconds: issue 13's "a 70B model on up to 1,024 GPUs plans in under 2 minutes"
+PLAN_CASES = [
+    Case("plan: Llama-3.1-70B (bundled config), seq 2048, AdamW, on 8 x h100-80gb",
+         TRAINMEM + ["plan", *LLAMA_70B, "--gpus", "8xh100-80gb"], PLAN_TARGET),
+    Case("plan: Llama-3.1-70B (bundled config), seq 2048, AdamW, on 1,024 x h100-80gb",
+         TRAINMEM + ["plan", *LLAMA_70B, "--gpus", "1024xh100-80gb"], PLAN_TARGET),
+]
+PLAN_HEADING = "## trainmem plan"
 
 
 def run_once(command: list[str]) -> tuple[float, int]:
@@ -156,11 +169,65 @@ def per_op_costs(runs: int) -> list[str]:
     return lines
 
 
+def case_row(case: Case, runs: int) -> tuple[str, float]:
+    """The table row of `runs` fresh processes of one case (medians, min–max) and the median wall time."""
+    results = [run_once(case.command) for _ in range(runs)]
+    walls, rss = [r[0] for r in results], [r[1] for r in results]
+    wall, peak = statistics.median(walls), statistics.median(rss)
+    target = " ".join(filter(None, [f"< {case.wall_target:.0f} s" if case.wall_target else "",
+                                    f"< {case.rss_target / 2**30:.0f} GiB" if case.rss_target else ""])) or "—"
+    met = "—" if not (case.wall_target or case.rss_target) else (
+        "yes" if (not case.wall_target or wall < case.wall_target)
+        and (not case.rss_target or peak < case.rss_target) else "no")
+    return (f"| {case.name} | {runs} | {wall:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {peak / 2**20:.0f} | "
+            f"{target} | {met} |"), wall
+
+
+def plan_section(runs: int) -> list[str]:
+    """`trainmem plan` rows: fresh processes, medians of `runs`; the planner's own account of one run (layouts,
+    traces) beside them."""
+    import json
+    import subprocess
+
+    lines = [PLAN_HEADING, "", f"Generated {datetime.date.today()} by `python benchmarks/speed.py --only plan "
+             f"--plan-runs {runs}` on {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the start); "
+             "medians (min–max) of fresh processes. How traces are reused: trainmem/plan/reuse.py.", "",
+             "| what | runs | wall s | peak RSS MiB | target | met |", "|---|---:|---:|---:|---|---|"]
+    accounts = []
+    for case in PLAN_CASES:
+        row, _ = case_row(case, runs)
+        lines.append(row)
+        print(row, flush=True)
+        done = subprocess.run(case.command + ["--format", "json"], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        if done.stdout.strip():
+            data = json.loads(done.stdout)
+            accounts.append(f"- {case.name}: {sum(data['counts'].values()):,} layouts ({', '.join(f'{n:,} {k}' for k, n in sorted(data['counts'].items()))}); "
+                            f"{data['traces']:,} rank traces, {data['predicted_traces']:,} predicted; "
+                            f"{len(data['fits']):,} fit" + (f", best {data['fits'][0]['label']}" if data["fits"] else ""))
+    return lines + ["", "One more run of each, as JSON, says what was done:", ""] + accounts
+
+
+def merge_plan_section(section: list[str]) -> None:
+    """Replace (or append) the plan section of speed.md, keeping every other line."""
+    path = ROOT / "benchmarks/results/speed.md"
+    text = path.read_text() if path.exists() else "# Speed of an estimate\n"
+    before, _, after = text.partition(PLAN_HEADING)
+    rest = after.split("\n## ", 1)[1] if "\n## " in after else ""
+    merged = before.rstrip("\n") + "\n\n" + "\n".join(section) + "\n" + (f"\n## {rest}" if rest else "")
+    path.write_text(merged)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per short case, and per-op repeats")
     parser.add_argument("--long-runs", type=int, default=3, help="fresh processes per long case")
+    parser.add_argument("--plan-runs", type=int, default=3, help="fresh processes per plan case")
+    parser.add_argument("--only", choices=["plan"], help="run only this section and merge it into speed.md")
     args = parser.parse_args()
+    if args.only == "plan":
+        merge_plan_section(plan_section(args.plan_runs))
+        return
     started, load_at_start = time.perf_counter(), os.getloadavg()[0]
     lines = ["# Speed of an estimate", "",
              f"Generated {datetime.date.today()} by `python benchmarks/speed.py --runs {args.runs} --long-runs "
@@ -169,18 +236,8 @@ def main() -> None:
              "| what | runs | wall s | peak RSS MiB | target | met |", "|---|---:|---:|---:|---|---|"]
     medians: dict[str, float] = {}
     for case in CASES:
-        runs = args.long_runs if case.long else args.runs
-        results = [run_once(case.command) for _ in range(runs)]
-        walls, rss = [r[0] for r in results], [r[1] for r in results]
-        wall, peak = statistics.median(walls), statistics.median(rss)
-        medians[case.name] = wall
-        target = " ".join(filter(None, [f"< {case.wall_target:.0f} s" if case.wall_target else "",
-                                        f"< {case.rss_target / 2**30:.0f} GiB" if case.rss_target else ""])) or "—"
-        met = "—" if not (case.wall_target or case.rss_target) else (
-            "yes" if (not case.wall_target or wall < case.wall_target)
-            and (not case.rss_target or peak < case.rss_target) else "no")
-        lines.append(f"| {case.name} | {runs} | {wall:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {peak / 2**20:.0f} | "
-                     f"{target} | {met} |")
+        row, medians[case.name] = case_row(case, args.long_runs if case.long else args.runs)
+        lines.append(row)
         print(lines[-1], flush=True)
     mlp_ratio = medians[SEED_MLP] / medians[IMPORT_TORCH]
     fit_ratio = medians[FIT_GPT] / medians[ONE_GPT]
@@ -194,6 +251,7 @@ def main() -> None:
     lines += per_op_costs(args.runs)
     lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes; the load average (1 min) "
               f"was {load_at_start:.1f} at its start and {os.getloadavg()[0]:.1f} at its end, on {os.cpu_count()} cores."]
+    lines += [""] + plan_section(args.plan_runs)
     (ROOT / "benchmarks/results/speed.md").write_text("\n".join(lines) + "\n")
 
 

@@ -183,3 +183,20 @@ def test_progress_only_on_a_terminal(monkeypatch):
         bar.total(3)
         bar.advance(2)
         assert plain.getvalue().split("\r")[-1].startswith("planning: 2/3")
+
+
+def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
+    """FSDP over 8 ranks from traces at dp 2 and 4 (each with 1-3 blocks), against the engine's full per-rank
+    estimate at dp 8 (estimate/distributed.py)."""
+    from trainmem.estimate import estimate
+    from trainmem.plan import plan
+
+    setup = {"seq_len": 64, "optimizer": "adamw"}
+    result = plan(tiny_llama, "8xh100-80gb", micro_batches="2", precisions="bf16-mixed", checkpointing="off",
+                  strategies="fsdp", offloads="none", tps="1", pps="1", **setup)
+    (row,) = result.rows
+    assert row.candidate.dp == 8 and result.traces == 6  # blocks 1-3 at dp 2 and at dp 4
+    full = estimate(tiny_llama, device="h100-80gb", batch_size=2, precision="bf16-mixed", strategy="fsdp", dp=8,
+                    **setup)
+    assert row.status == "fits"
+    assert full.process_bytes_high <= row.peak_bytes <= full.process_bytes_high * (1 + ABOVE_TOLERANCE)

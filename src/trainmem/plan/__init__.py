@@ -20,7 +20,7 @@ __all__ = ["Candidate", "Gpus", "PlanResult", "PlanRow", "parse_gpus", "plan"]
 
 def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, margin: float | None = None,
          strategies: Any = None, micro_batches: Any = None, precisions: Any = None, checkpointing: Any = None,
-         offloads: Any = None, top: int = 20, time_limit: float | None = None, progress: Any = None, **setup_values: Any) -> PlanResult:
+         offloads: Any = None, tps: Any = None, pps: Any = None, top: int = 20, time_limit: float | None = None, progress: Any = None, **setup_values: Any) -> PlanResult:
     """Every layout of `gpus` (COUNTxDEVICE) for `model` and the setup (a TrainingSetup, or its values as
     keywords as estimate() takes them; its layout keys are the planner's to choose and are refused here).
     The other keywords narrow what is enumerated (enumerate.py's defaults otherwise); past `time_limit` seconds
@@ -50,7 +50,7 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     precisions = precisions or ((setup.precision,) if "precision" in setup_values else None)
     checkpointing = checkpointing or (("on",) if setup_values.get("checkpointing") else None)
     micro_batches = micro_batches or ((setup.batch_size,) if "batch_size" in setup_values else None)
-    options = _choices(strategies, micro_batches, precisions, checkpointing, offloads)
+    options = _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps)
     candidates = layouts.candidates(chosen.count, gpus_per_node, facts.blocks, **options)
     tracer = Tracer(source, facts, setup, chosen.device, gpus_per_node)
     with (progress or Progress("planning")) as bar:
@@ -61,7 +61,7 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
                       tracer.predicted)
 
 
-def _choices(strategies, micro_batches, precisions, checkpointing, offloads) -> dict[str, Any]:
+def _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps) -> dict[str, Any]:
     from trainmem.parallel.layout import Offload, Strategy
     from trainmem.plan import enumerate as layouts
     from trainmem.setup import Precision
@@ -93,7 +93,8 @@ def _choices(strategies, micro_batches, precisions, checkpointing, offloads) -> 
              "micro_batches": listed(micro_batches, whole, "--micro-batches"),
              "precisions": listed(precisions, Precision, "--precisions"),
              "checkpointing": listed(checkpointing, switch, "--checkpointing-options"),
-             "offloads": listed(offloads, Offload, "--offloads")}
+             "offloads": listed(offloads, Offload, "--offloads"),
+             "tps": listed(tps, whole, "--tps"), "pps": listed(pps, whole, "--pps")}
     if given["kinds"] and any(kind not in layouts.DEFAULT_KINDS for kind in given["kinds"]):
         from trainmem.errors import SetupError
 

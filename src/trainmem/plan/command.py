@@ -34,6 +34,8 @@ def add_plan_command(commands: Any, add_setup_flags) -> argparse.ArgumentParser:
     add("--checkpointing-options", metavar="LIST", help="off,on (default: both, off tried first; --checkpointing "
         "fixes on)")
     add("--offloads", metavar="LIST", help="none,optimizer,params (default: all three, none tried first)")
+    add("--tps", metavar="LIST", help="tensor-parallel degrees to consider (default: every divisor of a node's GPUs)")
+    add("--pps", metavar="LIST", help="pipeline degrees to consider (default: every divisor up to the blocks)")
     add("--margin", help="fraction of each GPU's memory to keep free, 0 ≤ m < 1 (default: fit's GPU margin)")
     add("--top", type=int, metavar="N", help="layouts shown (default: 20; JSON lists all)")
     add("--time-limit", type=float, metavar="SECONDS", help="stop tracing after this long; the layouts not reached "
@@ -65,6 +67,6 @@ def run_plan(options: Any, setup: Any):
                   micro_batches=values.get("micro_batches") or ((setup.batch_size,) if "batch_size" in given else None),
                   precisions=values.get("precisions") or ((setup.precision,) if "precision" in given else None),
                   checkpointing=values.get("checkpointing_options") or (("on",) if given.get("checkpointing") else None),
-                  offloads=values.get("offloads"), top=top or 20, time_limit=limit)
+                  offloads=values.get("offloads"), tps=values.get("tps"), pps=values.get("pps"), top=top or 20, time_limit=limit)
     text = json.dumps(result.to_dict(), indent=2) if values.get("format") == "json" else str(result)
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -69,11 +70,24 @@ def assess(tracer: Tracer, candidate: layouts.Candidate, budget: int) -> PlanRow
         return PlanRow(candidate, "refused", why=error_line(error))
     except ImportError as error:  # a strategy module or the engine this version lacks
         return PlanRow(candidate, "refused", why=f"this version cannot trace it ({one_line(error)})")
-    peak = figures.peak()
+    nccl = nccl_bytes(candidate.layout(tracer.gpus_per_node, tracer.setup.parallel), tracer.device)
+    peak = figures.peak() + nccl
     _, phase, dominant = figures.bound()
     how = "extrapolated" + (f"; not affine: {', '.join(figures.not_affine)}" if figures.not_affine else "")
     return PlanRow(candidate, "fits" if peak <= budget else "does not fit", peak, phase, dominant,
                    figures.breakdown(), figures.label, how)
+
+
+@functools.lru_cache(maxsize=4096)
+def nccl_bytes(layout, device) -> int:
+    """NCCL's buffers on the rank that holds the most (targets/nccl.py: its groups and node-local members)."""
+    if layout.world_size == 1:
+        return 0
+    try:
+        from trainmem.targets.nccl import nccl_process_bytes
+    except ImportError:
+        return 0
+    return max(nccl_process_bytes(layout, rank, device)[0] for rank in range(layout.world_size))
 
 
 def least_first(candidate: layouts.Candidate) -> tuple:
@@ -156,5 +170,6 @@ def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progre
             rows += [PlanRow(c, "not evaluated", why=f"past the time limit of {time_limit:g} s") for c in chosen]
         else:
             rows += evaluate(tracer, chosen, budget)
+            tracer.forget()
         progress.advance(len(chosen))
     return rows

@@ -78,13 +78,14 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def degrees(count: int, gpus_per_node: int, blocks: int) -> Iterator[tuple[int, int, int]]:
-    """(dp, tp, pp) with dp·tp·pp = count, tp dividing a node's GPUs, pp at most the blocks."""
+def degrees(count: int, gpus_per_node: int, blocks: int, tps=None, pps=None) -> Iterator[tuple[int, int, int]]:
+    """(dp, tp, pp) with dp·tp·pp = count, tp dividing a node's GPUs, pp at most the blocks; only the tp and pp
+    degrees listed in `tps` / `pps` when given."""
     for tp in divisors(count):
-        if tp > gpus_per_node or gpus_per_node % tp:
+        if tp > gpus_per_node or gpus_per_node % tp or (tps and tp not in tps):
             continue
         for pp in divisors(count // tp):
-            if pp <= max(blocks, 1):
+            if pp <= max(blocks, 1) and not (pps and pp not in pps):
                 yield count // (tp * pp), tp, pp
 
 
@@ -97,9 +98,9 @@ def kinds_for(dp: int, tp: int, gpus_per_node: int, kinds: Iterable[Strategy]) -
 
 def candidates(count: int, gpus_per_node: int, blocks: int, *, kinds=DEFAULT_KINDS,
                micro_batches=DEFAULT_MICRO_BATCHES, checkpointing=(False, True), precisions=DEFAULT_PRECISIONS,
-               offloads=DEFAULT_OFFLOADS) -> list[Candidate]:
+               offloads=DEFAULT_OFFLOADS, tps=None, pps=None) -> list[Candidate]:
     out = []
-    for dp, tp, pp in degrees(count, gpus_per_node, blocks):
+    for dp, tp, pp in degrees(count, gpus_per_node, blocks, tps, pps):
         for kind in kinds_for(dp, tp, gpus_per_node, kinds):
             for offload in offloads:
                 if offload != Offload.NONE and kind not in OFFLOAD_KINDS:

@@ -18,6 +18,8 @@ from trainmem.plan.enumerate import Candidate
 from trainmem.plan.reuse import Figures
 from trainmem.setup import TrainingSetup
 
+NCCL_PART = "NCCL communicators"  # estimate/distributed.py _with_nccl's process part
+
 
 def stream_maxima(stream_events: list, charged) -> dict[tuple[str, str], int]:
     """(phase, category) -> the most bytes of that category live at any moment of that phase, each block as
@@ -42,7 +44,10 @@ def figures_of(target: Any, traced: Any, estimate: Any, label: str) -> Figures:
     stream = target.device_stream(traced.trace)
     events = stream.events_high if stream.events_high is not None else stream.events
     maxima = stream_maxima(events, target.allocator().charged)
-    return Figures(maxima, estimate.allocated_bytes, estimate.process_bytes_high, label)
+    # NCCL's communicator buffers depend on the layout's groups, not on what is traced: they leave the traced
+    # figure here and are added for the planned layout itself (core.nccl_bytes)
+    nccl = estimate.process_parts.get(NCCL_PART, 0)
+    return Figures(maxima, estimate.allocated_bytes, estimate.process_bytes_high - nccl, label)
 
 
 def merged(figures: list[Figures], label: str) -> Figures:
@@ -122,6 +127,10 @@ class Tracer:
         chosen, setup, roles = self._real(candidate, dp, blocks)
         return self._assembled(chosen, setup, roles)
 
+    def forget(self) -> None:
+        """Drop the kept traces (core.run calls it after each group: no later group shares its layouts)."""
+        self.real.clear()
+
     def _real(self, candidate: Candidate, dp: int, blocks: int):
         key = (candidate.structure(), dp, blocks, candidate.micro_batch)
         if key not in self.real:
@@ -187,11 +196,9 @@ class Tracer:
             return [RoleTrace(0, "all ranks", None, trace(chosen, setup))]
         from trainmem.estimate.distributed import trace_role  # the engine (estimate/distributed.py)
         from trainmem.parallel.roles import rank_roles
-        from trainmem.trace import step as training
-        from trainmem.trace.meta_build import building_on_meta
+        from trainmem.trace.distributed import build_on_meta
 
-        with building_on_meta():
-            model = training.unpack_built(chosen.source.build(), chosen.source)[0]
+        model = build_on_meta(chosen.source, setup)[0]
         out = []
         for role in traced_roles(rank_roles(setup.parallel, model), setup.parallel, model):
             out.append(RoleTrace(role.pp_index, role.label, role, trace_role(chosen, setup, role)))
