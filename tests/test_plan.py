@@ -85,11 +85,14 @@ def test_blocks_extrapolation_is_the_line_rounded_up():
     assert not at_80.not_affine
 
 
-def test_blocks_extrapolation_takes_the_steeper_step_and_says_so():
-    points = [(1, _figures(10 * MiB, MiB, MiB)), (2, _figures(20 * MiB, MiB, MiB)), (3, _figures(40 * MiB, MiB, MiB))]
-    at_5 = extrapolate(points, 5, "blocks")
-    assert at_5.maxima[("forward", "parameters")] == 80 * MiB  # 40 + 2 x 20, not 2 x 10
-    assert "blocks: parameters in forward" in at_5.not_affine
+def test_blocks_extrapolation_takes_the_last_step_and_says_so():
+    # FSDP's prefetch: one unsharded block with 1 block, two from 2 blocks on; the last step is the steady one
+    points = [(1, _figures(10 * MiB, MiB, MiB)), (2, _figures(20 * MiB, MiB, MiB)), (3, _figures(20 * MiB, MiB, MiB))]
+    at_80 = extrapolate(points, 80, "blocks")
+    assert at_80.maxima[("forward", "parameters")] == 20 * MiB
+    assert "blocks: parameters in forward" in at_80.not_affine
+    growing = [(1, _figures(10 * MiB, MiB, MiB)), (2, _figures(20 * MiB, MiB, MiB)), (3, _figures(40 * MiB, MiB, MiB))]
+    assert extrapolate(growing, 5, "blocks").maxima[("forward", "parameters")] == 80 * MiB  # 40 + 2 x 20
 
 
 def test_dp_extrapolation_is_a_line_in_one_over_dp_plus_padding():
