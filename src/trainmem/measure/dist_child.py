@@ -154,11 +154,13 @@ def _prepare_sharded(source, setup, layout: dict, training):
     if setup.precision == Precision.BF16:
         model.to(torch.bfloat16)  # before sharding: the shards are made in the dtype the run uses
     checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
-    reshard = layout["strategy"] != "zero2" and layout.get("reshard_after_forward", True)
+    # as a user writes it: fully_shard's own default unless the run asks (zero2: keep the gathered parameters)
+    reshard = False if layout["strategy"] == "zero2" else layout.get("reshard_after_forward")
+    options = {} if reshard is None else {"reshard_after_forward": reshard}
     mesh = _hsdp_mesh(layout) if layout["strategy"] == "hsdp" else None
     for block in wrap_units(model, layout.get("fsdp_wrap", "auto")):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
     model.to_empty(device="cpu")
     with torch.no_grad():
         for module in model.modules():

@@ -71,7 +71,10 @@ class ParallelLayout:
     stages_per_rank: int = 2  # interleaved 1F1B's virtual stages per rank
     ddp_bucket_mb: float = 25.0  # DistributedDataParallel(bucket_cap_mb=25) default
     gradient_as_bucket_view: bool = False  # DDP default False: grads are copied into the buckets
-    reshard_after_forward: bool = True  # FSDP2 fully_shard default
+    # None: fully_shard's own default, not passed (torch 2.13 _fully_shard.py: None reshards every module but the root,
+    # which lazy_init keeps gathered from forward into backward; measured on an H200, benchmarks/results/
+    # accuracy_distributed_gpu.md: passing True drops the root's gathered parameters from the backward peak)
+    reshard_after_forward: bool | None = None
     fsdp_prefetch: int = 1  # modules all-gathered ahead (FSDP2's implicit prefetch is one)
     fsdp_wrap: FsdpWrap = FsdpWrap.AUTO
     zero3_prefetch_bucket: int = 50_000_000  # DeepSpeed stage3_prefetch_bucket_size default (elements)
@@ -98,7 +101,7 @@ class ParallelLayout:
                 or not 0 < self.ddp_bucket_mb < 1 << 20:
             raise SetupError(f"expected a bucket size in MB above 0, got {self.ddp_bucket_mb!r}", where="--ddp-bucket-mb")
         for name in ("gradient_as_bucket_view", "reshard_after_forward"):
-            if not isinstance(getattr(self, name), bool):
+            if not isinstance(getattr(self, name), bool) and not (name == "reshard_after_forward" and getattr(self, name) is None):
                 raise SetupError(f"expected true or false, got {getattr(self, name)!r}", where=f"--{name.replace('_', '-')}")
         if self.world_size > MAX_WORLD_SIZE:
             raise SetupError(f"expected a world size of at most {MAX_WORLD_SIZE:,}, got {self.world_size:,}",
