@@ -509,7 +509,7 @@ def test_another_commands_key_in_a_setup_file_is_warned(tmp_path, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text("margin = 0.2\nbatch_size = 2\n")
     code, out, err = run(["estimate", "mlp:64-10", "--setup", str(toml)], capsys)
-    assert code == 0 and err.strip() == f"warning: {toml}: margin: ignored: only trainmem fit keeps a margin"
+    assert code == 0 and err.strip() == f"warning: {toml}: margin: ignored: only trainmem fit and plan keep a margin"
 
 
 # Inputs the model cannot take: the flag that made the batch is blamed, with the module and torch's words.
