@@ -93,7 +93,9 @@ class CudaAllocator:
                 segments, retries, pending = allocator.segment_summary(), allocator.counters["num_alloc_retries"], False
             if event.action == "alloc":
                 try:
-                    allocator.malloc(event.key, event.nbytes)
+                    # a block goes to its allocation stream's pool (cuda_caching.py); DeviceEvent has no stream:
+                    # the default one, unless the target sent an event that names one (cuda_target.StreamEvent)
+                    allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
                 except CudaOutOfMemoryError as error:
                     return ReplayResult(peak_index, {}, allocator.peak_allocated_bytes, allocator.peak_reserved_bytes,
                                         tensor_peak, out_of_memory=f"{error} (at {event.phase}, op {event.op})")

@@ -30,7 +30,7 @@ def on_meta(model: nn.Module, ctx: Any) -> nn.Module:
     for root in roots(model):
         ctx.notes.extend(shard(root, ctx, reshard_after_forward=layout.reshard_after_forward,
                                prefetch=layout.fsdp_prefetch))
-    if layout.pp > 1 and layout.reshard_after_forward:
+    if layout.pp > 1 and layout.reshard_after_forward is not False:
         ctx.notes.append("FSDP with pipeline parallelism: reshard_after_forward=True as asked; torchtitan's default "
                          "there is False (parallelize.py: reshard_after_forward = not pp_enabled), which keeps "
                          "each stage's parameters unsharded between micro-batches")
@@ -54,30 +54,42 @@ def on_fake(model: nn.Module, ctx: Any):
     return offload.parallelized(model, ctx) if ctx.layout.offload != Offload.NONE else Parallelized(model)
 
 
-def shard(model: nn.Module, ctx: Any, *, reshard_after_forward: bool, prefetch: int,
+def shard(model: nn.Module, ctx: Any, *, reshard_after_forward: bool | None, prefetch: int,
           ignored_params: set[nn.Parameter] | None = None, units: list[nn.Module] | None = None) -> list[str]:
-    """fully_shard the units (default: the layout's wrap policy's) and the root; returns the notes to print."""
+    """fully_shard the units (default: the layout's wrap policy's) and the root; returns the notes to print.
+    reshard_after_forward=None passes no keyword, so the installed torch's own default is traced: in torch 2.13
+    (_fully_shard.py: auto_reshard_after_forward = reshard_after_forward is None; _fsdp_state.py _lazy_init) every
+    module reshards after forward except the root, which keeps its unsharded parameters into backward."""
     from torch.distributed.fsdp import fully_shard
 
     layout = ctx.layout
     mp_policy, mp_note = mixed_precision(ctx.setup)
     kwargs = dict(mesh=ctx.world.dp_mesh(), mp_policy=mp_policy, offload_policy=offload_policy(layout),
                   ignored_params=ignored_params or None)
+    if reshard_after_forward is not None:
+        kwargs["reshard_after_forward"] = reshard_after_forward
     units = wrap_units(model, layout.fsdp_wrap) if units is None else units
     for unit in units:
-        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
     set_prefetch(units, prefetch)
     names = {id(m): name for name, m in model.named_modules()}
     listed = ", ".join(names[id(u)] for u in units[:3]) + (", …" if len(units) > 3 else "")
     kind = "HSDP (replicate x shard mesh)" if layout.strategy == Strategy.HSDP else "FSDP2"
     notes = [f"{kind}: fully_shard on {len(units)} unit(s) ({listed or 'none'}) then the root "
-             f"(--fsdp-wrap {layout.fsdp_wrap}); reshard_after_forward={reshard_after_forward}; "
+             f"(--fsdp-wrap {layout.fsdp_wrap}); {_reshard_words(reshard_after_forward)}; "
              f"prefetch {prefetch} module(s) ahead"]
     if prefetch == 0:
         notes.append("--fsdp-prefetch 0 traced as 1: FSDP2 has no public switch for its implicit backward prefetch "
                      "(_fsdp_param_group.py _backward_prefetch all-gathers the next module in each pre-backward)")
     return notes + ([mp_note] if mp_note else [])
+
+
+def _reshard_words(reshard_after_forward: bool | None) -> str:
+    if reshard_after_forward is None:
+        return ("reshard_after_forward not passed (torch's default: every unit reshards after forward, the root "
+                "keeps its parameters unsharded into backward)")
+    return f"reshard_after_forward={reshard_after_forward}"
 
 
 def wrap_units(model: nn.Module, policy: FsdpWrap | str) -> list[nn.Module]:

@@ -6,7 +6,8 @@
   broadcasts each rank's updated parameters after its local step (`_sync_params`, in place: no buffer).
 - zero2: FSDP2 fully_shard with reshard_after_forward=False: gradients and optimizer state sharded,
   parameters kept unsharded from forward to backward (FSDP2's SHARD_GRAD_OP), resharded after backward.
-- zero3: FSDP2 full sharding (reshard_after_forward=True). DeepSpeed's stage3_param_persistence_threshold
+- zero3: FSDP2 full sharding (the layout's reshard_after_forward; unset: torch's default, where the root keeps
+  its parameters unsharded into backward, _zero3). DeepSpeed's stage3_param_persistence_threshold
   (parameters of fewer elements stay whole on every rank, zero/partition_parameters.py `ds_persist`) maps
   onto fully_shard's `ignored_params`: such a parameter stays whole on every rank, and so do its gradient and
   optimizer state (DeepSpeed still partitions those: this errs high by 2 x state of those small parameters).
@@ -70,7 +71,12 @@ def _zero3(model: nn.Module, ctx: Any) -> list[str]:
         how = (f"{len(persistent)} parameter(s) below the persistence threshold ({threshold:,} elements) kept "
                f"whole on every rank (fully_shard ignored_params; their gradients and optimizer state too)")
     prefetch = prefetch_count(units, layout.zero3_prefetch_bucket, persistent)
-    notes = fsdp.shard(model, ctx, reshard_after_forward=True, prefetch=prefetch, ignored_params=persistent,
+    # the layout's reshard_after_forward, as for fsdp (None: torch's default, the root kept unsharded into backward).
+    # DeepSpeed ZeRO-3 has no root group: it releases each submodule's parameters after its forward unless they
+    # are reused within stage3_max_reuse_distance (default 1e9 elements, config.py), which keeps more, not less;
+    # keeping the root's parameters is the nearer (and higher) of the two FSDP2 choices
+    notes = fsdp.shard(model, ctx, reshard_after_forward=layout.reshard_after_forward, prefetch=prefetch,
+                       ignored_params=persistent,
                        units=units)
     return notes + [f"zero3: {how}; prefetch bucket {layout.zero3_prefetch_bucket:,} elements -> {prefetch} "
                     f"unit(s) ahead"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CudaAllocator
-from trainmem.targets import DeviceStream, ProcessMemory, cuda_runtime
+from trainmem.targets import DeviceEvent, DeviceStream, ProcessMemory, cuda_runtime
 from trainmem.targets.cuda import device_stream, kernel_ops
 from trainmem.trace.events import Trace
 
@@ -39,6 +39,30 @@ def config_text(config: AllocatorConfig) -> str:
     changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
                if getattr(config, f.name) != getattr(default, f.name)]
     return ", ".join(changed) if changed else "PyTorch defaults (no PYTORCH_CUDA_ALLOC_CONF)"
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamEvent(DeviceEvent):
+    """An allocation made on a stream other than the default one (trace StorageRecord.stream)."""
+
+    stream: int = 0
+
+
+def on_streams(stream: DeviceStream, trace: Trace) -> DeviceStream:
+    """The stream with each allocation of a storage the trace made on a side stream (FSDP2's all-gather and
+    reduce-scatter streams) named as such, so that the caching allocator keeps its block in that stream's pool:
+    a freed block is reused only by a request on its own stream (CUDACachingAllocator.cpp get_free_block searches
+    the request's stream). Frees need nothing: a block returns to the pool it came from."""
+    streams = {sid: record.stream for sid, record in trace.storages.items() if record.stream}
+    if not streams:
+        return stream
+
+    def named(events: list[DeviceEvent]) -> list[DeviceEvent]:
+        return [StreamEvent(**{f.name: getattr(e, f.name) for f in dataclasses.fields(DeviceEvent)},
+                            stream=streams[e.key]) if e.action == "alloc" and e.key in streams else e for e in events]
+
+    high = named(stream.events_high) if stream.events_high is not None else None
+    return dataclasses.replace(stream, events=named(stream.events), events_high=high)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +124,8 @@ class CudaTarget:
         return CudaFacts(self.device.gpu.compute_capability)
 
     def device_stream(self, trace: Trace) -> DeviceStream:
-        return device_stream(trace, self.device.gpu.cublas_workspace_bytes, self.runtime.cudnn_benchmark)
+        stream = device_stream(trace, self.device.gpu.cublas_workspace_bytes, self.runtime.cudnn_benchmark)
+        return on_streams(stream, trace)
 
     def allocator(self) -> CudaAllocator:
         # cudaMalloc may hand out what the card has left once the CUDA context is in place

@@ -46,6 +46,10 @@ class StorageRecord:
     step: int
     dtype: str = ""
     shape: tuple[int, ...] = ()
+    # the stream the storage was allocated on: 0 the default stream, n > 0 the n-th other stream selected when an
+    # allocation was made (FSDP2's all-gather / reduce-scatter streams); the caching allocator keeps a block in
+    # its allocation stream's pool (alloc/cuda_caching.py)
+    stream: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

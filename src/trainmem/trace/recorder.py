@@ -43,6 +43,7 @@ def _meta_of(values: Any) -> tuple:
 
 
 _DEVICE_QUERY = torch.ops.prim.device.default
+_DEFAULT_CPU_STREAM = torch.cpu.current_stream()  # torch/cpu/__init__.py: _default_cpu_stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +136,7 @@ class TraceRecorder(TorchDispatchMode):
         self.distributed = False
         self.muted = False
         self._sticky: dict[int, Category] = {}  # id(storage) -> category its next allocations get
+        self._streams: list[Any] = []  # streams other than the default one, in order of first allocation
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE_QUERY and hasattr(args[0], "fake_device"):
@@ -183,7 +185,8 @@ class TraceRecorder(TorchDispatchMode):
         sid = len(self.trace.storages)
         category = self._sticky.get(key, _PROVISIONAL[self.phase]) if self._sticky else _PROVISIONAL[self.phase]
         record = StorageRecord(sid, nbytes, category, self.phase, self.modules.current(),
-                               op_name, self.step, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+                               op_name, self.step, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
+                               self._stream())
         self.trace.storages[sid] = record
         self._live[key] = (sid, nbytes)
         self._emit("alloc", record)
@@ -191,6 +194,20 @@ class TraceRecorder(TorchDispatchMode):
         # its registry), kept until it fires
         self._deaths[sid] = weakref.ref(storage, lambda _, key=key, sid=sid: self._died(key, sid))
         return sid
+
+    def _stream(self) -> int:
+        """The stream an allocation is made on now: 0 for the default one, else the n-th other stream seen. The trace
+        runs on the CPU, where `with torch.cpu.stream(s)` (what FSDP2's `device_handle.stream(...)` is there) makes
+        `s` torch.cpu.current_stream() exactly as a CUDA stream context does; the streams are held so that ids
+        stay unique."""
+        current = torch.cpu.current_stream()
+        if current is _DEFAULT_CPU_STREAM:
+            return 0
+        for number, stream in enumerate(self._streams, 1):
+            if stream is current:
+                return number
+        self._streams.append(current)
+        return len(self._streams)
 
     def _died(self, key: int, sid: int) -> None:
         self._deaths.pop(sid, None)
@@ -246,7 +263,8 @@ class TraceRecorder(TorchDispatchMode):
         category = self._sticky.get(key, old.category if old is not None else _PROVISIONAL[self.phase])
         sid = len(self.trace.storages)
         record = StorageRecord(sid, nbytes, category, self.phase, self.modules.current(),
-                               old.op if old is not None else "resize_", self.step, old.dtype if old else "", ())
+                               old.op if old is not None else "resize_", self.step, old.dtype if old else "", (),
+                               self._stream())
         self.trace.storages[sid] = record
         self._live[key] = (sid, nbytes)
         self._emit("alloc", record)
