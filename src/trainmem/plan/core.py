@@ -96,7 +96,7 @@ def least_first(candidate: layouts.Candidate) -> tuple:
     return (list(Offload).index(candidate.offload), candidate.checkpointing)
 
 
-def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int) -> list[PlanRow]:
+def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, past=lambda: False) -> list[PlanRow]:
     """Rows for the candidates of one (kind, dp, tp, pp, precision). Per micro-batch, from the smallest, the
     knobs are tried least intrusive first (least_first) and the first that fits is kept: the costlier ones at
     that micro-batch are skipped (they are not needed). When nothing fits at a micro-batch, the larger ones are
@@ -111,6 +111,9 @@ def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int) -
         for candidate in sorted(by_batch[batch], key=least_first):
             if none_fit is not None or fitted is not None:
                 rows.append(PlanRow(candidate, "skipped", why=none_fit or f"{fitted} fits with less"))
+                continue
+            if past():
+                rows.append(PlanRow(candidate, "not evaluated", why="past the time limit"))
                 continue
             row = assess(tracer, candidate, budget)
             rows.append(row)
@@ -164,12 +167,13 @@ def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progre
     order = sorted(groups.values(), key=_simplest_first)
     progress.total(len(left))
     rows = list(ruled)
+    past = lambda: time_limit is not None and time.perf_counter() - started > time_limit  # noqa: E731
     for members in order:
         chosen = [c for _, c in members]
-        if time_limit is not None and time.perf_counter() - started > time_limit:
-            rows += [PlanRow(c, "not evaluated", why=f"past the time limit of {time_limit:g} s") for c in chosen]
+        if past():
+            rows += [PlanRow(c, "not evaluated", why="past the time limit") for c in chosen]
         else:
-            rows += evaluate(tracer, chosen, budget)
+            rows += evaluate(tracer, chosen, budget, past)
             tracer.forget()
         progress.advance(len(chosen))
     return rows

@@ -16,7 +16,11 @@ estimate's (tests/test_plan.py checks them against full estimates of small model
    The slope used is the last step's (2→3), never below 0: the first block is often special (FSDP all-gathers
    the next block ahead, so a 1-block model holds one unsharded block and every longer one two — measured on
    Llama-3.1-70B with FSDP and offload: parameters 3.55, 5.51, 5.51 GiB at 1, 2, 3 blocks), and a series that
-   accelerates has its steepest step last. A series whose two steps differ is named in the result. What the allocator and the runtime add beyond the live
+   accelerates has its steepest step last. A series whose two steps differ is named in the result. The
+   allocator's own peak is extrapolated as a line too, and the figure is at least that line plus the overhead:
+   it catches a peak moment whose bytes grow faster than the category maxima (measured on Llama-3.1-70B, FSDP
+   with offloaded parameters, dp 2: communication at the allocated peak 3.19 → 4.78 GiB from 2 to 3 blocks,
+   while the backward's largest communication stayed 7.83 GiB). What the allocator and the runtime add beyond the live
    bytes (rounding, cached blocks, the CUDA context) is extrapolated the same way.
 2. Micro-batch. Micro-batches 1 and 2 are traced (2 and 4 where batch 1 traces another stream); larger ones
    are predicted from those two traces value by value (trace/batch_scaling.py, fit's ScaledBatches), once per
