@@ -203,3 +203,11 @@ def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
                     **setup)
     assert row.status == "fits"
     assert full.process_bytes_high <= row.peak_bytes <= full.process_bytes_high * (1 + ABOVE_TOLERANCE)
+
+
+def test_time_limit_lists_the_rest_as_not_evaluated():
+    from trainmem.plan import plan
+
+    result = plan("mlp:100-10", "1xh100-80gb", input_shape="100", time_limit=1e-9)
+    assert result.traces == 0 and {row.status for row in result.rows} == {"not evaluated"}
+    assert result.best is None and "No layout fits." in str(result)

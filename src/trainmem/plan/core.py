@@ -15,7 +15,7 @@ from trainmem.plan.blocks import ModelFacts
 from trainmem.plan.reuse import PADDING_BYTES_PER_ELEMENT, Figures, extrapolate, over_dp
 from trainmem.plan.result import PlanRow
 from trainmem.plan.states import model_state_floor
-from trainmem.plan.tracer import Tracer
+from trainmem.plan.tracer import PastTimeLimit, Tracer
 from trainmem.units import format_bytes
 
 BLOCK_POINTS = (1, 2, 3)  # blocks per pipeline stage traced for the line (reuse.py, 1.)
@@ -66,6 +66,8 @@ def assess(tracer: Tracer, candidate: layouts.Candidate, budget: int) -> PlanRow
     """One candidate's row: its figure against the budget, or why it could not be traced."""
     try:
         figures = figures_for(tracer, candidate)
+    except PastTimeLimit:
+        return PlanRow(candidate, "not evaluated", why="past the time limit")
     except TrainmemError as error:
         return PlanRow(candidate, "refused", why=error_line(error))
     except ImportError as error:  # a strategy module or the engine this version lacks
@@ -168,6 +170,7 @@ def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progre
     progress.total(len(left))
     rows = list(ruled)
     past = lambda: time_limit is not None and time.perf_counter() - started > time_limit  # noqa: E731
+    tracer.past = past
     for members in order:
         chosen = [c for _, c in members]
         if past():

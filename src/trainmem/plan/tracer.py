@@ -78,6 +78,10 @@ def traced_roles(roles: list, layout: ParallelLayout, model: Any) -> list:
     return [role for role in roles if role.pp_index in kept]
 
 
+class PastTimeLimit(Exception):
+    """The planner's time limit passed before a trace it needed (core.assess lists the layout as not evaluated)."""
+
+
 @dataclasses.dataclass
 class RoleTrace:
     """One traced rank role: what assembles it again at another batch size."""
@@ -103,6 +107,7 @@ class Tracer:
         self.real: dict[tuple, tuple[Any, TrainingSetup, list[RoleTrace]]] = {}
         self.scalable: dict[tuple, Any] = {}  # (structure, dp) -> the confirmed pair of micro-batches, or False
         self.traces = 0  # rank-role traces run
+        self.past: Any = lambda: False  # core.run's time limit: checked before each trace
         self.predicted = 0  # rank-role traces predicted from two others
 
     def setup_for(self, candidate: Candidate, dp: int) -> TrainingSetup:
@@ -135,6 +140,9 @@ class Tracer:
         key = (candidate.structure(), dp, blocks, candidate.micro_batch)
         if key not in self.real:
             from trainmem.estimate.orchestrate import plan
+
+            if self.past():
+                raise PastTimeLimit()
 
             setup = self.setup_for(candidate, dp)
             chosen = plan(variant(self.source, self.facts, blocks), setup, self.device, 1)
