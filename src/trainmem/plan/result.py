@@ -89,8 +89,10 @@ class PlanResult:
                  f"{self.predicted:,} predicted) in {self.seconds:.1f} s",
                  f"  reuse: {self.reuse}", ""]
         fitting = self.fitting
+        waiting = self.counts().get("not evaluated", 0)
         if not fitting:
-            lines.append("No layout fits.")
+            lines.append("No layout fits." if not waiting else
+                         f"No layout evaluated fits; {waiting:,} not evaluated within the time limit.")
         else:
             lines.append(f"Layouts that fit, most headroom first ({min(self.top, len(fitting))} of {len(fitting):,}):")
             lines.append(f"  {'layout':<52} {'per-rank peak':>13} {'headroom':>10}  peak in / largest")
@@ -98,6 +100,8 @@ class PlanResult:
                 lines.append(f"  {row.candidate.label():<52} {format_bytes(row.peak_bytes):>13} "
                              f"{format_bytes(row.headroom(capacity)):>10}  {row.phase} / {row.dominant}"
                              + (f" ({row.rank})" if row.rank not in ("", "all ranks") else ""))
+        if fitting and waiting:
+            lines.append(f"({waiting:,} layouts not evaluated within the time limit: their figures are unknown)")
         reasons = sorted({row.why for row in self.rows if row.status == "refused"})
         lines += [f"refused: {why}" for why in reasons[:5]]
         lines += [f"note: {note}" for note in self.notes]
