@@ -7,6 +7,15 @@ Wrapping (`--fsdp-wrap`): `auto` shards each repeated block (in a ModuleList or 
 parameters whose class occurs there at least twice: transformer layers, a stack of Linear layers), else each
 top-level child with parameters, then the root (torchtitan's apply_fsdp shards each
 transformer block, then the model); `blocks`, `children` and `root` choose one of those alone.
+
+Streams: FSDP2 makes the all-gather buffers under `all_gather_copy_in_stream` (forward and backward's implicit
+prefetch) and the reduce-scatter output, of which the sharded gradients are views, under `reduce_scatter_stream`
+(_fsdp_collectives.py foreach_all_gather / foreach_reduce); on the CPU trace those are torch.cpu streams, and the
+recorder labels each storage with the stream current at its allocation, so the CUDA target replays them in pools of
+their own. Their frees are where the trace drops the last reference: FSDP2 calls no record_stream, and NCCL in its
+default synchronous mode runs on the caller's stream and records nothing (ProcessGroupNCCL::collective: asyncOp ?
+ncclStreams_ : getCurrentCUDAStream; an async op stashes its tensors until work.wait(), which FSDP2's copy-out
+calls before dropping the buffer), so no free happens later on the GPU than in the trace.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ def on_meta(model: nn.Module, ctx: Any) -> nn.Module:
         ctx.notes.extend(shard(root, ctx, reshard_after_forward=layout.reshard_after_forward,
                                prefetch=layout.fsdp_prefetch))
     if layout.pp > 1 and layout.reshard_after_forward is not False:
-        ctx.notes.append("FSDP with pipeline parallelism: reshard_after_forward=True as asked; torchtitan's default "
+        asked = "as asked" if layout.reshard_after_forward else "by fully_shard's default (every unit but the root)"
+        ctx.notes.append(f"FSDP with pipeline parallelism: units reshard after forward {asked}; torchtitan's default "
                          "there is False (parallelize.py: reshard_after_forward = not pp_enabled), which keeps "
                          "each stage's parameters unsharded between micro-batches")
     return model
