@@ -70,7 +70,7 @@ def _local_numel(model: nn.Module) -> int:
     return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in unique)
 
 
-def _tiny_llama(tie: bool, heads: int = 4, kv_heads: int = 2, hidden: int = 64) -> ModelSource:
+def _tiny_llama(tie: bool, heads: int = 4, kv_heads: int = 2, hidden: int = 64, own_plan: bool = True) -> ModelSource:
     transformers = pytest.importorskip("transformers")
     from trainmem.frontends.hf import _batch_maker, _model_loss
 
@@ -78,7 +78,10 @@ def _tiny_llama(tie: bool, heads: int = 4, kv_heads: int = 2, hidden: int = 64) 
         config = transformers.LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=128,
                                           num_hidden_layers=4, num_attention_heads=heads, num_key_value_heads=kv_heads,
                                           tie_word_embeddings=tie)
-        return transformers.LlamaForCausalLM(config)
+        model = transformers.LlamaForCausalLM(config)
+        if not own_plan:  # a Llama-family model without a Hugging Face plan: the projection names decide
+            model._tp_plan = {}
+        return model
     return ModelSource(ref="", name="tiny llama", build=build, make_batch=_batch_maker("causal-lm", {"vocab_size": 128}, 16),
                        loss_fn=_model_loss)
 
@@ -105,6 +108,54 @@ def test_tp_llama_uses_its_own_plan():
     tied, _, _ = _run(_tiny_llama(tie=True), 1, setup)
     assert tied.lm_head.weight is tied.model.embed_tokens.weight  # still one Parameter after parallelize_module
     assert _local_numel(tied) == 4 * layer + 64 + vocab
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_tp_llama_names_split_the_vocabulary_like_torchtitan(tie):
+    # without the model's own plan: the projections by name, and embed_tokens row-wise / lm_head column-wise
+    # added (torchtitan's tok_embeddings / output); the same hand counts as the Hugging Face plan's
+    from torch.distributed.tensor import DTensor, Shard
+
+    layer = (4096 + 2048 + 2048 + 4096 + 3 * 8192) // 2 + 2 * 64
+    vocab = 128 * 64 // 2
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 2,
+                                        "optimizer_impl": "foreach"})
+    model, _, _ = _run(_tiny_llama(tie=tie, own_plan=False), 1, setup)
+    assert model.model.embed_tokens.weight.placements == (Shard(0),) == model.lm_head.weight.placements
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # norms replicated: foreach Adam ran
+    if tie:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert _local_numel(model) == 4 * layer + 64 + (1 if tie else 2) * vocab
+
+
+def test_tp_embedding_backward_makes_the_full_vocabulary_gradient():
+    # torch's DTensor strategy for embedding_dense_backward (torch/distributed/tensor/_ops/_embedding_ops.py,
+    # embedding_dense_backward_strategy) has no vocabulary-sharded weight gradient: with replicated token ids
+    # and gradient it computes the whole (vocab, hidden) gradient, then keeps this rank's rows. A real TP run
+    # holds that transient too; the trace shows it rather than the shard
+    class Shapes(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.embedding_dense_backward.default:
+                self.seen.append(tuple(out.shape))
+            return out
+
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 2, "steps": 1})
+    source = frontends.resolve(_tiny_llama(tie=False), setup)
+    with torch.device("meta"):
+        model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    with fake_world(setup.parallel, 0) as world:
+        ctx = ParallelContext(setup.parallel, world, None, setup)
+        model = apply_on_meta(model, ctx)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            prepared = training.prepare(apply_on_fake(model, ctx).model, make_batch, loss_fn, setup, source)
+            with Shapes() as shapes:
+                run_loop(prepared, setup, training.Observer())
+    assert model.model.embed_tokens.weight.to_local().shape == (64, 64)
+    assert shapes.seen == [(128, 64)] * setup.steps
 
 
 def test_tp_refuses_uneven_splits_and_models_without_a_plan():

@@ -103,16 +103,40 @@ def _sequential_plan(model: nn.Module) -> tuple[dict[str, str], list[str]]:
     return plan, unpaired
 
 
+def _with_vocabulary(model: nn.Module, plan: dict[str, str], source: str) -> tuple[dict[str, str], str]:
+    """torchtitan's llama3 plan (torchtitan/models/llama3/infra/parallelize.py apply_tp) also splits the
+    vocabulary: tok_embeddings RowwiseParallel(input_layouts=Replicate()), output ColwiseParallel (logits
+    Replicate without loss parallelism). Where a Llama-family plan leaves `embed_tokens` / `lm_head` out, they
+    are added with the same layouts ("embedding_rowwise", "colwise_gather_output")."""
+    added = []
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if name in plan:
+            continue
+        if leaf == "embed_tokens" and isinstance(module, nn.Embedding):
+            plan[name] = "embedding_rowwise"
+            added.append(name)
+        elif leaf == "lm_head" and isinstance(module, nn.Linear):
+            plan[name] = "colwise_gather_output"
+            added.append(name)
+    if added:
+        source += (f"; {', '.join(added)} split on the vocabulary as torchtitan's Llama plan does (row-wise "
+                   "embedding, column-wise output with its logits gathered)")
+    return plan, source
+
+
 def choose_plan(model: nn.Module) -> tuple[dict[str, str], str]:
     """(module name -> Hugging Face style name, where the plan comes from); refuses a model with none."""
     hf = _hf_plan(model)
     if hf is not None:
         expanded = _expand(model, hf)
         if expanded:
-            return expanded, f"the model's own Hugging Face tensor-parallel plan ({type(model).__name__}.tp_plan)"
+            return _with_vocabulary(model, expanded, f"the model's own Hugging Face tensor-parallel plan "
+                                                     f"({type(model).__name__}.tp_plan)")
     named = _name_plan(model)
     if named:
-        return named, "Llama-family projection names (q/k/v/gate/up_proj column-wise, o_proj/down_proj row-wise)"
+        return _with_vocabulary(model, named, "Llama-family projection names (q/k/v/gate/up_proj column-wise, "
+                                              "o_proj/down_proj row-wise)")
     paired, unpaired = _sequential_plan(model)
     if paired:
         where = "consecutive nn.Linear pairs in nn.Sequential stacks (column-wise, then row-wise)"
@@ -209,7 +233,73 @@ def parallelize(model: nn.Module, tp_mesh: Any, tp: int) -> tuple[nn.Module, str
     styles = _styles()
     parallelize_module(model, tp_mesh, {name: styles[style]() for name, style in plan.items()})
     _retie(model, groups)
-    return model, f"tensor parallel over {tp} ranks: {len(plan)} modules split by {source}"
+    note = f"tensor parallel over {tp} ranks: {len(plan)} modules split by {source}"
+    replicated, left = replicate_rest(model, tp_mesh)
+    if replicated:
+        note += (f"; the other {replicated} modules with parameters replicated as DTensors on the tensor-parallel "
+                 "mesh (whole on every rank, as torchtitan's NoParallel/SequenceParallel do), so that one foreach "
+                 "optimizer sees DTensors only")
+    if left:
+        note += (f"; {', '.join(left)} kept as plain tensors (they own parameters and hold submodules with "
+                 "parameters, so no input/output layout fits them): the optimizer groups them apart")
+    return model, note
+
+
+# ---- the parameters no style splits ------------------------------------------------------------------------
+def _plain_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    from torch.distributed.tensor import DTensor
+
+    return [(name, module) for name, module in model.named_modules()
+            if any(p is not None and not isinstance(p, DTensor) for p in module._parameters.values())]
+
+
+def _replicated_style() -> Any:
+    """torchtitan's NoParallel style ("to ensure all parameters are on the same 1D/2D mesh, which is assumed by
+    ... optimizer fused implementation", its comment): parameters replicated on the tp mesh, inputs read as
+    Replicate DTensors, outputs handed back as local tensors. Every rank
+    holds the whole tensor, as it did as a plain tensor; `from_local` wraps the same storage (no copy, no
+    broadcast: on meta there is nothing to broadcast, and torchtitan initializes them alike on every rank)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    def partition(_name: str, module: nn.Module, mesh: Any) -> None:
+        for key, param in list(module._parameters.items()):
+            if param is not None and not isinstance(param, DTensor):
+                local = DTensor.from_local(param.data, mesh, [Replicate()], run_check=False)
+                module.register_parameter(key, nn.Parameter(local, requires_grad=param.requires_grad))
+
+    def inputs(_module: nn.Module, args: tuple, mesh: Any) -> tuple:
+        return tuple(DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+                     if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
+
+    def outputs(_module: nn.Module, out: Any, _mesh: Any) -> Any:
+        from torch.utils._pytree import tree_map
+
+        return tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, out)
+
+    class Replicated(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            return distribute_module(module, device_mesh, partition, inputs, outputs)
+
+    return Replicated()
+
+
+def replicate_rest(model: nn.Module, tp_mesh: Any) -> tuple[int, list[str]]:
+    """Make the parameters the plan left plain (norms, an unpaired output Linear) replicated DTensors on the tp
+    mesh, so that every parameter is a DTensor, as in torchtitan: a foreach/fused optimizer (CUDA's default)
+    refuses a list mixing DTensors and plain tensors ("_foreach_lerp_ got mixed torch.Tensor and DTensor").
+    Only modules without parameter-holding submodules take the style (their inputs and outputs can be converted
+    at their boundary); (count replicated, names left plain)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    replicated, left = 0, []
+    for name, module in _plain_owners(model):
+        if any(True for child in module.children() for _ in child.parameters()):
+            left.append(name or type(module).__name__)
+            continue
+        parallelize_module(module, tp_mesh, _replicated_style())
+        replicated += 1
+    return replicated, left
 
 
 def on_meta(model: nn.Module, ctx: ParallelContext) -> nn.Module:
