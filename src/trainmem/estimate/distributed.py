@@ -5,7 +5,8 @@ The answer is the most loaded role's Estimate (by process bytes: what must fit o
 row per role) and `parallel` (the layout, the spread between roles, host RAM with offload, the strategies'
 notes, the analytic cross-checks). On a GPU the NCCL communicators' buffers, outside PyTorch's allocator, are
 added to each rank's process figure (targets/nccl.py); on the CPU, gloo's collectives' temporaries are kernel
-rules of the CPU target (targets/gloo.py).
+rules of the CPU target (targets/gloo.py) and torch.distributed's own runtime is a measured process part
+(targets/distributed_runtime.py).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def assemble_role(chosen: Any, setup: TrainingSetup, role: Any, traced: Any) -> 
 
     est = assemble(chosen.source, setup, chosen.device, chosen.target, traced, chosen.depth)
     est = _with_nccl(est, setup, role, chosen.device)
+    est = _with_gloo_runtime(est, setup, chosen.device)
     breakdown = {**est.breakdown, "communication": est.breakdown.get("communication", 0)}
     peak = est.to_dict()["peak"]
     row = RankEstimate(role.label, tuple(role.ranks), peak, breakdown, dict(est.process_parts), host_bytes(traced))
@@ -96,7 +98,22 @@ def _with_nccl(est: Estimate, setup: TrainingSetup, role: Any, device: Any) -> E
     nbytes, assumption = nccl_process_bytes(setup.parallel, role, device)
     if not nbytes:
         return est
-    parts = {**est.process_parts, "NCCL communicators": nbytes}
+    return _add_process_part(est, "NCCL communicators", nbytes, assumption)
+
+
+def _with_gloo_runtime(est: Estimate, setup: TrainingSetup, device: Any) -> Estimate:
+    """On the CPU, torch.distributed's own runtime (gloo's process group, the wrapper's imports) as a measured
+    process part of each rank (targets/distributed_runtime.py)."""
+    if getattr(device, "kind", "cpu") != "cpu":
+        return est
+    from trainmem.targets.distributed_runtime import PART, distributed_runtime_bytes
+
+    nbytes, assumption = distributed_runtime_bytes(setup.parallel)
+    return _add_process_part(est, PART, nbytes, assumption)
+
+
+def _add_process_part(est: Estimate, name: str, nbytes: int, assumption: str) -> Estimate:
+    parts = {**est.process_parts, name: nbytes}
     high = None if est.process_high is None else est.process_high + nbytes
     return dataclasses.replace(est, process_parts=parts, process_bytes=est.process_bytes + nbytes, process_high=high,
                                warnings=(*est.warnings, assumption))

@@ -43,11 +43,17 @@ class ContextFact:
     point: int
     high: int
     source: str
+    # the compute capabilities [low, high) the figure was measured for; None: any GPU (no per-arch figure)
+    archs: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+    def covers(self, compute_capability: tuple[int, int]) -> bool:
+        return self.archs is None or self.archs[0] <= tuple(compute_capability) < self.archs[1]
 
 
 _PR_86509 = ("pytorch/pytorch PR #86509 (torch 1.13, CUDA 11.7): cudaMemGetInfo used after "
              "torch.randn(20,16,50,100).cuda() = {total:,} B, less the 20 MiB segment of that 6.4 MB tensor")
 _LAZY_HIGH = 426 * MiB
+_H200_CU130, _H200_CU130_HIGH = 851_443_712, 868_220_928  # measured: the Hopper CUDA 13 fact below
 _LAZY_HIGH_SOURCE = ("high: 426 MiB in nvidia-smi after torch.cuda.mem_get_info() alone, torch 2.10+cu130, "
                      "RTX 6000 Ada (unslothai/unsloth-zoo PR #1053), the largest lazy-loading context reported; "
                      "'around 400MB' with CUDA >= 11.7 and lazy loading (pytorch/pytorch issue #109888)")
@@ -66,7 +72,21 @@ CONTEXT_FACTS: tuple[ContextFact, ...] = (
                 "(invoke-ai/InvokeAI issue #9413); " + _LAZY_HIGH_SOURCE),
     ContextFact((13, 0), (99, 0), LAZY, 426 * MiB, _LAZY_HIGH,
                 "426 MiB in nvidia-smi after torch.cuda.mem_get_info() alone, torch 2.10+cu130, RTX 6000 Ada "
-                "(unslothai/unsloth-zoo PR #1053); the only CUDA 13 figure found, so point and high coincide"),
+                "(unslothai/unsloth-zoo PR #1053); the only CUDA 13 figure found below Hopper, so point and high "
+                "coincide", archs=((0, 0), (9, 0))),
+    # Hopper and newer under CUDA 13, measured on an H200 (compute capability 9.0), torch 2.11.0+cu130, CUDA 13.0,
+    # driver 580.159.04 (benchmarks/gpu_measure_distributed.py → benchmarks/data/gpu_measurements.jsonl, 2026-12-04):
+    # the context alone (cudaMemGetInfo total - free right after torch.cuda.mem_get_info(), idle GPU) is
+    # 552,402,944 B in every world-size-1 row (`device_used_bytes_start`); after 3 Adam steps the process holds
+    # 851,443,712 B beyond max_memory_reserved in every fp32 row over gloo (MLP and GPT-2, DDP, ZeRO-1 and FSDP2
+    # alike; gloo makes no device allocation outside the caching allocator) and 868,220,928 B in the bf16-mixed
+    # GPT-2 rows: lazy loading adds the kernels the step launches (299,040,768 B) to the context. The point is the
+    # fp32 figure, the high the bf16 one. Newer architectures (no figure) take it too: the largest measured.
+    ContextFact((13, 0), (99, 0), LAZY, _H200_CU130, _H200_CU130_HIGH,
+                "552,402,944 B at context creation and 851,443,712 B (812 MiB) beyond max_memory_reserved after 3 Adam "
+                "steps (the kernels loaded lazily on top), high 868,220,928 B (bf16-mixed GPT-2): torch 2.11.0+cu130, "
+                "H200, driver 580 (benchmarks/data/gpu_measurements.jsonl, benchmarks/gpu_measure_distributed.py)",
+                archs=((9, 0), (99, 0))),
 )
 
 
@@ -216,9 +236,14 @@ def resolve_runtime(cuda_version: str | None, module_loading: str | None,
     return CudaRuntime(version, loading, bool(cudnn_benchmark), source)
 
 
-def context_fact(runtime: CudaRuntime) -> ContextFact:
-    for fact in CONTEXT_FACTS:
-        if fact.loading == runtime.module_loading and fact.since <= runtime.cuda_version < fact.until:
-            return fact
+def context_fact(runtime: CudaRuntime, compute_capability: tuple[int, int] | None = None) -> ContextFact:
+    """The context figure for this CUDA version and module loading on a GPU of `compute_capability`; when the
+    caller does not name the GPU and the version has figures for several architectures, the largest (never low)."""
+    facts = [fact for fact in CONTEXT_FACTS
+             if fact.loading == runtime.module_loading and fact.since <= runtime.cuda_version < fact.until]
+    if compute_capability is not None:
+        facts = [fact for fact in facts if fact.covers(compute_capability)]
+    if facts:
+        return max(facts, key=lambda fact: fact.point)
     raise SetupError(f"expected a CUDA version with a known context size, got {runtime.label}",
                      where="--cuda-version")

@@ -53,6 +53,12 @@ CHANNELS = 32  # channels per communicator on H100 NVLink (#1685's log: channels
 COLL_CONNECTIONS = 2  # ring + tree on every channel (#986)
 P2P_BYTES_PER_CHANNEL = 14 * MIB  # send/recv per channel per peer: 3.28 GB / (7 peers × 32 channels) (#1685)
 FIRST_COMM_BYTES = 180 * MIB  # the process's first communicator with one channel, H200 NCCL 2.28.9 (measured above)
+# A data-parallel user at world size 1 still calls init_process_group("nccl") and its wrapper runs collectives on
+# the one-rank group: the process's first (and only) communicator, measured by the probe above (defaults row of
+# benchmarks/data/nccl_memory_h200.json: after_init 1,254,948,864 - context 669,843,456 = 585,105,408 B, 558 MiB;
+# H7's one-rank DDP/FSDP runs in benchmarks/data/gpu_measurements.jsonl show 470-490 MiB more beyond reserved than
+# the same runs over gloo, so the probe's figure is the high end).
+ONE_RANK_COMM_BYTES = 1_254_948_864 - 669_843_456
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default
 NVLS_STEP_BYTES = 128 * 1024 * 8  # nvlsChunkSize 128 KiB × NCCL_STEPS 8 (src/transport/nvls.cc)
 
@@ -121,7 +127,12 @@ def nccl_process_bytes(layout: ParallelLayout, role: Any, device: Any) -> tuple[
         total += peers * CHANNELS * P2P_BYTES_PER_CHANNEL
         parts.append(f"pp send/recv ({peers} peer{'s' if peers > 1 else ''})")
     if not parts:
-        return 0, "one rank: no NCCL communicator"
+        if layout.strategy == Strategy.NONE:
+            return 0, "one rank: no NCCL communicator"
+        return ONE_RANK_COMM_BYTES, (f"NCCL: --strategy {layout.strategy.value} on one rank still initialises NCCL "
+                                     f"(init_process_group('nccl'), the wrapper's collectives on a one-rank group): "
+                                     f"{ONE_RANK_COMM_BYTES // MIB} MiB for the process's only communicator, measured "
+                                     "on an H200 (NCCL 2.28.9, 64 channels; benchmarks/nccl_memory_probe.py)")
     total += FIRST_COMM_BYTES
     text = (f"NCCL: {len(parts)} communicator use(s) on this rank — {', '.join(parts)}; each collective communicator "
             f"{CHANNELS} channels × ring + tree × (10 MiB LL/LL128/Simple FIFO + 2 MiB) = "
