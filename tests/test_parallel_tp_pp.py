@@ -158,6 +158,37 @@ def test_tp_embedding_backward_makes_the_full_vocabulary_gradient():
     assert shapes.seen == [(128, 64)] * setup.steps
 
 
+def test_tp_llama_sequence_parallel_shards_the_residual_stream():
+    # torchtitan's default with TP: between the blocks each rank holds its half of the sequence (batch 2, seq
+    # 16, hidden 64 -> local (2, 8, 64)); the norms' weights are replicated; the logits are gathered whole
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from trainmem.parallel.roles import RankRole
+    from trainmem.trace.distributed import trace_rank
+
+    seen = {}
+
+    def keep(key, value) -> None:  # a forward hook returning a value would replace the output
+        seen.setdefault(key, value)
+
+    def build():
+        model = _tiny_llama(tie=False).build()
+        model.model.layers[1].register_forward_hook(lambda m, i, out: keep("layer", out))
+        model.register_forward_hook(lambda m, i, out: keep("logits", out.logits))
+        return model
+
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 2, "steps": 1,
+                                        "checkpointing": True, "optimizer_impl": "foreach"})
+    source = frontends.resolve(_tiny_llama(tie=False), setup)
+    source = ModelSource(ref="", name="tiny llama", build=build, make_batch=source.make_batch, loss_fn=source.loss_fn)
+    traced = trace_rank(source, setup, RankRole(0, (0, 1), "all ranks"))
+    assert any("sequence parallelism" in note for note in traced.parallel_notes)
+    hidden = seen["layer"][0] if isinstance(seen["layer"], tuple) else seen["layer"]
+    assert isinstance(hidden, DTensor) and hidden.placements == (Shard(1),)
+    assert hidden.to_local().shape == (2, 8, 64) and hidden.shape == (2, 16, 64)
+    assert not isinstance(seen["logits"], DTensor) and seen["logits"].shape == (2, 16, 128)
+
+
 def test_tp_refuses_uneven_splits_and_models_without_a_plan():
     setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 8})
     with pytest.raises(SetupError, match=r"0's output features \(out_features=127\) to divide by --tp 2"):

@@ -223,17 +223,25 @@ def _retie(model: nn.Module, groups: list[list[tuple[str, str]]]) -> None:
             module_tensor_tables(modules[module_name])[0][param_name] = params[0]
 
 
-def parallelize(model: nn.Module, tp_mesh: Any, tp: int) -> tuple[nn.Module, str]:
-    """Split the meta-built model over `tp_mesh`; returns it and a note saying which plan was used."""
+def parallelize(model: nn.Module, tp_mesh: Any, tp: int, sequence_parallel: bool = False) -> tuple[nn.Module, str]:
+    """Split the meta-built model over `tp_mesh`; returns it and a note saying which plan was used. With
+    `sequence_parallel` (a whole model, not pipeline stages), a Llama-family causal LM also gets torchtitan's
+    sequence parallelism (parallel/tp_sequence.py)."""
     from torch.distributed.tensor.parallel import parallelize_module
+
+    from trainmem.parallel.tp_sequence import sequence_parallel_styles
 
     plan, source = choose_plan(model)
     check_plan(model, plan, tp)
     groups = _tied_groups(model)
     styles = _styles()
-    parallelize_module(model, tp_mesh, {name: styles[style]() for name, style in plan.items()})
+    sequence = sequence_parallel_styles(model, plan) if sequence_parallel else None
+    parallelize_module(model, tp_mesh, sequence or {name: styles[style]() for name, style in plan.items()})
     _retie(model, groups)
     note = f"tensor parallel over {tp} ranks: {len(plan)} modules split by {source}"
+    if sequence:
+        note += ("; sequence parallelism as torchtitan's default Llama plan (norms and the residual stream sharded "
+                 "on the sequence, attention/MLP inputs all-gathered, their outputs reduce-scattered)")
     replicated, left = replicate_rest(model, tp_mesh)
     if replicated:
         note += (f"; the other {replicated} modules with parameters replicated as DTensors on the tensor-parallel "
@@ -303,7 +311,7 @@ def replicate_rest(model: nn.Module, tp_mesh: Any) -> tuple[int, list[str]]:
 
 
 def on_meta(model: nn.Module, ctx: ParallelContext) -> nn.Module:
-    model, note = parallelize(model, ctx.world.tp_mesh(), ctx.layout.tp)
+    model, note = parallelize(model, ctx.world.tp_mesh(), ctx.layout.tp, sequence_parallel=ctx.layout.pp == 1)
     ctx.notes.append(note)
     return model
 
