@@ -30,7 +30,7 @@ def context_for(gpu, runtime: cuda_runtime.CudaRuntime, cuda_context: int | None
         return Context(cuda_context, cuda_context, "given with --cuda-context")
     if gpu.context_given:
         return Context(gpu.cuda_context_bytes, gpu.cuda_context_bytes, gpu.context_source)
-    fact = cuda_runtime.context_fact(runtime)
+    fact = cuda_runtime.context_fact(runtime, tuple(gpu.compute_capability))
     return Context(fact.point, fact.high, fact.source)
 
 
