@@ -18,7 +18,7 @@ from trainmem.trace.loops import run_loop
 from trainmem.trace.torch_private import FakeTensorMode
 
 
-def _run(ref: str, rank: int, setup: TrainingSetup):
+def _run(ref, rank: int, setup: TrainingSetup):
     """Build on meta, apply the layout, run the steps under fake tensors: (model, prepared)."""
     source = frontends.resolve(ref, setup)
     with torch.device("meta"):
@@ -71,3 +71,27 @@ def test_groups_by_kind_keep_a_single_kind_list_as_it_is():
     assert by_tensor_kind(plain) == plain
     groups = [{"params": plain}]
     assert by_tensor_kind(groups) is not None and by_tensor_kind(groups)[0] is groups[0]
+
+
+def test_qwen3_head_norms_replicated_under_sequence_parallel_tp():
+    # Qwen3's plan names q_norm/k_norm "replicated_with_grad_allreduce": whole (head_dim 16) on every rank
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    from trainmem.frontends import ModelSource
+    from trainmem.frontends.hf import _batch_maker, _model_loss
+
+    def build():
+        config = transformers.Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                          tie_word_embeddings=False)
+        return transformers.Qwen3ForCausalLM(config)
+
+    source = ModelSource(ref="", name="tiny qwen3", build=build, make_batch=_batch_maker("causal-lm", {"vocab_size": 128}, 16),
+                         loss_fn=_model_loss)
+    setup = TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2, "batch_size": 2, "steps": 1,
+                                        "optimizer_impl": "foreach"})
+    model, _ = _run(source, 0, setup)
+    norm = model.model.layers[0].self_attn.q_norm.weight
+    assert norm.placements == (Replicate(),) and norm.to_local().shape == (16,)
+    assert model.model.layers[0].self_attn.q_proj.weight.to_local().shape == (32, 64)

@@ -52,6 +52,11 @@ def _styles() -> dict[str, Any]:
         # sharded sequence and all-gathered; the ids are replicated (torchtitan: input_layouts=Replicate())
         "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         "sequence_parallel": lambda: SequenceParallel(use_local_output=True),
+        # Qwen3's q_norm/k_norm: transformers keeps the weight whole and all-reduces its gradient in place
+        # (tensor_parallel.py ReplicatedWithGradAllReduce, a post-accumulate-grad hook: no new storage);
+        # here the weight is a replicated DTensor (torchtitan's NoParallel): the same bytes, the in-place
+        # all-reduce not traced
+        "replicated_with_grad_allreduce": _replicated_style,
     }
 
 

@@ -46,6 +46,10 @@ def sequence_parallel_styles(model: nn.Module, plan: dict[str, str]) -> dict[str
             styles[name] = ColwiseParallel()
         elif leaf in _ROWWISE and style == "rowwise":
             styles[name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+        elif style == "replicated_with_grad_allreduce":  # inside the attention, on its local heads
+            from trainmem.parallel.tp import _styles
+
+            styles[name] = _styles()[style]()
         else:
             return None
     if not {"model.embed_tokens", "lm_head"} <= set(styles):
