@@ -320,6 +320,13 @@ def test_estimate_zero1_state_follows_the_partition():
                      "dp index 3": 2 * 210 * F32}
 
 
+def test_estimate_zero1_with_adamw_passes_the_hyper_parameters_adamw_takes():
+    # AdamW's defaults hold decoupled_weight_decay, which AdamW.__init__ refuses as a keyword: ZeRO-1 passes what
+    # the constructor takes, and the state is AdamW's two moments of the partition as with Adam
+    roles = _roles("zero1", optimizer="adamw")
+    assert roles["dp index 0"]["breakdown"]["optimizer_state"] == 2 * 100_000 * F32
+
+
 def test_zero1_classes_per_pipeline_stage():
     # 4 Linear(10, 10) in 2 stages of 2 over dp 2: on each stage the two weights go to ranks 0 and 1 and the
     # biases follow (0: W + b, 1: W + b), so both dp indices are alike; the whole model's partition would say so too

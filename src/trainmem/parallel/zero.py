@@ -106,6 +106,8 @@ def on_fake(model: nn.Module, ctx: Any):
 def zero1_factory(ctx: Any):
     """(params, setup) -> ZeroRedundancyOptimizer over the data-parallel group, stepping the optimizer class
     and hyper-parameters the setup would use alone."""
+    import inspect
+
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from trainmem.trace import step
@@ -113,7 +115,10 @@ def zero1_factory(ctx: Any):
     def make(params: Any, setup: Any) -> torch.optim.Optimizer:
         params = list(params)
         template = step.make_optimizer(params, setup, getattr(ctx, "cuda_semantics", False))
-        defaults = {k: v for k, v in template.defaults.items() if k not in ("params",)}
+        # the hyper-parameters a user passes: those the class's constructor takes (AdamW's defaults also hold
+        # decoupled_weight_decay=True, which AdamW.__init__ fixes itself and refuses as a keyword)
+        accepted = inspect.signature(type(template).__init__).parameters
+        defaults = {k: v for k, v in template.defaults.items() if k in accepted and k != "params"}
         zero = ZeroRedundancyOptimizer(params, optimizer_class=type(template), process_group=ctx.world.dp_group(),
                                        **defaults)
         # this rank's state lives in the local optimizer (`zero.optim.state`); ZeRO's own `state` stays an empty
