@@ -6,6 +6,7 @@ from trainmem.errors import TrainmemError
 from trainmem.estimate import Estimate, estimate
 from trainmem.fit import FitResult, fit
 from trainmem.parallel.layout import ParallelLayout
+from trainmem.plan import PlanResult, plan
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __all__ = [
     "Optimizer",
     "OptimizerImpl",
     "ParallelLayout",
+    "PlanResult",
     "Precision",
     "TrainingSetup",
     "TrainmemError",
@@ -27,4 +29,5 @@ __all__ = [
     "compare",
     "estimate",
     "fit",
+    "plan",
 ]
