@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from typing import Any
 
 import torch
 
-from trainmem.errors import SetupError, TrainmemError
+from trainmem.errors import SetupError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake, apply_on_meta
 from trainmem.parallel.layout import Offload
@@ -62,6 +63,18 @@ def trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops:
     """The training steps of one rank (role.rank) as the TraceResult the assembler reads; extra fields on the
     trace: `host_storages` (offloaded tensors) and the notes of the strategies in `warnings`."""
     cuda = semantics is not None and semantics.cuda_semantics
+    # torch's own warnings during the fake steps (FSDP2's "returned a view tensor" once per module and step) are
+    # the real run's too: kept, once each, as the estimate's warnings rather than printed mid-trace
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        traced = _trace_rank(source, setup, role, kernel_ops, semantics, cuda)
+    said = dict.fromkeys(f"torch warned while tracing rank {role.rank}: {one_line(w.message)}" for w in caught)
+    traced.warnings.extend(said)
+    return traced
+
+
+def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops: frozenset[str],
+                semantics: TraceSemantics | None, cuda: bool) -> TraceResult:
     with fake_world(setup.parallel, role.rank) as world:
         model, make_batch, loss_fn, notes = build_on_meta(source, setup)
         facts = _model_facts(model)  # the whole model's counts, as its card gives them
