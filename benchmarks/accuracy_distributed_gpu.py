@@ -141,21 +141,22 @@ GPT-2 to 0.02 %. A per-process CUDA buffer would show in the GPT-2 rows too, so 
 fp32 MLP's backward peak (8192 x 8192 fp32 GEMMs): not found from here; a memory snapshot
 (torch.cuda.memory._record_memory_history) of that single-GPU step on a GPU would name it.
 
-**FSDP2, allocated, GPT-2:** 150-152 MiB low in fp32 and 77 MiB in bf16-mixed, on every world size: the size of the
-root group's unsharded parameters (token + position embeddings + final norm, 39,383,808 elements: 150.2 MiB fp32,
-75.1 MiB bf16). The measured script calls `fully_shard` without `reshard_after_forward`, whose default (None, "auto",
-torch/distributed/fsdp/_fully_shard/_fully_shard.py: `auto_reshard_after_forward = reshard_after_forward is None`;
-_fsdp_state.py `_lazy_init`: "For the root, do not reshard after forward", `post_forward_mesh_info = None`) keeps the
-root's parameters unsharded from forward into backward; trainmem's trace passes `reshard_after_forward=True`
-explicitly, which reshards the root too, so at the traced peak (the loss's backward, before the root's pre-backward
-all-gather) the root's unsharded parameters are absent. The MLP's root holds no parameter (ReLUs only), so its FSDP
-rows show only the MLP's own fp32 gap above.
+**FSDP2, allocated:** GPT-2 matches to 0.0 % at every world size, fp32 and bf16-mixed. The measured script calls
+`fully_shard` without `reshard_after_forward`, whose default (None, "auto", torch/distributed/fsdp/_fully_shard/
+_fully_shard.py: `auto_reshard_after_forward = reshard_after_forward is None`; _fsdp_state.py `_lazy_init`: "For the
+root, do not reshard after forward") keeps the root's parameters unsharded from forward into backward (GPT-2's token
+and position embeddings and final norm, 39,383,808 elements); trainmem's trace omits the keyword too unless
+`--reshard-after-forward` is given (passing True, as it did before, left those 150 MiB out: -1.2 % to -1.3 %). The MLP's
+root holds no parameter (ReLUs only), so its FSDP rows show only the MLP's own fp32 gap above.
 
-**FSDP2, reserved:** 4-8 % low on GPT-2 and 13-37 % on the MLP, growing with the world size under gloo. FSDP2 allocates
-on side streams (_fsdp_collectives.py: the all-gather input/output under `all_gather_copy_in_stream`, the
-reduce-scatter output under `reduce_scatter_stream`), and the caching allocator reuses a freed block only for its
-own stream, so those streams hold segments of their own. The trace replays every FSDP2 allocation on one stream. The
-gloo rows add a second cause (next paragraph), which is why the MLP's gap grows from 13 % (NCCL, ws1) to 29 % and 37 %.
+**FSDP2, reserved:** FSDP2 allocates on side streams (_fsdp_collectives.py: the all-gather input/output under
+`all_gather_copy_in_stream`, the reduce-scatter output, which the sharded gradients are views of, under
+`reduce_scatter_stream`), and the caching allocator reuses a freed block only for its own stream. The trace records
+the stream current at each allocation (FSDP2's stream contexts select torch.cpu streams in the CPU trace) and the CUDA
+target replays those blocks in their streams' pools: the NCCL rows at world size 1 match to 0.0 % (GPT-2 and MLP; they
+were -3.6 % and -12.9 % with one pool). The gloo rows stay 2-4 % (GPT-2) and 18-21 % (MLP) low: gloo's CUDA
+reduce-scatter clone (next paragraph) is not modelled, because trainmem's CUDA target models NCCL, which
+reduce-scatters in place; the rest of the MLP's gap is its fp32 gap above.
 
 **gloo on CUDA tensors** (world sizes 2 and 4; NCCL refuses two ranks on one GPU). ProcessGroupGloo stages CUDA
 tensors through pinned host buffers (torch/csrc/distributed/c10d/ProcessGroupGlooCuda.cpp,
@@ -171,9 +172,11 @@ copies this rank's chunk out; NCCL reduce-scatters in place. trainmem's CUDA tar
 **Process (nvidia-smi / NVML per process).** Measured here: the CUDA context alone is 527 MiB (cudaMemGetInfo right
 after context creation, idle GPU: `device_used_bytes_start` of the ws1 rows); after the steps the process holds
 812 MiB (fp32) / 828 MiB (bf16-mixed) beyond max_memory_reserved on gloo ranks and 1,298-1,302 MiB with NCCL (a
-one-rank communicator, NCCL 2.28.9: about 488 MiB). The estimate adds 426 MiB of context (an RTX 6000 Ada CUDA 13
-figure) and, at world size 1, no NCCL communicator although torch.distributed is initialised; at world sizes 2 and
-4 it adds NCCL buffers these gloo ranks do not have (column "estimated without NCCL" removes them).
+one-rank communicator, NCCL 2.28.9: about 488 MiB). The CUDA target now takes CUDA 13's context on Hopper from this
+run (812 MiB, high end 828 MiB; targets/cuda_runtime.py) and, for a data-parallel strategy at world size 1, NCCL's
+one-rank communicator (558 MiB, benchmarks/data/nccl_memory_h200.json: the high end of 486-558 MiB); at world sizes 2
+and 4 it adds the NCCL buffers of a real multi-GPU run, which these gloo ranks do not have (column "estimated without
+NCCL" removes them).
 """
 
 
