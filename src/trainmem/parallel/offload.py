@@ -47,9 +47,10 @@ class OptimizerHolder:
         if self._factory is not None:
             optimizer = self._factory(params, setup)
         else:
+            from trainmem.parallel.optimizer_groups import by_tensor_kind
             from trainmem.trace import step
 
-            optimizer = step.make_optimizer(list(params), setup, getattr(self._ctx, "cuda_semantics", False))
+            optimizer = step.make_optimizer(by_tensor_kind(params), setup, getattr(self._ctx, "cuda_semantics", False))
         self._made = weakref.ref(optimizer)
         return optimizer
 

@@ -148,7 +148,8 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     recorder.set_category({sid for sid in range(before, len(recorder.trace.storages))
                            if recorder.trace.storages[sid].category == Category.PARAMETERS}, Category.COMMUNICATION)
     prepared = training.prepare(parallel.model, make_batch, loss_fn, setup, source, cuda_semantics=ctx.cuda_semantics,
-                                optimizer_factory=parallel.make_optimizer, checkpointed=checkpointed)
+                                optimizer_factory=parallel.make_optimizer or _grouped_optimizer(ctx.cuda_semantics),
+                                checkpointed=checkpointed)
     prepared.autocast = not _fsdp_casts(ctx)
     prepared.make_batch = probe = BatchProbe(prepared.make_batch)
     (parallel.run_steps or training.run_steps)(prepared, setup, observer)
@@ -195,3 +196,11 @@ class _RankObserver(_RecordingObserver):
         trace = self.recorder.trace
         trace.offloaded_storages |= sids
         trace.host_storages |= sids
+
+
+def _grouped_optimizer(cuda_semantics: bool):
+    """The setup's optimizer over parameter groups by tensor kind (parallel/optimizer_groups.py: DTensors beside
+    plain tensors, or of two meshes, need groups of their own under foreach, as the user's code needs them)."""
+    from trainmem.parallel.optimizer_groups import by_tensor_kind
+
+    return lambda params, setup: training.make_optimizer(by_tensor_kind(params), setup, cuda_semantics)

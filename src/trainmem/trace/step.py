@@ -171,10 +171,6 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
     # torch/optim/optimizer.py _default_to_fused_or_foreach: with every parameter on CUDA the default
     # is foreach; on the CPU it is the for-loop. A CPU trace of a CUDA run asks for foreach outright.
     default = {"foreach": True} if cuda_semantics else {}
-    # many ranks: DTensors and plain tensors (or DTensors of two meshes) in separate groups, as foreach needs
-    from trainmem.parallel.optimizer_groups import by_tensor_kind
-
-    params = by_tensor_kind(params)
     impl = {OptimizerImpl.FOREACH: {"foreach": True}, OptimizerImpl.FOR_LOOP: {"foreach": False},
             OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.DEFAULT: default}[setup.optimizer_impl]
     kind = setup.optimizer
