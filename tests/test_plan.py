@@ -16,7 +16,7 @@ from trainmem.plan.reuse import MiB, Figures, extrapolate, over_dp
 from trainmem.plan.states import model_state_floor
 from trainmem.setup import TrainingSetup
 
-# A Llama of 8 blocks, small enough that a full estimate takes seconds: the planner traces 1, 2 and 3 of its
+# A Llama of 8 blocks, small enough that a full estimate takes seconds: the planner traces 2, 3 and 4 of its
 # blocks and extrapolates to 8.
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
               "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
@@ -114,7 +114,7 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.mark.parametrize("checkpointing, micro_batches", [("off", (2, 4, 8)), ("on", (2,))])
 def test_planner_never_below_a_full_estimate(tiny_llama, checkpointing, micro_batches):
-    """Blocks 1-3 traced and extrapolated to 8; without checkpointing micro-batch 8 is predicted from the traces
+    """Blocks 2-4 traced and extrapolated to 8; without checkpointing micro-batch 8 is predicted from the traces
     at 2 and 4 (batch 1 traces another stream here), checked by a real trace of 1 block."""
     from trainmem.estimate import estimate
     from trainmem.plan import plan
@@ -189,7 +189,7 @@ def test_progress_only_on_a_terminal(monkeypatch):
 
 
 def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
-    """FSDP over 8 ranks from traces at dp 2 and 4 (each with 1-3 blocks), against the engine's full per-rank
+    """FSDP over 8 ranks from traces at dp 2 and 4 (each with 2-4 blocks), against the engine's full per-rank
     estimate at dp 8 (estimate/distributed.py)."""
     from trainmem.estimate import estimate
     from trainmem.plan import plan
@@ -198,7 +198,7 @@ def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
     result = plan(tiny_llama, "8xh100-80gb", micro_batches="2", precisions="bf16-mixed", checkpointing="off",
                   strategies="fsdp", offloads="none", tps="1", pps="1", **setup)
     (row,) = result.rows
-    assert row.candidate.dp == 8 and result.traces == 6  # blocks 1-3 at dp 2 and at dp 4
+    assert row.candidate.dp == 8 and result.traces == 6  # blocks 2-4 at dp 2 and at dp 4
     full = estimate(tiny_llama, device="h100-80gb", batch_size=2, precision="bf16-mixed", strategy="fsdp", dp=8,
                     **setup)
     assert row.status == "fits"

@@ -18,9 +18,9 @@ from trainmem.plan.states import model_state_floor
 from trainmem.plan.tracer import PastTimeLimit, Tracer
 from trainmem.units import format_bytes
 
-BLOCK_POINTS = (1, 2, 3)  # blocks per pipeline stage traced for the line (reuse.py, 1.)
+BLOCK_POINTS = (2, 3, 4)  # blocks per pipeline stage traced for the line (reuse.py, 1.: why not from 1)
 DP_POINTS = (2, 4)  # data-parallel degrees traced for the line in 1/dp (reuse.py, 3.)
-REUSE_WORDS = ("each layout's rank roles traced with 1, 2 and 3 blocks per pipeline stage and extrapolated to "
+REUSE_WORDS = ("each layout's rank roles traced with 2, 3 and 4 blocks per pipeline stage and extrapolated to "
                "the model's blocks per (phase, category) maximum; micro-batches above 2 predicted from two traced "
                "ones (checked once per layout); data-parallel degrees above 4 from traces at 2 and 4 as lines in "
                "1/dp plus a padded row per parameter; figures rounded up to MiB (trainmem/plan/reuse.py)")

@@ -3,7 +3,7 @@ estimate's (tests/test_plan.py checks them against full estimates of small model
 
 1. Blocks. A transformer is a stack of identical blocks; what a rank holds of each block's parameters,
    gradients, optimizer state and saved activations is the same for every block. So the model is traced with
-   k = 1, 2 and 3 of its repeated blocks (the outermost nn.ModuleList cut short, trace/checkpointing.py's
+   k = 2, 3 and 4 of its repeated blocks (the outermost nn.ModuleList cut short, trace/checkpointing.py's
    find_blocks; the rest of the model — embeddings, head — whole), and each figure is extrapolated to the
    model's L blocks as a line through the three points. A figure is not one number: the peak is a maximum
    over time, and the maximum of lines is not a line (the peak may sit in the optimizer step for 1 block and
@@ -13,10 +13,14 @@ estimate's (tests/test_plan.py checks them against full estimates of small model
    structurally fixed set of moments and grows by a block's share per block. The extrapolated peak is the
    largest, over phases, of the sum of its categories' extrapolated maxima — at least the real peak (a sum of
    maxima bounds the maximum of sums) and close to it, because within one phase the categories peak together.
-   The slope used is the last step's (2→3), never below 0: the first block is often special (FSDP all-gathers
-   the next block ahead, so a 1-block model holds one unsharded block and every longer one two — measured on
-   Llama-3.1-70B with FSDP and offload: parameters 3.55, 5.51, 5.51 GiB at 1, 2, 3 blocks), and a series that
-   accelerates has its steepest step last. A series whose two steps differ is named in the result. The
+   The first blocks are special, so the points start at 2 and the slope used is the last step's (3→4), never
+   below 0: FSDP all-gathers the next block ahead, so a 1-block model holds one unsharded block and every longer
+   one two (measured on Llama-3.1-70B with FSDP and offload: parameters 3.55, 5.51, 5.51 GiB at 1, 2, 3 blocks);
+   and only from 3 blocks is there a middle block, whose backward holds its own reduce-scatter input beside the
+   next block's prefetched all-gather output (FSDP2 keeps one reduce-scatter state, comm_ctx): on the same 70B
+   layout allocated is 13.46, 15.09, 15.23, 15.37 GiB at 2-5 blocks, so a line through 1-3 blocks climbed
+   1.63 GiB a block and put the 80-block model at 171 GB against 38.7 GB fully traced (55.5 GB from 2-4). A
+   series that accelerates has its steepest step last. A series whose two steps differ is named in the result. The
    allocator's own peak is extrapolated as a line too, and the figure is at least that line plus the overhead:
    it catches a peak moment whose bytes grow faster than the category maxima (measured on Llama-3.1-70B, FSDP
    with offloaded parameters, dp 2: communication at the allocated peak 3.19 → 4.78 GiB from 2 to 3 blocks,
@@ -36,7 +40,7 @@ Every extrapolated figure is rounded up to whole MiB.
 What this does not prove: a per-(phase, category) maximum is a maximum over moments, each moment's bytes a line
 in the blocks (or in 1/dp); a maximum of lines bends upwards, so a line through traced points is below it beyond
 them when the moment that holds the maximum changes past the traced sizes (a fixed-size temporary that leads at
-1-3 blocks, overtaken at 80 by one that grows per block). The last step catches a change within the traced
+2-4 blocks, overtaken at 80 by one that grows per block). The last step catches a change within the traced
 sizes only; tests/test_plan.py compares the planner with full estimates of small models.
 """
 
