@@ -58,7 +58,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         help="FSDP: free the unsharded parameters after forward (default: fully_shard's own, which keeps the "
              "root's gathered from forward into backward and reshards every other module)")
     add("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
-        help="the same as --reshard-after-forward false (ZeRO-2-like)")
+        help="the same as --reshard-after-forward false (ZeRO-2-like) (default: not given)")
     add("--fsdp-prefetch", type=int, metavar="N", help="FSDP: modules all-gathered ahead" + d("fsdp_prefetch"))
     add("--fsdp-wrap", metavar="POLICY", help="auto (each repeated block, else each top-level child with "
         "parameters; then the root) | blocks | children | root" + d("fsdp_wrap"))
