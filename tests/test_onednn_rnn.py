@@ -6,6 +6,7 @@ no bf16 support on this CPU.
 
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
@@ -217,6 +218,30 @@ def test_scratchpad_f32_ignores_threads_bf16_does_not():
     assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 2, _ONEDNN_3_12), backward=True) == 53688
     # one more thread, two more 40-byte batch elements (max_K_Block 2 per thread)
     assert lstm_scratchpad_bytes(64, 8, 128, 256, 2, CpuInfo("AVX512", 3, _ONEDNN_3_12)) == 62280 + 2 * 40
+
+
+def test_bf16_without_avx512_bf16_takes_the_ref_path():
+    """An AVX512 CPU without AVX512-BF16 (Ice Lake, profiled with torch 2.13 / oneDNN 3.12) runs bf16 on
+    the ref path: weights in ldigo / ldgoi padded by get_good_ld of 2-byte elements, no thread term."""
+    no_bf16 = CpuInfo("AVX512", 2, _ONEDNN_3_12, avx512_bf16=False)
+    # forward 12x4, I = H = 64: scratch_gates f32 merged over time 4*12*4*get_good_ld(256, 4) = 4*48*272
+    # = 52,224 -> 53,248 (page); ht bf16 512 -> 4,096; diff_ht f32 1,024 -> 4,096; key_rnn_space 61,440
+    # + 4,096 (perf_align) = 65,536; pointers 3*(8+128) + (2*8+128) = 552 -> 66,088, as profiled.
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, no_bf16) == 66088
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, dataclasses.replace(no_bf16, threads=64)) == 66088
+    # backward: scratch_gates in bf16 2*12*4*get_good_ld(256, 2) = 2*48*288 = 27,648 -> 28,672: 41,512.
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, no_bf16, backward=True) == 41512
+    # weight reorders: forward ldigo 64 * get_good_ld(256, 2) * 2 = 36,864 each (the brgemm path's
+    # ldgOI32o2i would be 32,768); backward ldgoi needs none (get_good_ld(64, 2) == 64).
+    _, after = lstm_forward_transients(12, 4, 64, 64, 2, cpu=no_bf16)
+    assert after[:3] == [36864, 36864, 66088]
+    _, after = lstm_backward_transients(5, 5, 1, 63, 2, cpu=no_bf16)
+    # I = 1: get_good_ld(1, 2) = 32 -> 252*32*2 = 16,128; H = 63: 252*64*2 = 32,256 (then f32 diff weights)
+    assert after[3:5] == [16128, 32256]
+
+
+def test_this_machine_reads_the_bf16_instructions():
+    assert CpuInfo.this_machine().avx512_bf16 == bool(torch.cpu._is_avx512_bf16_supported())
 
 
 def _real_in_op(T, B, I, H, dtype, reverse, grads, share):

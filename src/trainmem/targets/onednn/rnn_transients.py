@@ -25,9 +25,12 @@ mode never sees. They come from three places:
    torch 2.6, book three more entries: rnn_layout.py):
    * ``ref_rnn.cpp`` ``pd_t::init`` tries ``init_brgemm`` and falls back to ``init_ref``.
      ``init_brgemm`` refuses f32 training ("f32 datatype in brgemm-based implementation"), so
-     f32 uses the ref (gemm / matmul) path. bf16 training uses brgemm (avx512_core_bf16 here).
+     f32 uses the ref (gemm / matmul) path. bf16 training uses brgemm where the CPU has AVX512-BF16
+     (``rnn_brgemm_utils.cpp`` ``brgemm_calc_isa`` asks for avx512_core_bf16 for bf16) and the ref
+     path otherwise (measured on an AVX512 CPU without it: Ice Lake).
    * ``rnn_utils.cpp`` ``set_expected_desc``: ref path: ``ldigo`` (fwd) / ``ldgoi`` (bwd)
-     with the leading stride padded by ``set_good_strides`` = ``get_good_ld``. brgemm path:
+     with the leading stride padded by ``set_good_strides`` = ``get_good_ld`` (of the weights'
+     own element size: bf16 weights stay bf16 on the ref path). brgemm path:
      ``ldgOI32o2i`` (fwd, n_block 32 = 2 * simd_w) and ``ldgIO32i2o`` (bwd, xf16).
    * ``rnn_utils.hpp`` ``init_conf`` / ``set_workspace_sizes`` and ``rnn_utils.cpp``
      ``set_offsets``: the scratchpad's ``key_rnn_space`` = scratch_gates, scratch_ht,
@@ -43,14 +46,15 @@ mode never sees. They come from three places:
      buffers. ``memory_tracking.hpp`` ``registry_t::book``: every entry costs its size plus
      max(alignment, 128) bytes.
 
-Not covered (not measurable on the validation machine, an AVX512-BF16 CPU without AMX):
+Not covered (not measurable on the validation machines, an AVX512-BF16 CPU without AMX and an
+AVX512 CPU without BF16):
 AMX (bf16 uses n_block 64, K blocks of 32 and a per-thread accumulator buffer there), f16,
 int8, and the no-grad inference path (``lstm_forward_inference``: no workspace, so the states
 go into the scratchpad instead).
 
 The bf16 brgemm scratchpad grows with the thread count, which comes in as `cpu.threads` (a
-`CpuInfo`, targets/cpu_info.py), and the layout follows `cpu.onednn_version` (when None, the
-oneDNN of the running torch, read once by onednn/version.py).
+`CpuInfo`, targets/cpu_info.py), the path follows `cpu.avx512_bf16`, and the layout follows
+`cpu.onednn_version` (when None, the oneDNN of the running torch, read once by onednn/version.py).
 """
 
 from __future__ import annotations
@@ -122,6 +126,12 @@ def _rnn_space(gates: int, ht: int, diff_ht: int) -> int:
     return round_up(offset + diff_ht, PAGE_BYTES)  # scratch_cell (0 bytes for LSTM) rounds the end
 
 
+def _uses_brgemm(dtype_bytes: int, cpu: CpuInfo) -> bool:
+    """Whether oneDNN runs this LSTM's training on brgemm kernels: bf16 on an AVX512-BF16 CPU. f32
+    training never does (``init_brgemm`` refuses it) and bf16 without the instructions takes the ref path."""
+    return dtype_bytes == 2 and cpu.avx512_bf16
+
+
 def _rnn_space_booking(layout: RnnLayout, sizes: tuple[int, int, int], element_bytes: tuple[int, int, int]) -> int:
     """Bytes key_rnn_space costs, plus, in older oneDNN (rnn_layout.py), the three bookings that
     repeat scratch_gates, scratch_ht and scratch_diff_ht multiplied by the element size of
@@ -144,9 +154,9 @@ def lstm_scratchpad_bytes(
 ) -> int:
     """``pd.scratchpad_desc().get_size()`` of the oneDNN LSTM training primitive one call uses.
 
-    f32 uses the ref path and does not depend on the thread count. bf16 uses brgemm, whose
-    batch and transposition buffers grow with ``cpu.threads``. ``cpu.onednn_version`` picks the
-    layout (rnn_layout.py).
+    f32, and bf16 on a CPU without AVX512-BF16, use the ref path, which does not depend on the
+    thread count. bf16 with AVX512-BF16 uses brgemm, whose batch and transposition buffers grow
+    with ``cpu.threads``. ``cpu.onednn_version`` picks the layout (rnn_layout.py).
     """
     layout = rnn_layout(cpu.onednn_version)
     size = dtype_bytes
@@ -154,19 +164,22 @@ def lstm_scratchpad_bytes(
     # ref_rnn.cpp init_scratchpad: three weight pointer arrays of n_layer*n_dir*1 float*, and the
     # bias pointer array of (n_layer*n_dir*1 * bias_dt_size) void* (bias dtype = weight dtype).
     pointers = 3 * book(_POINTER_BYTES) + book(size * _POINTER_BYTES)
-    if size == 4:
+    if size not in (2, 4):
+        raise ValueError(f"dtype_bytes must be 4 (float32) or 2 (bfloat16), got {dtype_bytes}")
+    if not _uses_brgemm(size, cpu):
         # Ref path (init_conf). forward: merge_gemm_layer = mb < 128 (input contiguous, the
         # matmul and the gemm variants agree). backward: layer and iter GEMMs are merged.
+        # ref_rnn.hpp: scratch_t is the acc type (f32) forward and the src type backward; ht_t
+        # is the src type; gemm_acc_t is f32.
         gate_steps = seq_len if (backward or batch < 128) else 1
+        scratch = size if backward else 4
         space = _rnn_space_booking(layout, (
-            4 * gate_steps * batch * get_good_ld(gate_rows, 4),  # scratch_t = f32
-            4 * batch * get_good_ld(hidden_size, 4),  # ht_t = f32
+            scratch * gate_steps * batch * get_good_ld(gate_rows, scratch),  # scratch_t
+            size * batch * get_good_ld(hidden_size, size),  # ht_t
             4 * batch * get_good_ld(hidden_size, 4),  # gemm_acc_t = f32
-        ), (4, 4, 4))
+        ), (scratch, size, 4))
         # The nested matmul scratchpad (key_nested_multiple) was 0 in every measured case.
         return space + pointers
-    if size != 2:
-        raise ValueError(f"dtype_bytes must be 4 (float32) or 2 (bfloat16), got {dtype_bytes}")
     threads = cpu.threads
     if not backward:
         # rnn_brgemm_t<forward>::configure_brgemm: the layer GEMM is merged over time only for
@@ -209,23 +222,23 @@ def lstm_scratchpad_bytes(
     )
 
 
-def _forward_weight_bytes(rows: int, hidden_size: int, size: int) -> int | None:
+def _forward_weight_bytes(rows: int, hidden_size: int, size: int, brgemm: bool) -> int | None:
     """Bytes of the forward weight reorder for a [4H, rows] weight, or None when none is made."""
-    if size == 4:
+    if not brgemm:
         # ldigo, strides[2] = get_good_ld(4H). ideep compares descs; oneDNN ignores strides of
         # size-1 dims, so rows == 1 (ldgoi and ldigo agree) needs no reorder.
-        return None if rows == 1 else rows * get_good_ld(LSTM_GATES * hidden_size, 4) * 4
+        return None if rows == 1 else rows * get_good_ld(LSTM_GATES * hidden_size, size) * size
     # ldgOI32o2i: O padded to 32, I to 2; a blocked layout never equals PyTorch's plain one.
     return LSTM_GATES * round_up(hidden_size, _BRGEMM_FORWARD_N_BLOCK) * round_up(rows, _XF16_VNNI) * 2
 
 
-def _backward_weight_bytes(rows: int, hidden_size: int, size: int) -> int | None:
+def _backward_weight_bytes(rows: int, hidden_size: int, size: int, brgemm: bool) -> int | None:
     """Bytes of the backward weight reorder for a [4H, rows] weight, or None when none is made."""
-    if size == 4:
+    if not brgemm:
         # ldgoi with the o stride padded to get_good_ld(rows): equal to PyTorch's ldgoi, so no
         # reorder, exactly when get_good_ld(rows) == rows.
-        ld = get_good_ld(rows, 4)
-        return None if ld == rows else LSTM_GATES * hidden_size * ld * 4
+        ld = get_good_ld(rows, size)
+        return None if ld == rows else LSTM_GATES * hidden_size * ld * size
     # ldgIO32i2o: I padded to 32, O to 2.
     return LSTM_GATES * round_up(rows, _BRGEMM_BACKWARD_N_BLOCK) * round_up(hidden_size, _XF16_VNNI) * 2
 
@@ -260,8 +273,9 @@ def lstm_forward_transients(
     check_sizes(dtype_bytes, seq_len, batch, input_size, hidden_size)
     size = dtype_bytes
     bias = LSTM_GATES * hidden_size * size
-    buffers = [weights for weights in (_forward_weight_bytes(input_size, hidden_size, size),
-                                       _forward_weight_bytes(hidden_size, hidden_size, size)) if weights]
+    brgemm = _uses_brgemm(size, cpu)
+    buffers = [weights for weights in (_forward_weight_bytes(input_size, hidden_size, size, brgemm),
+                                       _forward_weight_bytes(hidden_size, hidden_size, size, brgemm)) if weights]
     buffers.append(lstm_scratchpad_bytes(seq_len, batch, input_size, hidden_size, size, cpu, backward=False))
     return [bias], buffers + [-nbytes for nbytes in reversed(buffers)] + [-bias]
 
@@ -312,8 +326,9 @@ def lstm_backward_transients(
     after += f32_diffs
     # ideep lstm_backward::compute: weight reorders, zeroed diff weights / diff bias in the
     # primitive's layout (ldigo, ld = get_good_ld(4H) for f32), then the scratchpad.
-    buffers = [weights for weights in (_backward_weight_bytes(input_size, hidden_size, size),
-                                       _backward_weight_bytes(hidden_size, hidden_size, size)) if weights]
+    brgemm = _uses_brgemm(size, cpu)
+    buffers = [weights for weights in (_backward_weight_bytes(input_size, hidden_size, size, brgemm),
+                                       _backward_weight_bytes(hidden_size, hidden_size, size, brgemm)) if weights]
     buffers += [_ldigo_f32_bytes(input_size, hidden_size), _ldigo_f32_bytes(hidden_size, hidden_size), gate_rows * 4]
     buffers.append(lstm_scratchpad_bytes(seq_len, batch, input_size, hidden_size, size, cpu, backward=True))
     after += buffers + [-nbytes for nbytes in reversed(buffers)]
