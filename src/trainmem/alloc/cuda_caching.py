@@ -23,6 +23,13 @@ Rules followed, from c10/cuda/CUDACachingAllocator.cpp (DeviceCachingAllocator, 
   unmaps only whole free pages (empty_cache / OOM retry).
 Not modelled: cross-stream record_stream events, CUDA graph / MemPool private pools, cudaMallocAsync.
 Addresses are a bump allocator (cudaMalloc may reuse freed ranges; only best-fit ties depend on it).
+
+History (torch.cuda.memory._record_memory_history): given a `history` list, the allocator appends one
+(action, addr, size, stream) tuple where DeviceCachingAllocator calls record_trace: "alloc" (the
+request's own size, orig_size), "free_requested" and "free_completed" (the block's requested_size; no
+record_stream here, so both at once), "segment_alloc" / "segment_free" (cudaMalloc / cudaFree of a
+segment), "segment_map" / "segment_unmap" (pages of an expandable segment) and "oom" (addr: the device's
+free bytes, size: the rounded request). Recording changes nothing else (report/memviz.py reads it).
 """
 
 from __future__ import annotations
@@ -211,7 +218,7 @@ class CudaCachingAllocator:
     may hand out (the card minus the CUDA context and other processes); None means unlimited."""
 
     def __init__(self, config: AllocatorConfig = AllocatorConfig(), capacity_bytes: int | None = None,
-                 *, snapshot_at_peak: bool = False) -> None:
+                 *, snapshot_at_peak: bool = False, history: list | None = None) -> None:
         if config.backend != "native":
             raise ValueError(f"allocator backend {config.backend!r} is not modelled (only native)")
         self.config = config
@@ -236,6 +243,7 @@ class CudaCachingAllocator:
         self.peak_snapshot: list[SegmentInfo] = []
         self._at_alloc_peak = (0, 0)  # (allocated, reserved) when allocated peaked
         self._at_reserved_peak = (0, 0)
+        self.history = history  # record_trace's entries as (action, addr, size, stream), or None
 
     # ---- public API
 
@@ -260,8 +268,13 @@ class CudaCachingAllocator:
                          and self._alloc_block(pool, size, alloc_size, stream, retry=True)))
         if not block:
             self.counters["num_ooms"] += 1
+            if self.history is not None:
+                free = max((self.capacity or 0) - self.reserved_bytes, 0)  # cudaMemGetInfo's free bytes
+                self.history.append(("oom", free, size, stream))
             raise CudaOutOfMemoryError(self._oom_message(alloc_size), where="cuda caching allocator")
         self._alloc_found_block(block, size, nbytes, key, self._should_split(block, size))
+        if self.history is not None:
+            self.history.append(("alloc", self.active[key].addr, nbytes, stream))
         self._note_peaks()
 
     def free(self, key: object) -> None:
@@ -271,6 +284,9 @@ class CudaCachingAllocator:
             return
         block = self.active.pop(key)
         block.allocated = False
+        if self.history is not None:  # the block's address before _free_block merges it with its neighbours
+            entry = (block.addr, block.requested, block.stream)
+            self.history += [("free_requested", *entry), ("free_completed", *entry)]
         self._count(block.small, allocation=-1, allocated_bytes=-block.size)
         if block.size >= self.config.max_split_size:
             self.oversize_allocations.add(-1)
@@ -394,6 +410,8 @@ class CudaCachingAllocator:
         block = _Block(addr, alloc_size, stream, pool.small, _Segment(addr))
         self._count(pool.small, segment=1, reserved_bytes=alloc_size)
         self.counters["num_device_alloc"] += 1
+        if self.history is not None:
+            self.history.append(("segment_alloc", addr, alloc_size, stream))
         if alloc_size >= self.config.max_split_size:
             self.oversize_segments.add(1)
         return block
@@ -460,6 +478,8 @@ class CudaCachingAllocator:
     def _release_block(self, block: _Block) -> None:
         """cudaFree an unsplit free segment."""
         self._remove_free(block)
+        if self.history is not None:
+            self.history.append(("segment_free", block.addr, block.size, block.stream))
         self._count(block.small, segment=-1, reserved_bytes=-block.size)
         self.counters["num_device_free"] += 1
         if block.size >= self.config.max_split_size:
@@ -566,6 +586,8 @@ class CudaCachingAllocator:
         if self.capacity is not None and self.reserved_bytes + mapped > self.capacity:
             return False  # cuMemCreate fails; the pages created in this call are released
         self._remove_unmapped(block)
+        if self.history is not None:
+            self.history.append(("segment_map", block.addr, mapped, block.stream))
         block.mapped = True
         if mapped < block.size:
             rest = _Block(block.addr + mapped, block.size - mapped, block.stream, block.small, block.segment,
@@ -597,6 +619,8 @@ class CudaCachingAllocator:
             after = _Block(start + length, block.addr + block.size - start - length, block.stream, block.small, seg)
             after.splice(block, block.next)
             self._insert_free(after)
+        if self.history is not None:
+            self.history.append(("segment_unmap", start, length, block.stream))
         block.addr, block.size, block.mapped = start, length, False
         self._try_merge(block, block.prev)
         self._try_merge(block, block.next)
@@ -678,10 +702,11 @@ def _expandable_size(block: _Block) -> int:
 
 
 def replay(events: Iterable[DeviceEvent], config: AllocatorConfig = AllocatorConfig(),
-           capacity_bytes: int | None = None, *, snapshot_at_peak: bool = False) -> CudaCachingAllocator:
+           capacity_bytes: int | None = None, *, snapshot_at_peak: bool = False,
+           history: list | None = None) -> CudaCachingAllocator:
     """Replay alloc/free events (an optional `stream` attribute picks the stream) and return the
     allocator, whose peaks, fragmentation and snapshot describe the run."""
-    allocator = CudaCachingAllocator(config, capacity_bytes, snapshot_at_peak=snapshot_at_peak)
+    allocator = CudaCachingAllocator(config, capacity_bytes, snapshot_at_peak=snapshot_at_peak, history=history)
     for event in events:
         if event.action == "alloc":
             allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))

@@ -1,0 +1,258 @@
+"""--memory-snapshot: the simulated CUDA caching allocator's history, pickled as PyTorch writes it, for memory_viz.
+
+The file holds what `torch.cuda.memory._snapshot()` returns and `_dump_snapshot` pickles, read from the code of
+torch 2.13 (torch/csrc/cuda/Module.cpp THCPModule_memorySnapshot, torch/cuda/memory.py _snapshot's docstring):
+- "segments": the allocator's state when the recorded history ends (as a real snapshot taken after the steps):
+  one dict per cudaMalloc'd segment (or mapped range of an expandable one) with device, address, total_size,
+  allocated_size, active_size, requested_size, stream, segment_type, segment_pool_id, is_expandable, frames and
+  its blocks (address, size, requested_size, state "active_allocated" / "inactive", frames);
+- "device_traces": one list per device of record_trace's entries (action, addr, size, stream, time_us, frames),
+  ending with the "snapshot" entry DeviceCachingAllocator::snapshot() records; "oom" entries carry
+  device_free in place of addr;
+- "allocator_settings" and "external_annotations" (empty: nothing annotated).
+memory_viz (torch/utils/viz/MemoryViz.js) rebuilds every earlier state by walking the trace backwards from the
+segments, so the trace kept always ends at the state written.
+
+What we fill in for what a GPU run would record:
+- frames: one per entry naming what the trace knows, {"filename": module, "line": 0, "name": "op [category,
+  phase]"}; freed blocks carry none (c10 clears context_when_allocated in free_block);
+- "category" on alloc entries (our Category), as torch's own _profile_to_snapshot does: MemoryViz.js colours
+  and labels the Active Memory Timeline by it;
+- time_us is the entry's position in the whole history (the simulation has no clock);
+- stream ids are the target's stream numbers (0: the default stream), not cudaStream_t pointers.
+
+memory_viz's Active Memory Timeline sums the alloc entries' sizes, which c10 records as the request's own size
+(orig_size), so its peak is the requested-bytes peak (the estimate's tensor_bytes); max_memory_allocated
+(allocated_bytes) adds each block's rounding to 512 B, which the trace does not carry.
+
+CPU estimates are refused: the snapshot is the caching allocator's segments and blocks, and c10's CPU allocator
+has neither. Keras estimates keep no allocator stream (Estimate.replay_input is None) and are refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from typing import Any
+
+from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError, SegmentInfo
+from trainmem.alloc.cuda_config import SIZE_MAX, AllocatorConfig, MiB
+from trainmem.alloc.replay import CudaAllocator
+from trainmem.errors import TrainmemError, quote
+from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
+
+WHERE = "--memory-snapshot"
+# MemoryViz.js unpickle() throws "Unhandled version" for a pickle protocol above 4 (torch/utils/viz/MemoryViz.js);
+# pickle.dump's default is 4 up to Python 3.13, but 5 from 3.14.
+PICKLE_PROTOCOL = 4
+SUFFIXES = (".pickle", ".pkl")
+NO_FRAMES: list = []  # one shared empty list: pickle writes it once and refers to it after
+
+
+@dataclasses.dataclass
+class _Recording:
+    """One replay with history: the entries, which stream event made each, and where the allocated peak is."""
+
+    entries: list[tuple[str, int, int, int]]  # (action, addr, size, stream) as cuda_caching records them
+    owner: list[int]  # the stream event index behind each entry
+    peak_entry: int  # the alloc entry after which allocated_bytes first reached its maximum
+    allocator: CudaCachingAllocator  # its state after the last event replayed
+    alloc_event: dict[Any, int]  # malloc key -> the event index that allocated the live block
+    oom: str | None = None  # the simulated out-of-memory message, when the replay stopped there
+
+
+def write_snapshot(estimate: Any, path: str, max_entries: int | None = DEFAULT_MAX_ENTRIES) -> str:
+    """Write the snapshot pickle to `path`; return a one-line note of what was cut ("" if nothing)."""
+    if not isinstance(path, str) or not path.lower().endswith(SUFFIXES):
+        raise TrainmemError(f"expected a file name ending in {' or '.join(SUFFIXES)}, got {quote(path)}", where=WHERE)
+    snapshot, note = build_snapshot(estimate, max_entries)
+    try:
+        with open(path, "wb") as handle:
+            pickle.dump(snapshot, handle, protocol=PICKLE_PROTOCOL)
+    except OSError as error:
+        raise TrainmemError(f"expected a writable file, got {quote(path)} ({error.strerror})", where=WHERE) from None
+    return note
+
+
+def build_snapshot(estimate: Any, max_entries: int | None = DEFAULT_MAX_ENTRIES) -> tuple[dict, str]:
+    """The snapshot dict (builtins only: loading it needs no trainmem) and the note of what was cut."""
+    allocator, events = _cuda_input(estimate)
+    if max_entries is not None and (isinstance(max_entries, bool) or not isinstance(max_entries, int)
+                                    or max_entries < 1):
+        raise TrainmemError(f"expected a whole number of at least 1, got {quote(max_entries)}",
+                            where="--snapshot-max-entries")
+    capacity = allocator.capacity  # what cudaMalloc may hand out, as the estimate's replay had it
+    whole = _record(events, allocator.config, capacity, len(events))
+    start, stop = _window(whole, max_entries)
+    # the segments must be the state where the kept trace ends; when the window stops before the end, the
+    # state there comes from a second replay up to the window's last event
+    kept = whole if stop == len(whole.entries) else _record(events, allocator.config, capacity,
+                                                             whole.owner[stop - 1] + 1)
+    assert len(kept.entries) == stop, "the replay up to the window's end recorded a different history"
+    snapshot = _snapshot_dict(kept, events, start, stop, allocator.config)
+    return snapshot, _note(len(whole.entries), start, stop, whole.oom)
+
+
+def _cuda_input(estimate: Any) -> tuple[CudaAllocator, tuple]:
+    replay = getattr(estimate, "replay_input", None)
+    if replay is None:
+        raise TrainmemError("expected a PyTorch estimate (the snapshot replays its allocator's event stream), "
+                            "got one without it (Keras estimates keep none)", where=WHERE)
+    if not isinstance(replay.allocator, CudaAllocator):
+        raise TrainmemError("expected a GPU --device (a memory snapshot replays PyTorch's CUDA caching "
+                            f"allocator), got {estimate.device.name}", where=WHERE)
+    return replay.allocator, tuple(replay.events)
+
+
+def _record(events: tuple, config: AllocatorConfig, capacity: int | None, count: int) -> _Recording:
+    """Replay the first `count` events with history on, as CudaAllocator.replay does (same config and capacity)."""
+    history: list = []
+    allocator = CudaCachingAllocator(config, capacity, history=history)
+    owner: list[int] = []
+    alloc_event: dict[Any, int] = {}
+    best, peak_entry, oom = -1, 0, None
+    for index, event in enumerate(events[:count]):
+        try:
+            if event.action == "alloc":
+                allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
+                alloc_event[event.key] = index
+            elif event.key in allocator.active or event.key in allocator._empty:
+                allocator.free(event.key)
+        except CudaOutOfMemoryError as error:
+            oom = f"{error} (at {event.phase}, op {event.op})"
+        owner.extend([index] * (len(history) - len(owner)))
+        if oom:
+            break
+        if event.action == "alloc" and allocator.allocated_bytes > best:
+            best, peak_entry = allocator.allocated_bytes, len(history) - 1
+    return _Recording(history, owner, max(peak_entry, 0), allocator, alloc_event, oom)
+
+
+def _window(recording: _Recording, max_entries: int | None) -> tuple[int, int]:
+    """The kept entries [start, stop): all of them, or max_entries around the allocated peak. The window ends
+    after a whole stream event (the segments are the state between two events), and holds the peak."""
+    total, owner = len(recording.entries), recording.owner
+    if max_entries is None or total <= max_entries:
+        return 0, total
+    start = max(0, recording.peak_entry - max_entries // 2)
+    stop = min(total, start + max_entries)
+    if stop < total and owner[stop] == owner[stop - 1]:  # the window would end inside one event's entries
+        first = owner.index(owner[stop - 1])
+        stop = first if first > recording.peak_entry else _event_end(owner, stop)
+    return min(max(0, stop - max_entries), recording.peak_entry), stop
+
+
+def _event_end(owner: list[int], position: int) -> int:
+    """The position just after the last entry of the event that owns entry position - 1."""
+    event = owner[position - 1]
+    while position < len(owner) and owner[position] == event:
+        position += 1
+    return position
+
+
+def _note(total: int, start: int, stop: int, oom: str | None) -> str:
+    parts = []
+    if oom:
+        parts.append(f"the simulated run ran out of memory, so the history ends there with an 'oom' entry: {oom}")
+    if (start, stop) != (0, total):
+        ends = "" if stop == total else ", the segments are the allocator's state where the kept entries end"
+        parts.append(f"kept {stop - start:,} of {total:,} trace entries around the allocated peak: {start:,} cut "
+                     f"before, {total - stop:,} cut after (--snapshot-max-entries){ends}")
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------------- the snapshot dict
+
+
+class _Frames:
+    """One shared frames list per (module, op, category, phase), so the pickle stores each once."""
+
+    def __init__(self, events: tuple) -> None:
+        self.events = events
+        self.cache: dict[tuple, list] = {}
+
+    def of(self, index: int) -> list:
+        event = self.events[index]
+        key = (event.module, event.op, str(event.category), str(event.phase))
+        if key not in self.cache:
+            module, op, category, phase = key
+            self.cache[key] = [{"filename": module or "(model)", "line": 0, "name": f"{op} [{category}, {phase}]"}]
+        return self.cache[key]
+
+
+def _snapshot_dict(recording: _Recording, events: tuple, start: int, stop: int, config: AllocatorConfig) -> dict:
+    frames = _Frames(events)
+    created = {}  # segment address -> frames of the event that cudaMalloc'd or mapped it
+    for (action, addr, _size, _stream), owner in zip(recording.entries[:stop], recording.owner[:stop]):
+        if action in ("segment_alloc", "segment_map"):
+            created[addr] = frames.of(owner)
+    state = recording.allocator.snapshot()
+    trace = [_trace_entry(recording.entries[i], i, frames.of(recording.owner[i]), events[recording.owner[i]])
+             for i in range(start, stop)]
+    active = sum(block.size for seg in state for block in seg.blocks if block.state == "active_allocated")
+    # DeviceCachingAllocator::snapshot() records SNAPSHOT (addr 0, size: the active bytes) as the trace's last
+    # entry. Its category "unknown" keeps MemoryViz.js working: annotate_snapshot() adds "unknown" to the
+    # categories it found through a misspelt `snapshot.categores`, which throws unless "unknown" is there already.
+    trace.append({"action": "snapshot", "addr": 0, "size": active, "stream": 0, "time_us": stop,
+                  "frames": NO_FRAMES, "category": "unknown"})
+    segments = [_segment_dict(seg, created, frames, recording.alloc_event) for seg in state]
+    return {"segments": segments, "device_traces": [trace], "allocator_settings": _settings(config),
+            "external_annotations": []}
+
+
+def _trace_entry(entry: tuple[str, int, int, int], position: int, frames: list, event: Any) -> dict:
+    action, addr, size, stream = entry
+    out = {"action": action, ("device_free" if action == "oom" else "addr"): addr, "size": size, "stream": stream,
+           "time_us": position, "frames": frames}
+    if action == "alloc":
+        out["category"] = str(event.category)
+    return out
+
+
+def _segment_dict(seg: SegmentInfo, created: dict, frames: _Frames, alloc_event: dict) -> dict:
+    blocks = []
+    for block in seg.blocks:
+        live = block.state == "active_allocated"
+        blocks.append({"address": block.address, "size": block.size, "requested_size": block.requested_size,
+                       "state": block.state, "frames": frames.of(alloc_event[block.key]) if live else NO_FRAMES})
+    return {"device": 0, "address": seg.address, "total_size": seg.total_size, "allocated_size": seg.allocated_size,
+            # active_size: allocated plus blocks awaiting a cross-stream free, which this model never holds
+            "active_size": seg.allocated_size, "requested_size": seg.requested_size, "stream": seg.stream,
+            "segment_type": seg.segment_type, "segment_pool_id": (0, 0),  # (0, 0): the default pool, no MemPool
+            "is_expandable": seg.is_expandable, "frames": created.get(seg.address, NO_FRAMES), "blocks": blocks}
+
+
+def _settings(config: AllocatorConfig) -> dict:
+    """allocator_settings as THCPModule_memorySnapshot writes them from CUDAAllocatorConfig; the host (pinned)
+    settings, which this model does not read, are c10's defaults (c10/cuda/CUDAAllocatorConfig.h:
+    m_pinned_num_register_threads{1}, m_release_lock_on_cudamalloc{false}, m_pinned_use_cuda_host_register{false})."""
+    divisions = {str(1 << i): d for i, d in enumerate(config.roundup_power2_divisions)}  # keys 1, 2, 4 … (MiB)
+    return {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf_string(config),
+            "max_split_size": -1 if config.max_split_size == SIZE_MAX else config.max_split_size,  # int64_t(SIZE_MAX)
+            "garbage_collection_threshold": config.garbage_collection_threshold,
+            "expandable_segments": config.expandable_segments, "pinned_num_register_threads": 1,
+            "release_lock_on_cudamalloc": False, "pinned_use_cuda_host_register": False,
+            "roundup_power2_divisions": divisions}
+
+
+def alloc_conf_string(config: AllocatorConfig) -> str:
+    """The settings that differ from the defaults, written back as PYTORCH_CUDA_ALLOC_CONF (c10 keeps the text the
+    user gave; the estimate keeps only the parsed values, so this is their canonical spelling)."""
+    default, parts = AllocatorConfig(), []
+    if config.max_split_size != default.max_split_size:
+        parts.append(f"max_split_size_mb:{config.max_split_size // MiB}")
+    if config.large_segment_size != default.large_segment_size:
+        parts.append(f"large_segment_size_mb:{config.large_segment_size // MiB}")
+    if config.max_non_split_rounding_size != config.large_segment_size:
+        parts.append(f"max_non_split_rounding_mb:{config.max_non_split_rounding_size // MiB}")
+    if config.roundup_power2_divisions != default.roundup_power2_divisions:
+        steps = ",".join(f"{1 << i}:{d}" for i, d in enumerate(config.roundup_power2_divisions))
+        parts.append(f"roundup_power2_divisions:[{steps}]")
+    if config.garbage_collection_threshold:
+        parts.append(f"garbage_collection_threshold:{config.garbage_collection_threshold}")
+    if config.expandable_segments:
+        parts.append("expandable_segments:True")
+    if config.per_process_memory_fraction != 1.0:
+        parts.append(f"per_process_memory_fraction:{config.per_process_memory_fraction}")
+    return ",".join(parts)
