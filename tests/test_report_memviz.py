@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import pickletools
 
 import pytest
 
@@ -27,6 +28,11 @@ from trainmem.report.memviz import PICKLE_PROTOCOL, build_snapshot, write_snapsh
 _memory_viz = pytest.importorskip("torch.cuda._memory_viz")
 
 MLP = dict(device="a100-40gb", batch_size=8, input_shape="1024", optimizer="adam")
+# the opcodes MemoryViz.js's unpickle() handles (torch/utils/viz/MemoryViz.js); any other throws "UNKNOWN OPCODE"
+VIEWER_OPCODES = {"PROTO", "APPEND", "APPENDS", "LIST", "TUPLE", "NEWFALSE", "NEWTRUE", "NONE", "BINGET", "BININT",
+                  "BININT1", "BININT2", "EMPTY_DICT", "EMPTY_LIST", "FRAME", "LONG1", "LONG_BINGET", "MARK", "MEMOIZE",
+                  "BINPUT", "LONG_BINPUT", "SETITEMS", "SETITEM", "DICT", "SHORT_BINUNICODE", "BINUNICODE", "STOP",
+                  "EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "BINFLOAT"}
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 128,
               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 256}
@@ -49,9 +55,10 @@ def llama(tmp_path_factory):
 def _written(est, tmp_path, max_entries=None):
     path = tmp_path / "snapshot.pickle"
     note = write_snapshot(est, str(path), max_entries)
+    data = path.read_bytes()
+    assert data[:2] == bytes([0x80, PICKLE_PROTOCOL]) and PICKLE_PROTOCOL <= 4  # MemoryViz.js reads protocols 2-4
+    assert {op.name for op, _, _ in pickletools.genops(data)} <= VIEWER_OPCODES
     with open(path, "rb") as handle:
-        assert handle.read(2) == bytes([0x80, PICKLE_PROTOCOL])  # MemoryViz.js reads protocols 2 to 4
-        handle.seek(0)
         return pickle.load(handle), note
 
 
@@ -225,6 +232,21 @@ def test_recording_history_changes_nothing(name, request):
     requested = {"alloc": 1, "free_completed": -1}
     assert sum(requested.get(action, 0) * size for action, _, size, _ in history) == \
         plain.stats["requested_bytes"]["all"].current
+
+
+def test_out_of_memory_ends_the_history_with_an_oom_entry(tmp_path):
+    """A run that does not fit stops at the failing request, as a snapshot dumped from an OOM observer does."""
+    est = estimate("mlp:32768-32768-32768", device="t4", batch_size=8, input_shape="32768", optimizer="adam")
+    assert not est.fits
+    snapshot, note = _written(est, tmp_path)
+    assert note.startswith("the simulated run ran out of memory") and "(at backward, op mm)" in note
+    oom, last = snapshot["device_traces"][0][-2:]
+    assert oom["action"] == "oom" and last["action"] == "snapshot"
+    reserved = sum(seg["total_size"] for seg in snapshot["segments"])
+    assert oom["device_free"] + reserved == est.replay_input.allocator.capacity
+    _torch_helpers(snapshot)
+    _walk_back(snapshot)
+    assert _timeline_peak(snapshot) < est.tensor_bytes  # the whole run's figures come from a card large enough
 
 
 def test_cpu_estimates_and_bad_paths_are_refused(tmp_path):
