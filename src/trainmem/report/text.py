@@ -1,19 +1,16 @@
-"""The terminal report: peaks, breakdown at the peak, where the peak is, per module, how it adds up."""
+"""The terminal report: peaks, breakdown at the peak, where the peak is, per module, how it adds up; and the
+one-line answer of --quiet. Numbers sit right-aligned in IEC units (units.format_bytes) with their exact bytes
+beside them; colour only when the caller asks for it (report/style.py decides when: a terminal, no NO_COLOR)."""
 
 from __future__ import annotations
 
 from trainmem.device_catalog import CAPACITY_FROM_DATASHEET
 from trainmem.estimate.result import module_label, step_label
+from trainmem.report.style import PLAIN, Style, table
 from trainmem.units import format_bytes
 
-
-def _table(rows: list[list[str]], align: str) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)]
-        lines.append("  " + "  ".join(cells).rstrip())
-    return lines
+# the report's one table layout, under the name estimate/keras_report.py and compare.py import
+_table = table
 
 
 def _quantized(est) -> str:
@@ -77,75 +74,195 @@ def _capacity_note(est) -> str:
     return f" ({format_bytes(est.device.capacity_bytes)}: the datasheet's figure, not a measured total)"
 
 
-def render_text(est) -> str:
+def _exact(nbytes: int | None) -> str:
+    return "" if nbytes is None else f"{nbytes:,} B"
+
+
+def _bytes_row(label: str, nbytes: int | None, note: str = "") -> list[str]:
+    """A figure as the report lists it: label, IEC size (right-aligned), exact bytes (right-aligned), note."""
+    return [label, format_bytes(nbytes), _exact(nbytes), note]
+
+
+def verdict(est) -> tuple[bool, str]:
+    """Whether the step fits, in the words the headline and --quiet share: the process figure (nvidia-smi's
+    on a GPU, peak RSS on the CPU) against the device's capacity, as Estimate.fits judges it, and a
+    simulated caching allocator that ran out of memory (fits_override) fails it even below capacity."""
+    capacity, process = est.device.capacity_bytes, est.process_bytes
+    if process > capacity:
+        return False, f"{format_bytes(process - capacity)} over"
+    if not est.fits:
+        failed = est.allocator.out_of_memory if est.allocator and est.allocator.out_of_memory else None
+        return False, "the simulated allocator runs out of memory" + (f" ({failed})" if failed else "")
+    return True, f"{format_bytes(capacity - process)} free"
+
+
+def _device_words(est) -> str:
+    """The device as the one-line answer names it: the GPU's catalog name, or the CPU's RAM."""
+    return f"{est.device.name} RAM" if est.device.kind == "cpu" else est.device.name
+
+
+def render_quiet(est) -> str:
+    """--quiet: the one-line answer, e.g. 'peak 3.06 GiB (fits a100-40gb, 36.94 GiB free)'. The figure is the
+    process's (nvidia-smi on a GPU, peak RSS on the CPU), the one Estimate.fits compares with the capacity;
+    many ranks: the most loaded rank's, 'per rank'. The high end follows where real runs spread above it."""
+    fits, words = verdict(est)
+    parallel = getattr(est, "parallel", None)
+    answer = (f"fits {_device_words(est)}, {words}" if fits else f"does not fit {_device_words(est)}: {words}")
+    rank = ""
+    if parallel is not None:
+        rank = " per rank"
+        if len(getattr(est, "ranks", ())) > 1:  # ranks differ: name the most loaded role, whose figure this is
+            answer = f"most loaded: {parallel['most_loaded']['label']}; {answer}"
+    high = (f"; high end {format_bytes(est.process_bytes_high)}"
+            if est.process_bytes_high > est.process_bytes else "")
+    return f"peak {format_bytes(est.process_bytes)}{rank} ({answer}){high}"
+
+
+def _optimizer_words(est) -> str:
     s = est.setup
     impl = est.resolved.get("optimizer_impl")
     if impl and str(s.optimizer_impl) == "default":
-        impl = "its own implementation" if impl.endswith("own") else f"default: {impl}"
-    else:
-        impl = s.optimizer_impl
-    adapters = f" + {est.adapter_parameters:,} in LoRA adapters" if est.adapter_parameters else ""
-    out = [f"trainmem — {est.model_name}: {est.parameters:,} parameters{adapters} ({est.trainable_parameters:,} "
-           f"trainable{_quantized(est)})",
-           f"  batch {s.batch_size} · {s.optimizer} ({impl}) · {s.precision}"
-           + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
-           + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}{_capacity_note(est)}",
-           *_used(est),
-           _loop_line(est), ""]
-    out.append("Peak memory")
-    verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
-    if est.device.kind == "cuda":
-        out += _table([
-            ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B as requested"],
-            ["allocated", format_bytes(est.allocated_bytes), f"{est.allocated_bytes:,} B  torch.cuda.max_memory_allocated()"],
-            ["reserved", format_bytes(est.reserved_bytes), f"{est.reserved_bytes:,} B  torch.cuda.max_memory_reserved()"],
-            ["process (nvidia-smi)", format_bytes(est.process_bytes), verdict],
-        ], "lrl")
-    else:
-        out += _table([
-            ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
-            ["allocated", format_bytes(est.allocated_bytes), "= tensors on the CPU"],
-            ["reserved", format_bytes(est.reserved_bytes), "the CPU allocator caches nothing"],
-            ["process (peak RSS)", format_bytes(est.process_bytes), verdict],
-        ], "lrl")
-    if est.process_bytes_high > est.process_bytes:
-        out += _table([["process, high end", format_bytes(est.process_bytes_high),
-                        "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")
-    out += _ranks_section(est)
-    out += ["", f"Where: {step_label(est.peak_step, s.steps)}, {est.peak_phase}, module "
-                f"'{module_label(est.peak_module)}', op {est.peak_op}", *_lean_loop(est), "", "Breakdown at the peak"]
-    rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
-    total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
-    out += _table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
-    out += ["", "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"]
-    out += _table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
-    if est.allocator:
-        a = est.allocator
-        out += ["", "Caching allocator",
-                f"  reserved but not allocated: {format_bytes(a.fragmentation_at_allocated_peak)} at the allocated peak, "
-                f"{format_bytes(a.fragmentation_at_reserved_peak)} at the reserved peak",
-                f"  segments at the allocated peak: {a.segments_at_peak} "
-                f"(large {format_bytes(a.large_segment_bytes_at_peak)}, small {format_bytes(a.small_segment_bytes_at_peak)})"]
-    out += ["", "Per module"]
-    out += _table([["module", "params", "saved activations", "at peak"]] + [
-        [m.module, f"{m.parameters:,}", format_bytes(m.activation_bytes), format_bytes(m.bytes_at_peak)]
-        for m in est.modules], "lrrr")
-    out += ["", "How this adds up (by hand → traced)"]
-    for row in est.explanation.rows:
-        out.append(f"  {row.what}: {row.formula} = {row.hand_bytes:,} B → traced {row.traced_bytes:,} B")
-        if row.note:
-            out.append(f"      {row.note}")
-    out += [f"  · {note}" for note in est.explanation.differences]
-    if est.baselines:
-        out += ["", f"Rules of thumb beside this estimate (vs {est.baselines[0].vs})"]
-        for row in est.baselines:
-            gap = row.relative_to_estimate
-            out.append(f"  {row.rule}: {format_bytes(row.bytes)}"
-                       + (f" ({gap:+.0%})" if gap is not None else "") + f" — {row.why}")
-    if est.warnings:
-        out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
-    return "\n".join(out)
+        return "its own implementation" if impl.endswith("own") else f"default: {impl}"
+    return str(s.optimizer_impl)
 
+
+def _header(est, style: Style) -> list[str]:
+    s = est.setup
+    adapters = f" + {est.adapter_parameters:,} in LoRA adapters" if est.adapter_parameters else ""
+    return [style.heading(f"trainmem — {est.model_name}") + f": {est.parameters:,} parameters{adapters} "
+            f"({est.trainable_parameters:,} trainable{_quantized(est)})",
+            f"  batch {s.batch_size} · {s.optimizer} ({_optimizer_words(est)}) · {s.precision}"
+            + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
+            + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}{_capacity_note(est)}",
+            *_used(est), _loop_line(est)]
+
+
+def _peak_section(est, style: Style) -> list[str]:
+    """The four peaks (tensors, allocated, reserved, process), the process figure judged against capacity."""
+    fits, words = verdict(est)
+    judged = f"of {format_bytes(est.device.capacity_bytes)}: " + (
+        style.good(f"fits, {words}") if fits else style.bad(f"DOES NOT FIT, {words}"))
+    if est.device.kind == "cuda":
+        rows = [_bytes_row("tensors (live storage)", est.tensor_bytes, "as requested"),
+                _bytes_row("allocated", est.allocated_bytes, "torch.cuda.max_memory_allocated()"),
+                _bytes_row("reserved", est.reserved_bytes, "torch.cuda.max_memory_reserved()"),
+                _bytes_row("process (nvidia-smi)", est.process_bytes, judged)]
+    else:
+        rows = [_bytes_row("tensors (live storage)", est.tensor_bytes),
+                _bytes_row("allocated", est.allocated_bytes, "= tensors on the CPU"),
+                _bytes_row("reserved", est.reserved_bytes, "the CPU allocator caches nothing"),
+                _bytes_row("process (peak RSS)", est.process_bytes, judged)]
+    rows[-1][1] = style.strong(rows[-1][1])
+    if est.process_bytes_high > est.process_bytes:
+        rows.append(_bytes_row("process, high end", est.process_bytes_high,
+                               "the upper end of what real runs show (peak.process_bytes_high)"))
+    return [style.heading("Peak memory"), *table(rows, "lrrl")]
+
+
+def _where(est) -> str:
+    return (f"{step_label(est.peak_step, est.setup.steps)}, {est.peak_phase}, module "
+            f"'{module_label(est.peak_module)}', op {est.peak_op}")
+
+
+def _breakdown_section(est, style: Style) -> list[str]:
+    rows = [_bytes_row(k, v)[:3] for k, v in est.breakdown.items() if v]
+    total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
+    lines = [style.heading("Breakdown at the peak"), *table(rows + [_bytes_row("total", total)[:3]], "lrr")]
+    return lines + _alive_note(est)
+
+
+# explain.saved_at_backward_start's key for the batch (Category.INPUTS) among the tensors kept for backward
+_BATCH = "inputs (the batch)"
+# phases of a step that come after its first backward has begun (trace/loops.py: every loop runs the
+# optimizer after backward; zero_grad ends the step except in the inline loop, which zeroes before forward)
+_AFTER_BACKWARD = {"backward", "optimizer"}
+
+
+def _alive_note(est) -> list[str]:
+    """One sentence where the breakdown's activations (alive at the peak) differ from the explanation's
+    (what forward saved for backward, alive when the last step's backward begins): which the breakdown counts."""
+    saved = est.explanation.saved_activation_bytes - est.explanation.saved_by_op.get(_BATCH, 0)
+    alive = est.breakdown.get("activations", 0)
+    if saved <= 0 or alive == saved:
+        return []
+    phase, s = str(est.peak_phase), est.setup
+    row = " (the activations row below, less the batch)" if any(
+        r.what == "activations" for r in est.explanation.rows) else ""
+    head = f"  The breakdown counts what is alive at the peak ({phase}, op {est.peak_op}): "
+    if alive > saved:
+        return [f"{head}{format_bytes(alive)} of activations, more than the {format_bytes(saved)} forward saves for "
+                f"backward{row}: the extra is made after backward begins (recomputed under checkpointing, another "
+                "micro-batch's forward) or held from the step before."]
+    if phase in _AFTER_BACKWARD or (phase == "zero_grad" and str(s.loop) != "inline"):
+        return [f"{head}{format_bytes(alive)} of the {format_bytes(saved)} of activations forward saves for "
+                f"backward{row}; the other {format_bytes(saved - alive)} was freed before it."]
+    words = f"{head}{format_bytes(alive)} of activations, where forward saves {format_bytes(saved)} for backward{row}"
+    if s.grad_accum > 1 and phase in ("forward", "loss"):
+        return [f"{words}; the peak falls in a micro-batch's {phase}: before its forward has saved them all, "
+                "or after an earlier micro-batch's were freed."]
+    if phase in ("forward", "loss"):
+        return [f"{words}; the peak comes before forward and the loss have saved them all."]
+    return [f"{words}; the peak comes before this step's forward saves them"
+            + (": those alive are the previous step's, still referenced." if alive else ".")]
+
+
+def _process_section(est, style: Style) -> list[str]:
+    title = "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"
+    return [style.heading(title), *table([_bytes_row(k, v)[:3] for k, v in est.process_parts.items()], "lrr")]
+
+
+def _allocator_section(est, style: Style) -> list[str]:
+    a = est.allocator
+    if not a:
+        return []
+    return ["", style.heading("Caching allocator"), *table([
+        ["reserved but not allocated at the allocated peak", format_bytes(a.fragmentation_at_allocated_peak)],
+        ["reserved but not allocated at the reserved peak", format_bytes(a.fragmentation_at_reserved_peak)],
+        ["segments at the allocated peak", f"{a.segments_at_peak:,}", f"large {format_bytes(a.large_segment_bytes_at_peak)}"
+         f", small {format_bytes(a.small_segment_bytes_at_peak)}"]], "lrl")]
+
+
+def _modules_section(est, style: Style) -> list[str]:
+    return [style.heading("Per module"), *table([["module", "params", "saved activations", "at peak"]] + [
+        [m.module, f"{m.parameters:,}", format_bytes(m.activation_bytes), format_bytes(m.bytes_at_peak)]
+        for m in est.modules], "lrrr")]
+
+
+def _explanation_section(est, style: Style) -> list[str]:
+    """The hand arithmetic beside the trace: both in IEC units in columns, the formula with its exact bytes."""
+    rows = [["", "by hand", "traced", ""]]
+    notes: dict[int, list[str]] = {}
+    for row in est.explanation.rows:
+        exact = f" = {row.hand_bytes:,} B" + (f"; traced {row.traced_bytes:,} B" if row.traced_bytes != row.hand_bytes
+                                               else "")
+        rows.append([row.what, format_bytes(row.hand_bytes), format_bytes(row.traced_bytes), row.formula + exact])
+        notes[len(rows) - 1] = [f"      {row.note}"] if row.note else []
+    lines = table(rows, "lrrl")
+    out = [style.heading("How this adds up (by hand → traced)"), lines[0]]
+    for i, line in enumerate(lines[1:], start=1):
+        out += [line, *notes[i]]
+    return out + [f"  · {note}" for note in est.explanation.differences]
+
+
+def _baselines_section(est, style: Style) -> list[str]:
+    if not est.baselines:
+        return []
+    rows = [[row.rule, format_bytes(row.bytes), "" if row.relative_to_estimate is None
+             else f"{row.relative_to_estimate:+.0%}", f"— {row.why}"] for row in est.baselines]
+    return ["", style.heading(f"Rules of thumb beside this estimate (vs {est.baselines[0].vs})"),
+            *table(rows, "lrrl")]
+
+
+def render_text(est, colour: bool = False) -> str:
+    """The terminal report. Plain text unless `colour` (cli.py passes report.style.use_colour(sys.stdout))."""
+    style = Style(colour)
+    out = [*_header(est, style), "", *_peak_section(est, style), *_ranks_section(est, style),
+           "", f"{style.heading('Where')}: {_where(est)}", *_lean_loop(est),
+           "", *_breakdown_section(est, style), "", *_process_section(est, style), *_allocator_section(est, style),
+           "", *_modules_section(est, style), "", *_explanation_section(est, style), *_baselines_section(est, style)]
+    if est.warnings:
+        out += ["", style.warn(style.heading("Assumptions and warnings"))] + [f"  - {w}" for w in est.warnings]
+    return "\n".join(out)
 
 def _layout_words(parallel: dict) -> str:
     layout = parallel["layout"]
@@ -154,7 +271,7 @@ def _layout_words(parallel: dict) -> str:
     return f"{layout['strategy']}: {layout['world_size']:,} ranks ({degrees}){extra}"
 
 
-def _ranks_section(est) -> list[str]:
+def _ranks_section(est, style: Style = PLAIN) -> list[str]:
     """Many ranks: one row per distinct rank role, the most loaded marked, the spread between them."""
     parallel = getattr(est, "parallel", None)
     if parallel is None:
@@ -170,8 +287,9 @@ def _ranks_section(est) -> list[str]:
         rows.append([row.label, f"{len(row.ranks):,}", format_bytes(peak["tensor_bytes"]),
                      *([format_bytes(peak["reserved_bytes"] or 0)] if cuda else []),
                      format_bytes(peak["process_bytes"]),
-                     *([format_bytes(row.host_bytes)] if host else []), "◀ most loaded" if row.label == most else ""])
-    lines = ["", f"Per rank — {_layout_words(parallel)}"]
+                     *([format_bytes(row.host_bytes)] if host else []),
+                     style.strong("◀ most loaded") if row.label == most else ""])
+    lines = ["", style.heading(f"Per rank — {_layout_words(parallel)}")]
     lines += _table(rows, "lr" + "r" * (len(header) - 3) + "l")
     lines.append(f"  spread between roles: {format_bytes(parallel['spread_bytes'])} (process); the figures above "
                  f"this section are the most loaded role's ({most})")
