@@ -28,6 +28,7 @@ from typing import Any, Callable
 from trainmem.errors import SetupError
 from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace
 from trainmem.devices import DeviceRef
+from trainmem.progress import Progress
 from trainmem.estimate.orchestrate import setup_of
 from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
@@ -233,9 +234,9 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
         candidates: _Candidates = _EveryCandidateTraced(model, setup, target, sequence, hf, options)
     else:
         candidates = ScaledBatches(model, setup, target, options, limit)
-    found = _search(candidates.estimate, limit, budget)
-    if not candidates.confirm(found.best, found.first_miss):  # a prediction was wrong: trace every candidate
-        found = _search(candidates.estimate, limit, budget)
+    with Progress(f"fit: the largest {'sequence length' if sequence else 'batch size'}", unit="candidate") as bar:
+        bar.total(None)  # doubling, then bisecting: the count is known only at the end
+        found = search(candidates, limit, budget, bar)
     tried = [(value, est.process_bytes, est.process_bytes_high, within(est, budget))
              for value, est in found.estimates.items()]
     answer = dict(dimension="sequence length" if sequence else "batch size", device_name=target.name,
@@ -253,6 +254,23 @@ class Found:
     best: int | None  # the last value that fit (None: not even 1)
     first_miss: int | None  # the first that did not (None: the limit fits)
     estimates: dict[int, Estimate]  # every value tried, in the order tried
+
+
+def search(candidates: _Candidates, limit: int, budget: int, progress: Any = None) -> Found:
+    """fit's search with its confirmation: when an estimate the answer rests on proves wrong (a predicted
+    trace), the search runs again on the candidates' real traces. `progress` (progress.Progress) advances once
+    per candidate estimated. trainmem compare --devices runs the same search per device (sweep.py)."""
+
+    def estimate_at(value: int) -> Estimate:
+        est = candidates.estimate(value)
+        if progress is not None:
+            progress.advance()
+        return est
+
+    found = _search(estimate_at, limit, budget)
+    if not candidates.confirm(found.best, found.first_miss):  # a prediction was wrong: trace every candidate
+        found = _search(estimate_at, limit, budget)
+    return found
 
 
 def _search(estimate_at: Callable[[int], Estimate], limit: int, budget: int) -> Found:

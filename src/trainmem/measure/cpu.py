@@ -18,6 +18,7 @@ from typing import Any
 
 from trainmem.devices import available_bytes
 from trainmem.errors import MeasureError, ModelRefError
+from trainmem.progress import Progress
 from trainmem.setup import TrainingSetup
 from trainmem.units import format_bytes
 
@@ -111,5 +112,12 @@ def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: 
         raise MeasureError(f"expected the run to fit in available memory ({format_bytes(free)}), the estimate is "
                            f"{format_bytes(est.process_bytes)}; use --force to run anyway", where="measure")
     child_backend = est.resolved.get("keras_backend") if est.resolved.get("framework") == "keras" else None
-    rss_runs = [run_child(model_ref, setup, "rss", keras_backend=child_backend) for _ in range(runs)]
-    return Comparison(est, run_child(model_ref, setup, "tensors", keras_backend=child_backend), rss_runs)
+    with Progress("measure: runs", unit="run") as bar:  # each run a fresh process, seconds each
+        bar.total(runs + 1)
+        rss_runs = []
+        for _ in range(runs):
+            rss_runs.append(run_child(model_ref, setup, "rss", keras_backend=child_backend))
+            bar.advance()
+        tensors = run_child(model_ref, setup, "tensors", keras_backend=child_backend)
+        bar.advance()
+    return Comparison(est, tensors, rss_runs)

@@ -1,0 +1,170 @@
+"""`trainmem compare`'s command line: its flags, and the reading of `--sweep` into configurations the way the
+CLI reads every flag (cli.py's options → TrainingSetup path, flag_rules.py's table per configuration), so that
+a bad swept value fails as the flag would, one line naming the --sweep entry. cli.py registers it:
+
+    compare = add("compare", COMPARE_HELP); add_compare_flags(compare)      # in build_parser
+    _compare → run_compare(options) when compares_configurations(options)  # else PyTorch vs Keras
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from trainmem.errors import SetupError, quote
+
+COMPARE_HELP = "models or setups side by side: PyTorch vs Keras for one model, or configurations (A B …, --sweep)"
+COMPARE_DESCRIPTION = """\
+Two comparisons, told apart by what is given:
+
+  trainmem compare MODEL [flags]
+      one mlp: or layer-spec model in PyTorch and in Keras on TensorFlow, side by side, each difference
+      explained (the behaviour of earlier releases)
+  trainmem compare A B … [flags] [--sweep KEY=V1,V2 …] [--devices D1,D2] [--plot FILE.png|svg]
+  trainmem compare MODEL --sweep KEY=V1,V2 … [--devices …] [--plot …]
+      configurations: every model × every combination of the swept values, each estimated with the same
+      flags; one table of peaks (GPU: allocated, reserved, nvidia-smi; CPU: tensors, peak RSS), whether each
+      fits its device, and with --devices the largest batch that fits each named device (trainmem fit's
+      search: two traces per configuration, shared between devices that trace alike). Models come first.
+
+--sweep keys are the flags' names (batch_size or batch, precision, loop, optimizer, optimizer_impl,
+checkpointing=off,on, grad_accum, seq_len, zero_grad, activation, dropout, max_grad_norm, strategy,
+world_size, …, device, alloc_conf, …); values are read as the flags read them. A key is swept or given as a
+flag, not both. At most 64 configurations. Exit codes: 0 when a configuration fits its device, 1 when none
+does, 2 on bad input or when a configuration's trace failed (the table still lists the others)."""
+
+
+def add_compare_flags(parser: argparse.ArgumentParser) -> None:
+    """The configuration comparison's flags, after the setup flags (which add the first MODEL)."""
+    parser.add_argument("more_models", nargs="*", metavar="MODEL", default=argparse.SUPPRESS,
+                        help="more models to compare with the first (configurations)")
+    group = parser.add_argument_group("comparing configurations")
+    add = group.add_argument
+    add("--sweep", action="append", nargs="+", metavar="KEY=V1,V2", help="estimate each value of KEY (a flag's "
+        "name: batch, precision, loop, …); repeat, or give several in one --sweep, for their cross product "
+        "(default: none)")
+    add("--devices", metavar="D1,D2", help="devices to find the largest batch that fits, for each configuration "
+        "(devices: `trainmem devices`) (default: none)")
+    add("--time-limit", type=float, metavar="SECONDS", help="stop estimating after this long; the configurations "
+        "not reached are listed as not evaluated (default: none)")
+    if "--plot" not in parser._option_string_actions:  # noqa: SLF001 - estimate's --plot may be shared one day
+        add("--plot", metavar="FILE.png|svg", help="configurations: also draw their peaks to FILE (needs "
+            "matplotlib: pip install 'trainmem[plot]')")
+
+
+def compares_configurations(options: Any) -> bool:
+    """Configurations when a second model or a sweep is given; one model alone is PyTorch vs Keras."""
+    return bool(options.values.get("more_models") or options.values.get("sweep"))
+
+
+def refuse_configuration_flags(options: Any) -> None:
+    """--devices, --time-limit and --plot belong to the configuration comparison."""
+    for key in ("devices", "time_limit", "plot"):
+        if options.values.get(key) is not None:
+            raise SetupError(f"expected a second MODEL or --sweep with --{key.replace('_', '-')} (one MODEL alone "
+                             "compares PyTorch with Keras), got one model", where=options.origins.get(key, key))
+
+
+# ---- values read as the flags read them ----------------------------------------------------------------------
+
+
+def _on_off(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on|off (or true|false), got {text!r}")
+
+
+def _with_choices(convert: Callable[[str], Any], choices: Any) -> Callable[[str], Any]:
+    def checked(text: str) -> Any:
+        value = convert(text)
+        if value not in choices:
+            raise argparse.ArgumentTypeError(f"expected {'|'.join(map(str, choices))}, got {text!r}")
+        return value
+
+    return checked
+
+
+def converters() -> dict[str, Callable[[str], Any]]:
+    """Each sweepable key's parser: the argparse type of its compare flag (int, float, …); a switch
+    (--checkpointing) takes on|off; a flag with choices checks them."""
+    from trainmem.cli import build_parser
+    from trainmem.sweep import SWEEP_KEYS
+
+    parser = build_parser()
+    compare = parser._subparsers._group_actions[0].choices["compare"]  # noqa: SLF001 - argparse's own table
+    out: dict[str, Callable[[str], Any]] = {}
+    for action in compare._actions:  # noqa: SLF001
+        if action.dest not in SWEEP_KEYS or action.dest in out:
+            continue
+        convert = action.type or (_on_off if action.nargs == 0 else str)
+        out[action.dest] = _with_choices(convert, action.choices) if action.choices else convert
+    return out
+
+
+# ---- the command -----------------------------------------------------------------------------------------------
+
+
+def _sweep_items(value: Any) -> Any:
+    """--sweep's argparse value (lists of KEY=… per flag), or a --setup file's: a list of texts or a table."""
+    if value is None or isinstance(value, (str, Mapping)):
+        return value
+    return [item for group in value for item in (group if isinstance(group, list) else [group])]
+
+
+def _time_limit(options: Any) -> float | None:
+    limit = options.values.get("time_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+        raise SetupError(f"expected seconds above 0, got {quote(limit)}", where=options.origins.get("time_limit"))
+    return limit
+
+
+def configurations(options: Any) -> tuple[list, list[str], list[str]]:
+    """Every (model, swept values) as a sweep.Configuration, each checked as its flags would be; the table's
+    configuration columns; the warnings the flag table gives beyond the command's own."""
+    from trainmem.cli import Options, _check_run_options, _gpu_options, setup_from_options
+    from trainmem.sweep import Configuration, check_count, grid, label_of, parse_sweep
+
+    models = [options.model, *(options.values.get("more_models") or [])]
+    where = options.origins.get("sweep", "--sweep")
+    axes = parse_sweep(_sweep_items(options.values.get("sweep")), converters(), where)
+    for axis in axes:
+        if axis.key in options.given:
+            raise SetupError(f"expected --{axis.key.replace('_', '-')} or {where} {axis.shown}=…, got both",
+                             where=options.origins.get(axis.key, where))
+    check_count(models, axes, where=where)
+    known = set(_check_run_options(options, "compare"))
+    configs, warnings = [], []
+    for model, picked in grid(models, axes):
+        chosen = {axis.key: axis.values[index] for axis, index in picked}
+        origins = {**options.origins, **{axis.key: f"{where} {axis.shown}={axis.texts[i]}" for axis, i in picked}}
+        here = Options({**options.values, **chosen, "model": model}, {**options.given, **chosen}, origins)
+        warnings += [line for line in _check_run_options(here, "compare") if line not in known | set(warnings)]
+        run = {**_gpu_options(here), **({"tf_memory": here.tf_memory} if here.tf_memory is not None else {})}
+        configs.append(Configuration(model, label_of(model, len(models) > 1, picked), setup_from_options(here),
+                                     here.device, run))
+    columns = (["model"] if len(models) > 1 else []) + [axis.shown for axis in axes]
+    return configs, columns, warnings
+
+
+def run_compare(options: Any):
+    """What cli.py's command functions return: an Outcome (text, exit code, warnings)."""
+    from trainmem.cli import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+    from trainmem.sweep import device_budgets, run
+
+    limit = _time_limit(options)
+    configs, columns, warnings = configurations(options)
+    budgets = device_budgets(options.values.get("devices"), None)
+    result = run(configs, columns, budgets, limit, warnings=warnings)
+    written = []
+    if options.values.get("plot"):
+        result.write_plot(options.plot, where=options.origins.get("plot", "--plot"))
+        written.append(f"trainmem: wrote the plot of peaks to {options.plot}")
+    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
+    fits = any(row.estimate.fits for row in result.estimated)
+    code = EXIT_BAD_INPUT if result.failed else EXIT_OK if fits else EXIT_DOES_NOT_FIT
+    return Outcome(text, code, tuple(warnings) + tuple(written))
