@@ -1,5 +1,5 @@
 """The README's plot: `trainmem estimate --plot` on GPT-2 (124M, built from its bundled configuration, no
-download) fine-tuned with AdamW in bf16 mixed precision, batch 8 of 512 tokens, on an A100 40 GB.
+download) fine-tuned with AdamW in bf16 mixed precision, batch 24 of 512 tokens, on an A100 40 GB.
 
     python benchmarks/readme_plot.py            # writes docs/images/timeline.png, prints the command it ran
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = Path("docs/images/timeline.png")
-COMMAND = ["trainmem", "estimate", "hf:gpt2", "--batch-size", "8", "--seq-len", "512", "--optimizer", "adamw",
+COMMAND = ["trainmem", "estimate", "hf:gpt2", "--batch-size", "24", "--seq-len", "512", "--optimizer", "adamw",
            "--precision", "bf16-mixed", "--device", "a100-40gb", "--plot", str(IMAGE)]
 MAX_IMAGE_BYTES = 300 * 1024  # the README's image stays small in the repository
 

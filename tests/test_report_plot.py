@@ -61,6 +61,8 @@ def test_gpu_plot_draws_each_category_the_allocator_lines_and_the_peak(gpu_estim
     assert _top_at(areas[-1], line.peak) == at_peak == line.peak_bytes == gpu_estimate.allocated
     note = next(t for t in axes.texts if t.get_gid() == "peak").get_text()
     assert line.peak_op in note and format_bytes(line.peak_bytes) in note and line.peak_phase in note
+    largest = max(line.categories, key=lambda c: line.by_category[c][line.peak])
+    assert f"{largest} {format_bytes(line.by_category[largest][line.peak])}" in note
 
 
 def test_capacity_far_above_the_data_is_named_in_the_title_not_drawn(gpu_estimate):

@@ -40,6 +40,10 @@ CAPACITY_COLOURS = ("#B2182B", "#000000", "#555555", "#882255")
 # A capacity line more than this many times above the data squeezes the data into the bottom third of the
 # plot; the title states such a capacity instead of drawing it (a choice of readability, not of memory).
 CAPACITY_SCALE = 3
+# The timeline's y axis reaches 1.3x the highest line: the top quarter holds the band words and the peak's
+# note (three lines of 8-point text, about an eighth of the axes' height), so neither hides data.
+TIMELINE_HEADROOM = 1.3
+PEAK_NOTE_TOP = 0.93
 BAND_LABEL_MIN = 0.025  # bands narrower than this share of the x axis get no words (they would overlap)
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -85,7 +89,7 @@ def draw_timeline(line: Any, title: tuple[str, str]) -> Any:
     top = max([top, *drawn])
     _draw_bands(axes, line, top)
     _mark_peak(axes, line)
-    _finish_axes(axes, top, x)
+    _finish_axes(axes, top, x, headroom=TIMELINE_HEADROOM)
     axes.set_xticks(*_event_ticks(line.index, mpl))
     axes.set_xlabel(f"op sequence: device stream event number ({line.events:,} events in the traced steps, "
                     f"{len(x):,} points drawn, every peak kept)")
@@ -155,15 +159,20 @@ def _draw_bands(axes: Any, line: Any, top: int) -> None:
 
 
 def _mark_peak(axes: Any, line: Any) -> None:
-    """A dot on the allocated peak and a note naming its module, op, phase and bytes."""
+    """A dot on the allocated peak and a note naming its bytes, module, op, phase and step, and the largest
+    categories there: a peak is often one point wide, too narrow to see which colours make it."""
     from trainmem.estimate.result import module_label
 
-    y = line.allocated[line.peak] if line.gpu else sum(line.by_category[c][line.peak] for c in line.categories)
+    y = line.allocated[line.peak]  # the stacked categories add up to it (report/timeline.py)
     left = line.peak > len(line.index) / 2
     axes.plot([line.peak], [y], marker="o", markersize=6, color="#000000", linestyle="none", zorder=5)
-    text = (f"peak {format_bytes(line.peak_bytes)}\n{module_label(line.peak_module)} · {line.peak_op}\n"
-            f"{line.peak_phase}, step {line.step[line.peak]}")
-    axes.annotate(text, xy=(line.peak, y), xytext=(-40 if left else 40, -30), textcoords="offset points",
+    largest = sorted(((line.by_category[c][line.peak], c) for c in line.categories), reverse=True)[:3]
+    parts = ", ".join(f"{name} {format_bytes(value)}" for value, name in largest if value > 0)
+    text = (f"peak {format_bytes(line.peak_bytes)}: {line.peak_phase}, step {line.step[line.peak]}\n"
+            f"{module_label(line.peak_module)} · {line.peak_op}\n{parts}")
+    # the note sits in the headroom above the data (PEAK_NOTE_TOP of the axes' height), beside the peak
+    beside = line.peak + (-1 if left else 1) * 0.02 * len(line.index)
+    axes.annotate(text, xy=(line.peak, y), xytext=(beside, PEAK_NOTE_TOP), textcoords=("data", "axes fraction"),
                   ha="right" if left else "left", va="top", fontsize=8, zorder=6, gid="peak",
                   bbox=dict(boxstyle="round,pad=0.3", facecolor="white", edgecolor="#777777", alpha=0.9),
                   arrowprops=dict(arrowstyle="->", color="#000000", linewidth=0.8))
@@ -233,13 +242,13 @@ def _capacity(axes: Any, capacities: dict[str, int], top: int, dashed: bool = Fa
     return drawn, f" (above the scale, not drawn: {', '.join(off)})"
 
 
-def _finish_axes(axes: Any, top: int, x: list[int] | None) -> None:
+def _finish_axes(axes: Any, top: int, x: list[int] | None, headroom: float = 1.18) -> None:
     """y from zero with IEC ticks, room above the highest line for the band words; x tight."""
     mpl = _matplotlib()
     top = max(int(top), 1)
     unit, name = _iec_unit(top)
     step = _nice_step(top / unit) * unit
-    axes.set_ylim(0, top * 1.18)
+    axes.set_ylim(0, top * headroom)
     axes.yaxis.set_major_locator(mpl.ticker.MultipleLocator(step))
     axes.yaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda value, _: f"{value / unit:g} {name}"))
     axes.grid(axis="y", color="#DDDDDD", linewidth=0.6)
