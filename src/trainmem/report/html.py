@@ -16,14 +16,14 @@ from __future__ import annotations
 import html
 import json
 import os
-import re
 from typing import Any
 
 from trainmem.errors import TrainmemError, quote, short
-from trainmem.estimate.result import module_label, step_label
+from trainmem.estimate.result import module_label
 from trainmem.report.html_assets import CSS, JS
 from trainmem.report.html_assets.svg import COLOURS, geometry, timeline_svg
-from trainmem.report.text import _lean_loop, _ranks_section, render_text
+from trainmem.report.style import PLAIN
+from trainmem.report.text import _alive_note, _header, _lean_loop, _ranks_section, _where, verdict
 from trainmem.units import format_bytes
 
 WHERE = "--html"
@@ -31,7 +31,6 @@ SUFFIXES = (".html", ".htm")
 # Points drawn: about two per pixel column of the 1000-unit-wide drawing in the report; half that in a
 # notebook, whose output cell is saved inside the .ipynb (report/timeline.py keeps every bucket's highest).
 PAGE_POINTS, NOTEBOOK_POINTS = 2000, 600
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # a colour the text report may add on a terminal
 
 
 def _e(value: Any) -> str:
@@ -53,24 +52,13 @@ def _allocated_name(estimate: Any) -> str:
 
 # --- summary -------------------------------------------------------------------------------------------------
 
-def _header_lines(estimate: Any) -> list[str]:
-    """The text report's header (model, setup, what the trace used, the loop): its lines before the first
-    blank one, so that both reports say the same thing in the same words."""
-    text = _ANSI.sub("", render_text(estimate))
-    return [line.strip() for line in text.split("\n\n", 1)[0].splitlines()]
-
-
 def _verdict(estimate: Any) -> str:
-    capacity, process = estimate.device.capacity_bytes, estimate.process_bytes
-    room = capacity - process
-    if estimate.fits:
-        words = f"fits {estimate.device.name}: {format_bytes(room)} free of {format_bytes(capacity)}"
-    elif room >= 0:  # within capacity, but the simulated caching allocator ran out of memory
-        words = (f"DOES NOT FIT {estimate.device.name}: the caching allocator runs out of memory "
-                 f"({format_bytes(capacity)} on the card)")
-    else:
-        words = f"DOES NOT FIT {estimate.device.name}: {format_bytes(-room)} over {format_bytes(capacity)}"
-    return f'<div class="verdict {"fits" if estimate.fits else "nofit"}">{_e(words)}</div>'
+    """Fits or not, in the words of the text report's headline and --quiet (report/text.py verdict)."""
+    fits, words = verdict(estimate)
+    capacity = format_bytes(estimate.device.capacity_bytes)
+    said = (f"fits {estimate.device.name} ({capacity}), {words}" if fits
+            else f"DOES NOT FIT {estimate.device.name} ({capacity}): {words}")
+    return f'<div class="verdict {"fits" if fits else "nofit"}">{_e(said)}</div>'
 
 
 def _peak_rows(estimate: Any) -> list[tuple[str, int | None, str]]:
@@ -87,12 +75,11 @@ def _peak_rows(estimate: Any) -> list[tuple[str, int | None, str]]:
 
 
 def _summary(estimate: Any) -> str:
-    head = _header_lines(estimate)
+    head = [line.strip() for line in _header(estimate, PLAIN)]  # the text report's header, same words
     rows = "".join(f'<tr><td>{_e(name)}</td><td class="num">{_e(format_bytes(value))}</td>'
                    f'<td class="num muted">{"" if value is None else f"{value:,} B"}</td>'
                    f'<td class="muted">{_e(note)}</td></tr>' for name, value, note in _peak_rows(estimate))
-    where = (f"Peak: {step_label(estimate.peak_step, estimate.setup.steps)}, {estimate.peak_phase}, module "
-             f"'{module_label(estimate.peak_module)}', op {estimate.peak_op}")
+    where = f"Where: {_where(estimate)}"
     lean = " ".join(line.strip() for line in _lean_loop(estimate))
     return (f"<h1>{_e(head[0] if head else estimate.model_name)}</h1>"
             f'<div class="setup">{_e(chr(10).join(head[1:]))}</div>'
@@ -125,8 +112,20 @@ def _point_data(t: Any, allocated_name: str) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+def _process_note(estimate: Any) -> str:
+    """The process figure the verdict judges, beside a drawing of the allocator alone."""
+    held = estimate.reserved_bytes if estimate.device.kind == "cuda" else estimate.tensor_bytes
+    outside = estimate.process_bytes - (held or 0)
+    if outside <= 0:
+        return ""
+    figure = "nvidia-smi" if estimate.device.kind == "cuda" else "peak RSS"
+    return (f"process at the peak ({figure}): {format_bytes(estimate.process_bytes)}, of which "
+            f"{format_bytes(outside)} is not the allocator's and not drawn (see Process memory below)")
+
+
 def _timeline_section(estimate: Any, t: Any, interactive: bool) -> str:
-    svg = timeline_svg(t, estimate.device.name, _allocated_name(estimate), interactive=interactive)
+    svg = timeline_svg(t, estimate.device.name, _allocated_name(estimate), interactive=interactive,
+                       process_note=_process_note(estimate))
     hint = ("<p class='muted'>Hover for the op, module and live bytes at any point (or focus the chart and use "
             "← → and p for the peak). Bands: the phases of each traced step.</p>" if interactive else "")
     return f'<h2>Memory over the training step</h2>{hint}<div class="chart">{svg}</div>'
@@ -193,6 +192,7 @@ def _breakdown_section(estimate: Any) -> str:
     process = "Process memory (nvidia-smi)" if estimate.device.kind == "cuda" else "Process memory (peak RSS)"
     out = ["<h2>Breakdown at the peak</h2>",
            _table(["category", "IEC", "bytes", "share"], rows, {1, 2, 3}, ["total", _e(format_bytes(total)), f"{total:,} B", ""]),
+           *(f"<p>{_e(line.strip())}</p>" for line in _alive_note(estimate)),
            f"<h2>{process}</h2>", _table(["part", "IEC", "bytes"], parts, {1, 2})]
     if estimate.allocator:
         a = estimate.allocator

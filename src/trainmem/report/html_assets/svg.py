@@ -162,8 +162,8 @@ def _capacity_words(t: Any, device_name: str) -> str:
             "scale (not drawn)")
 
 
-def _legend(t: Any, y0: float, allocated_name: str, note: str) -> tuple[list[str], float]:
-    """Swatches with each category's bytes at the peak, wrapped into rows, and a note on a row of its own;
+def _legend(t: Any, y0: float, allocated_name: str, notes: list[str]) -> tuple[list[str], float]:
+    """Swatches with each category's bytes at the peak, wrapped into rows, and each note on a row of its own;
     returns the items and their height."""
     items = [(COLOURS.get(name, "#777"), f"{name} {format_bytes(t.by_category[name][t.peak])}", "box")
              for name in reversed(t.categories)]
@@ -182,20 +182,22 @@ def _legend(t: Any, y0: float, allocated_name: str, note: str) -> tuple[list[str
             out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 14}" y2="{y - 4}" stroke="{colour}" stroke-width="1.5"{dash}/>')
         out.append(f'<text x="{x + 18}" y="{y}">{html.escape(words)}</text>')
         x += width
-    if note:
+    for note in notes:
         y += LEGEND_ROW
-        out.append(f'<text class="tm-capacity" x="{LEFT}" y="{y}" fill="#8a1c1c">{html.escape(note)}</text>')
+        out.append(f'<text class="tm-note" x="{LEFT}" y="{y}" fill="#8a1c1c">{html.escape(note)}</text>')
     return out, y - y0 + LEGEND_ROW
 
 
-def timeline_svg(t: Any, device_name: str, allocated_name: str = "allocated", interactive: bool = False) -> str:
-    """The whole drawing as one <svg> element (viewBox scaled to the page's width)."""
+def timeline_svg(t: Any, device_name: str, allocated_name: str = "allocated", interactive: bool = False,
+                 process_note: str = "") -> str:
+    """The whole drawing as one <svg> element (viewBox scaled to the page's width); `process_note` says what
+    the process holds beyond the allocator (the drawing shows the allocator's bytes only)."""
     data_top = max([*t.allocated, *(t.reserved or ()), 1])
     on_scale = t.capacity_bytes <= CAPACITY_ON_SCALE * data_top
     axis_top, ticks = _y_axis(max(data_top, t.capacity_bytes) if on_scale else data_top)
     scale = _Scale(len(t.index), axis_top)
-    note = "" if on_scale else _capacity_words(t, device_name)
-    legend, legend_height = _legend(t, TOP + PLOT_HEIGHT + 56, allocated_name, note)
+    notes = [note for note in ("" if on_scale else _capacity_words(t, device_name), process_note) if note]
+    legend, legend_height = _legend(t, TOP + PLOT_HEIGHT + 56, allocated_name, notes)
     height = round(TOP + PLOT_HEIGHT + 56 + legend_height)
     parts = [f'<svg class="tm-timeline" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {SVG_WIDTH} {height}" '
              f'width="{SVG_WIDTH}" height="{height}" role="img" data-series="{len(t.categories)}"'
