@@ -33,6 +33,20 @@ VIEWER_OPCODES = {"PROTO", "APPEND", "APPENDS", "LIST", "TUPLE", "NEWFALSE", "NE
                   "BININT1", "BININT2", "EMPTY_DICT", "EMPTY_LIST", "FRAME", "LONG1", "LONG_BINGET", "MARK", "MEMOIZE",
                   "BINPUT", "LONG_BINPUT", "SETITEMS", "SETITEM", "DICT", "SHORT_BINUNICODE", "BINUNICODE", "STOP",
                   "EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "BINFLOAT"}
+# the keys of a real torch.cuda.memory._dump_snapshot: torch 2.11.0+cu130 on an H200, a Linear-ReLU-Linear
+# model, two Adam steps with _record_memory_history(max_entries=100000) (script and numbers: the MEMVIZ hand-off)
+REAL_KEYS = {
+    "top": {"allocator_settings", "device_traces", "external_annotations", "segments"},
+    "segment": {"active_size", "address", "allocated_size", "blocks", "device", "frames", "is_expandable",
+                "requested_size", "segment_pool_id", "segment_type", "stream", "total_size"},
+    "block": {"address", "frames", "requested_size", "size", "state"},
+    "entry": {"action", "addr", "compile_context", "frames", "size", "stream", "time_us", "user_metadata"},
+    "frame": {"filename", "line", "name"},
+    "settings": {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold", "expandable_segments",
+                 "pinned_num_register_threads", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
+                 "graph_capture_record_stream_reuse", "roundup_power2_divisions"},
+    "annotation": {"stage", "name", "device", "time_us"},
+}
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 128,
               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 256}
@@ -99,6 +113,8 @@ def _timeline_peak(snapshot, plot_segments=False):
             if block["state"] == "active_allocated" and block["address"] not in addr_to_alloc:
                 elements.append({"size": block["requested_size"]})
                 initially.append(len(elements) - 1)
+    if not actions and initially:  # nothing happens in the trace: one element is drawn as its only action
+        actions.append(initially.pop())
     live, total, peak = set(initially), sum(elements[i]["size"] for i in initially), 0
     for element in actions:  # the first action on an element adds it, the second takes it away
         if element in live:
@@ -175,9 +191,25 @@ def _torch_helpers(snapshot):
         assert view(snapshot, format_flamegraph=lambda lines: lines)
 
 
+def _check_keys(snapshot):
+    """The keys of a real dump; ours add "category" to alloc entries and to the trailing snapshot entry."""
+    assert set(snapshot) == REAL_KEYS["top"] and set(snapshot["allocator_settings"]) == REAL_KEYS["settings"]
+    assert all(set(seg) == REAL_KEYS["segment"] for seg in snapshot["segments"])
+    assert all(set(b) == REAL_KEYS["block"] for seg in snapshot["segments"] for b in seg["blocks"])
+    for entry in snapshot["device_traces"][0]:
+        keys = set(entry) - ({"category"} if entry["action"] in ("alloc", "snapshot") else set())
+        expected = REAL_KEYS["entry"] - {"addr"} | {"device_free"} if entry["action"] == "oom" else REAL_KEYS["entry"]
+        assert keys == expected, entry
+        assert all(set(frame) == REAL_KEYS["frame"] for frame in entry["frames"])
+    assert all(set(a) == REAL_KEYS["annotation"] for a in snapshot["external_annotations"])
+
+
 def test_mlp_snapshot_is_read_by_memory_viz_and_peaks_match(mlp, tmp_path):
     snapshot, note = _written(mlp, tmp_path)
     assert note == ""
+    _check_keys(snapshot)
+    stages = [(a["stage"], a["name"]) for a in snapshot["external_annotations"]]
+    assert ("START", "forward (step 0)") in stages and ("END", "optimizer (step 0)") in stages
     _torch_helpers(snapshot)
     # the Active Memory Timeline's peak: requested bytes (c10 records each alloc's orig_size)
     assert _timeline_peak(snapshot) == mlp.tensor_bytes
@@ -211,6 +243,8 @@ def test_expandable_segments_map_and_walk_back(llama, tmp_path):
     snapshot, note = _written(llama, tmp_path)
     actions = {e["action"] for e in snapshot["device_traces"][0]}
     assert "segment_map" in actions and "segment_alloc" not in actions
+    _check_keys(snapshot)
+    assert snapshot["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert all(seg["is_expandable"] for seg in snapshot["segments"])
     _torch_helpers(snapshot)
     assert _timeline_peak(snapshot) == llama.tensor_bytes
@@ -240,6 +274,7 @@ def test_out_of_memory_ends_the_history_with_an_oom_entry(tmp_path):
     assert not est.fits
     snapshot, note = _written(est, tmp_path)
     assert note.startswith("the simulated run ran out of memory") and "(at backward, op mm)" in note
+    _check_keys(snapshot)
     oom, last = snapshot["device_traces"][0][-2:]
     assert oom["action"] == "oom" and last["action"] == "snapshot"
     reserved = sum(seg["total_size"] for seg in snapshot["segments"])

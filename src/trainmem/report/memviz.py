@@ -6,10 +6,11 @@ torch 2.13 (torch/csrc/cuda/Module.cpp THCPModule_memorySnapshot, torch/cuda/mem
   one dict per cudaMalloc'd segment (or mapped range of an expandable one) with device, address, total_size,
   allocated_size, active_size, requested_size, stream, segment_type, segment_pool_id, is_expandable, frames and
   its blocks (address, size, requested_size, state "active_allocated" / "inactive", frames);
-- "device_traces": one list per device of record_trace's entries (action, addr, size, stream, time_us, frames),
-  ending with the "snapshot" entry DeviceCachingAllocator::snapshot() records; "oom" entries carry
-  device_free in place of addr;
-- "allocator_settings" and "external_annotations" (empty: nothing annotated).
+- "device_traces": one list per device of record_trace's entries (action, addr, size, stream, time_us,
+  compile_context, user_metadata, frames); "oom" entries carry device_free in place of addr;
+- "allocator_settings", and "external_annotations" (START / END of record_function ranges, here the phases).
+A real dump (torch 2.11.0+cu130 on an H200: a Linear-ReLU-Linear model, two Adam steps) has exactly these keys;
+its trace has no "snapshot" entry at the end, which ours adds (below).
 memory_viz (torch/utils/viz/MemoryViz.js) rebuilds every earlier state by walking the trace backwards from the
 segments, so the trace kept always ends at the state written.
 
@@ -18,7 +19,12 @@ What we fill in for what a GPU run would record:
   phase]"}; freed blocks carry none (c10 clears context_when_allocated in free_block);
 - "category" on alloc entries (our Category), as torch's own _profile_to_snapshot does: MemoryViz.js colours
   and labels the Active Memory Timeline by it;
-- time_us is the entry's position in the whole history (the simulation has no clock);
+- time_us is the entry's position in the whole history (the simulation has no clock); compile_context and
+  user_metadata are what a run without torch.compile or annotations records ("N/A", "");
+- external_annotations mark where each phase of each step starts and ends ("forward (step 0)"), in time_us;
+- a last entry "snapshot" (a TraceEntry action c10 defines and memory_viz lists; addr 0, size: the active bytes)
+  with category "unknown": MemoryViz.js's annotate_snapshot() adds "unknown" to the categories it found through
+  a misspelt `snapshot.categores`, which throws unless "unknown" is there already;
 - stream ids are the target's stream numbers (0: the default stream), not cudaStream_t pointers.
 
 memory_viz's Active Memory Timeline sums the alloc entries' sizes, which c10 records as the request's own size
@@ -48,6 +54,8 @@ WHERE = "--memory-snapshot"
 PICKLE_PROTOCOL = 4
 SUFFIXES = (".pickle", ".pkl")
 NO_FRAMES: list = []  # one shared empty list: pickle writes it once and refers to it after
+# what record_trace stores without torch.compile and without record_annotations (seen in a torch 2.11 dump)
+UNANNOTATED = {"compile_context": "N/A", "user_metadata": ""}
 
 
 @dataclasses.dataclass
@@ -191,20 +199,34 @@ def _snapshot_dict(recording: _Recording, events: tuple, start: int, stop: int, 
     trace = [_trace_entry(recording.entries[i], i, frames.of(recording.owner[i]), events[recording.owner[i]])
              for i in range(start, stop)]
     active = sum(block.size for seg in state for block in seg.blocks if block.state == "active_allocated")
-    # DeviceCachingAllocator::snapshot() records SNAPSHOT (addr 0, size: the active bytes) as the trace's last
-    # entry. Its category "unknown" keeps MemoryViz.js working: annotate_snapshot() adds "unknown" to the
-    # categories it found through a misspelt `snapshot.categores`, which throws unless "unknown" is there already.
-    trace.append({"action": "snapshot", "addr": 0, "size": active, "stream": 0, "time_us": stop,
+    # the "snapshot" entry with the category "unknown" that MemoryViz.js needs once any entry has a category
+    trace.append({"action": "snapshot", "addr": 0, "size": active, "stream": 0, "time_us": stop, **UNANNOTATED,
                   "frames": NO_FRAMES, "category": "unknown"})
     segments = [_segment_dict(seg, created, frames, recording.alloc_event) for seg in state]
+    annotations = _phase_annotations([events[i] for i in recording.owner[start:stop]], start)
     return {"segments": segments, "device_traces": [trace], "allocator_settings": _settings(config),
-            "external_annotations": []}
+            "external_annotations": annotations}
+
+
+def _phase_annotations(owners: list, start: int) -> list[dict]:
+    """START / END pairs, as record_function ranges appear in external_annotations, around each run of entries
+    of one phase of one step."""
+    out: list[dict] = []
+    for offset, event in enumerate(owners):
+        name = f"{event.phase} (step {event.step})"
+        if not out or out[-1]["name"] != name:
+            if out:
+                out.append({**out[-1], "stage": "END", "time_us": start + offset - 1})
+            out.append({"stage": "START", "name": name, "device": 0, "time_us": start + offset})
+    if out:
+        out.append({**out[-1], "stage": "END", "time_us": start + len(owners) - 1})
+    return out
 
 
 def _trace_entry(entry: tuple[str, int, int, int], position: int, frames: list, event: Any) -> dict:
     action, addr, size, stream = entry
     out = {"action": action, ("device_free" if action == "oom" else "addr"): addr, "size": size, "stream": stream,
-           "time_us": position, "frames": frames}
+           "time_us": position, **UNANNOTATED, "frames": frames}
     if action == "alloc":
         out["category"] = str(event.category)
     return out
@@ -233,6 +255,7 @@ def _settings(config: AllocatorConfig) -> dict:
             "garbage_collection_threshold": config.garbage_collection_threshold,
             "expandable_segments": config.expandable_segments, "pinned_num_register_threads": 1,
             "release_lock_on_cudamalloc": False, "pinned_use_cuda_host_register": False,
+            "graph_capture_record_stream_reuse": False,  # m_graph_capture_record_stream_reuse{false}
             "roundup_power2_divisions": divisions}
 
 
