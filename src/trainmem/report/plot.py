@@ -68,7 +68,7 @@ def timeline_figure(estimate: Any, max_points: int = 4000) -> Any:
     from trainmem.report.timeline import timeline
 
     line = timeline(estimate, max_points=max_points)
-    return draw_timeline(line, _timeline_title(estimate, line))
+    return draw_timeline(line, _timeline_title(estimate))
 
 
 def draw_timeline(line: Any, title: tuple[str, str]) -> Any:
@@ -80,19 +80,20 @@ def draw_timeline(line: Any, title: tuple[str, str]) -> Any:
     x = list(range(len(line.index)))
     top = _draw_stack(axes, x, line)
     if line.gpu:
-        axes.plot(x, line.allocated, label="allocated", gid="line-allocated", drawstyle="steps-post", **LINE_STYLES["allocated"])
-        if line.reserved is not None:
-            axes.plot(x, line.reserved, label="reserved", gid="line-reserved", drawstyle="steps-post", **LINE_STYLES["reserved"])
-            top = max(top, max(line.reserved, default=0))
-        top = max(top, max(line.allocated, default=0))
+        for name in ("allocated", "reserved"):
+            values = getattr(line, name)
+            if values is not None:
+                axes.plot(x, values, label=name, gid=f"line-{name}", drawstyle="steps-post", **LINE_STYLES[name])
+                top = max(top, max(values, default=0))
     drawn, note = _capacity(axes, {"capacity": line.capacity_bytes}, top)
     top = max([top, *drawn])
-    _draw_bands(axes, line, top)
+    _draw_bands(axes, line)
     _mark_peak(axes, line)
     _finish_axes(axes, top, x, headroom=TIMELINE_HEADROOM)
     axes.set_xticks(*_event_ticks(line.index, mpl))
-    axes.set_xlabel(f"op sequence: device stream event number ({line.events:,} events in the traced steps, "
-                    f"{len(x):,} points drawn, every peak kept)")
+    drawn_as = ("each drawn" if len(x) == line.events else
+                f"drawn as {len(x):,} points, each the highest of {line.events / max(1, len(x)):.1f} events in turn")
+    axes.set_xlabel(f"op sequence: device stream event number ({line.events:,} events in the traced steps, {drawn_as})")
     axes.set_title(title[0] + ("\n" + title[1] + note if title[1] or note else ""), fontsize=11, pad=14)
     _legends(axes, line)
     return figure
@@ -140,7 +141,7 @@ def _draw_stack(axes: Any, x: list[int], line: Any) -> int:
     return max(lower, default=0)
 
 
-def _draw_bands(axes: Any, line: Any, top: int) -> None:
+def _draw_bands(axes: Any, line: Any) -> None:
     """A pale band per phase of each step, with its phase written in it, and a rule where each step starts."""
     span = max(1, len(line.index))
     steps_seen: set[int] = set()
@@ -191,16 +192,22 @@ def _legends(axes: Any, line: Any) -> None:
                   title_fontsize=8)
 
 
-def _timeline_title(estimate: Any, line: Any) -> tuple[str, str]:
+def _timeline_title(estimate: Any) -> tuple[str, str]:
+    """The model; then what sizes the step: batch, accumulation, checkpointing, precision, optimizer, device,
+    and for many ranks whose memory is drawn (the most loaded role's replay, estimate/result.py)."""
     setup = estimate.setup
     device = estimate.device
     first = f"{estimate.model_name}: memory over the training step"
-    second = (f"batch {setup.batch_size} · {setup.precision} · {setup.optimizer} · {device.name} "
-              f"({format_bytes(device.capacity_bytes)})")
-    if estimate.parallel is not None:  # many ranks: the replay is the most loaded role's (result.py)
-        most = (estimate.parallel.get("most_loaded") or {}).get("label", "")
-        second += f" · most loaded rank: {most}" if most else " · the most loaded rank"
-    return first, second
+    parts = [f"batch {setup.batch_size}"]
+    parts += [f"{setup.grad_accum} micro-batches a step"] if setup.grad_accum > 1 else []
+    parts += ["checkpointing"] if setup.checkpointing else []
+    parts += [str(setup.precision), str(setup.optimizer), f"{device.name} ({format_bytes(device.capacity_bytes)})"]
+    if estimate.parallel is not None:
+        layout = estimate.parallel.get("layout") or {}
+        label = (estimate.parallel.get("most_loaded") or {}).get("label", "")
+        ranks = f"{layout.get('strategy', 'many ranks')} × {layout.get('world_size', '?')}"
+        parts.append(f"{ranks}, most loaded: {label}" if len(estimate.ranks) > 1 else f"{ranks}, every rank alike")
+    return first, " · ".join(parts)
 
 
 def _event_ticks(index: tuple[int, ...], mpl: Any) -> tuple[list[float], list[str]]:
