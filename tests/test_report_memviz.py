@@ -251,6 +251,20 @@ def test_expandable_segments_map_and_walk_back(llama, tmp_path):
     assert max(reserved for reserved, _ in _walk_back(snapshot)) == llama.reserved_bytes
 
 
+def test_fsdp_rank_on_three_streams(tmp_path):
+    """A distributed estimate's snapshot is its most loaded rank's, with FSDP's all-gather and reduce-scatter
+    streams as the blocks' streams (their own pools, as in the caching allocator)."""
+    est = estimate("mlp:256-512-512-512-10", device="h200", strategy="fsdp", world_size=2, batch_size=4,
+                   input_shape="256")
+    snapshot, _ = _written(est, tmp_path)
+    assert {entry["stream"] for entry in snapshot["device_traces"][0]} == {0, 1, 2}
+    _check_keys(snapshot)
+    _torch_helpers(snapshot)
+    _walk_back(snapshot)
+    assert _timeline_peak(snapshot) == est.tensor_bytes
+    assert _timeline_peak(snapshot, plot_segments=True) == est.reserved_bytes
+
+
 @pytest.mark.parametrize("name", ["mlp", "llama"])
 def test_recording_history_changes_nothing(name, request):
     """The history hook only appends: stats and segments are those of a replay without it, and the history's
