@@ -56,8 +56,9 @@ def _verdict(estimate: Any) -> str:
     """Fits or not, in the words of the text report's headline and --quiet (report/text.py verdict)."""
     fits, words = verdict(estimate)
     capacity = format_bytes(estimate.device.capacity_bytes)
-    said = (f"fits {estimate.device.name} ({capacity}), {words}" if fits
-            else f"DOES NOT FIT {estimate.device.name} ({capacity}): {words}")
+    rank = " per rank" if getattr(estimate, "parallel", None) is not None else ""
+    said = (f"fits {estimate.device.name} ({capacity}){rank}, {words}" if fits
+            else f"DOES NOT FIT {estimate.device.name} ({capacity}){rank}: {words}")
     return f'<div class="verdict {"fits" if fits else "nofit"}">{_e(said)}</div>'
 
 
@@ -81,11 +82,13 @@ def _summary(estimate: Any) -> str:
                    f'<td class="muted">{_e(note)}</td></tr>' for name, value, note in _peak_rows(estimate))
     where = f"Where: {_where(estimate)}"
     lean = " ".join(line.strip() for line in _lean_loop(estimate))
+    ranks = [line for line in _ranks_section(estimate) if line]  # many ranks: the text report's table of roles
     return (f"<h1>{_e(head[0] if head else estimate.model_name)}</h1>"
             f'<div class="setup">{_e(chr(10).join(head[1:]))}</div>'
             f"{_verdict(estimate)}<table><tr><th>peak memory</th><th class='num'>IEC</th>"
             f"<th class='num'>bytes</th><th></th></tr>{rows}</table><p>{_e(where)}</p>"
-            + (f"<p>{_e(lean)}</p>" if lean else ""))
+            + (f"<p>{_e(lean)}</p>" if lean else "")
+            + (f'<pre class="ranks">{_e(chr(10).join(ranks))}</pre>' if ranks else ""))
 
 
 # --- the timeline ----------------------------------------------------------------------------------------------
@@ -149,6 +152,11 @@ def _module_tree(owned: dict[str, int]) -> dict[str, Any]:
     return nodes
 
 
+def _natural(name: str) -> list[Any]:
+    """A sort key that puts layers.2 before layers.10 (ties in bytes are common among repeated blocks)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split(".")]
+
+
 def _tree_html(nodes: dict[str, Any], name: str, root_total: int, depth: int = 0) -> str:
     node = nodes[name]
     shown = module_label(name).rsplit(".", 1)[-1] if name else module_label(name)
@@ -159,7 +167,7 @@ def _tree_html(nodes: dict[str, Any], name: str, root_total: int, depth: int = 0
             f'<span class="muted">{_e(own)}</span>')
     if not node["children"]:
         return f'<div class="leaf" data-module="{_e(name)}" data-bytes="{node["total"]}">{line}</div>'
-    children = sorted(node["children"], key=lambda child: (-nodes[child]["total"], child))
+    children = sorted(node["children"], key=lambda child: (-nodes[child]["total"], _natural(child)))
     inner = "".join(_tree_html(nodes, child, root_total, depth + 1) for child in children)
     return (f'<details data-module="{_e(name)}" data-bytes="{node["total"]}"{" open" if depth < 2 else ""}>'
             f"<summary>{line}</summary>{inner}</details>")
@@ -191,7 +199,8 @@ def _breakdown_section(estimate: Any) -> str:
     parts = [[_e(k), _e(format_bytes(v)), f"{v:,} B"] for k, v in estimate.process_parts.items()]
     process = "Process memory (nvidia-smi)" if estimate.device.kind == "cuda" else "Process memory (peak RSS)"
     out = ["<h2>Breakdown at the peak</h2>",
-           _table(["category", "IEC", "bytes", "share"], rows, {1, 2, 3}, ["total", _e(format_bytes(total)), f"{total:,} B", ""]),
+           _table(["category", "IEC", "bytes", "share"], rows, {1, 2, 3},
+                  ["total", _e(format_bytes(total)), f"{total:,} B", ""]),
            *(f"<p>{_e(line.strip())}</p>" for line in _alive_note(estimate)),
            f"<h2>{process}</h2>", _table(["part", "IEC", "bytes"], parts, {1, 2})]
     if estimate.allocator:
@@ -202,9 +211,6 @@ def _breakdown_section(estimate: Any) -> str:
                    f"<li>segments at the allocated peak: {a.segments_at_peak} (large "
                    f"{_e(format_bytes(a.large_segment_bytes_at_peak))}, small "
                    f"{_e(format_bytes(a.small_segment_bytes_at_peak))})</li></ul>")
-    ranks = _ranks_section(estimate)
-    if ranks:
-        out.append(f"<h2>Per rank</h2><pre>{_e(chr(10).join(line for line in ranks if line))}</pre>")
     return "".join(out)
 
 

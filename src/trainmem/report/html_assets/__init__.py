@@ -41,7 +41,7 @@ CSS = """
 .tm .muted { color: #6a7282; }
 .tm ul { margin: 4px 0; padding-left: 22px; }
 .tm li { margin: 2px 0; }
-.tm pre { background: #f5f6f8; padding: 8px; overflow-x: auto; font-size: 12px; }
+.tm pre { background: #f5f6f8; padding: 8px; overflow-x: auto; font-size: 12px; white-space: pre-wrap; }
 """
 
 # The hover: a vertical cursor and a tooltip (op, module, phase, live bytes in all and by category) at the
@@ -72,7 +72,10 @@ JS = r"""
   }
   function row(table, colour, name, value) {
     var tr = table.insertRow(), a = tr.insertCell(), b = tr.insertCell();
-    if (colour) { var s = document.createElement("span"); s.className = "swatch"; s.style.background = colour; a.appendChild(s); }
+    if (colour) {
+      var s = document.createElement("span");
+      s.className = "swatch"; s.style.background = colour; a.appendChild(s);
+    }
     a.appendChild(document.createTextNode(name));
     b.className = "num"; b.textContent = units(value);
   }
@@ -114,7 +117,10 @@ JS = r"""
     if (s.x < g.left || s.x > g.left + g.width || s.y < g.top || s.y > g.top + g.height) { return -1; }
     return Math.min(n - 1, Math.floor((s.x - g.left) * n / g.width));
   }
-  svg.addEventListener("mousemove", function (event) { var i = pointAt(event); if (i < 0) { hide(); } else { show(i); } });
+  svg.addEventListener("mousemove", function (event) {
+    var i = pointAt(event);
+    if (i < 0) { hide(); } else { show(i); }
+  });
   svg.addEventListener("mouseleave", hide);
   svg.addEventListener("keydown", function (event) {
     if (event.key === "ArrowRight") { show(Math.min(n - 1, current + 1)); event.preventDefault(); }

@@ -112,26 +112,31 @@ def _bands(t: Any, scale: _Scale) -> list[str]:
         x0, x1 = scale.x(band.start), scale.x(band.stop)
         label = html.escape(f"{band.phase}, step {band.step}")
         out.append(f'<rect class="tm-band" data-phase="{html.escape(band.phase)}" x="{x0}" y="{TOP}" '
-                   f'width="{round(x1 - x0, 1)}" height="{PLOT_HEIGHT}" fill="{PHASE_FILLS.get(band.phase, "#f3f3f3")}">'
+                   f'width="{round(x1 - x0, 1)}" height="{PLOT_HEIGHT}" '
+                   f'fill="{PHASE_FILLS.get(band.phase, "#f3f3f3")}">'
                    f'<title>{label}</title></rect>')
         name = band.phase.replace("_", " ")
         if x1 - x0 > len(name) * CHAR_WIDTH + 6:  # named where the name fits
-            out.append(f'<text x="{round((x0 + x1) / 2, 1)}" y="{TOP - 6}" text-anchor="middle">{html.escape(name)}</text>')
+            out.append(f'<text x="{round((x0 + x1) / 2, 1)}" y="{TOP - 6}" text-anchor="middle">'
+                       f'{html.escape(name)}</text>')
     return out
 
 
 def _axes(scale: _Scale, ticks: list[tuple[float, str]], t: Any) -> list[str]:
-    out = [f'<line x1="{LEFT}" y1="{TOP + PLOT_HEIGHT}" x2="{SVG_WIDTH - RIGHT}" y2="{TOP + PLOT_HEIGHT}" stroke="#555"/>']
+    bottom = TOP + PLOT_HEIGHT
+    out = [f'<line x1="{LEFT}" y1="{bottom}" x2="{SVG_WIDTH - RIGHT}" y2="{bottom}" stroke="#555"/>']
     for value, label in ticks:
         y = scale.y(value)
-        out.append(f'<line x1="{LEFT}" y1="{y}" x2="{SVG_WIDTH - RIGHT}" y2="{y}" stroke="#000" stroke-opacity="0.08"/>')
+        out.append(f'<line x1="{LEFT}" y1="{y}" x2="{SVG_WIDTH - RIGHT}" y2="{y}" stroke="#000" '
+                   'stroke-opacity="0.08"/>')
         out.append(f'<text x="{LEFT - 6}" y="{y + 4}" text-anchor="end">{label}</text>')
     count = len(t.index)
     for k in range(5):
         position = min(count - 1, round(k * (count - 1) / 4)) if count else 0
         x = scale.x(position + 0.5)
-        out.append(f'<text x="{x}" y="{TOP + PLOT_HEIGHT + 15}" text-anchor="middle">{t.index[position] if count else 0}</text>')
-    out.append(f'<text x="{LEFT + scale.width / 2}" y="{TOP + PLOT_HEIGHT + 31}" text-anchor="middle">'
+        label = t.index[position] if count else 0
+        out.append(f'<text x="{x}" y="{bottom + 15}" text-anchor="middle">{label}</text>')
+    out.append(f'<text x="{LEFT + scale.width / 2}" y="{bottom + 31}" text-anchor="middle">'
                f'stream event (allocations and frees in order; {len(t.index):,} points of {t.events:,} events)</text>')
     return out
 
@@ -144,7 +149,8 @@ def _peak(t: Any, scale: _Scale) -> list[str]:
     return [f'<g class="tm-peak" data-peak-bytes="{t.peak_bytes}">',
             f'<line x1="{x}" y1="{TOP}" x2="{x}" y2="{TOP + PLOT_HEIGHT}" stroke="#b00020" stroke-dasharray="4 3"/>',
             f'<circle cx="{x}" cy="{y}" r="4" fill="#b00020"/>',
-            f'<text x="{x + dx}" y="{max(y - 8, TOP + 12)}" text-anchor="{anchor}" font-weight="600"{HALO}>{words}</text></g>']
+            f'<text x="{x + dx}" y="{max(y - 8, TOP + 12)}" text-anchor="{anchor}" font-weight="600"{HALO}>'
+            f'{words}</text></g>']
 
 
 def _capacity(t: Any, scale: _Scale, device_name: str) -> list[str]:
@@ -152,7 +158,8 @@ def _capacity(t: Any, scale: _Scale, device_name: str) -> list[str]:
     words = f"capacity {format_bytes(t.capacity_bytes)} ({device_name})"
     return [f'<line class="tm-capacity" x1="{LEFT}" y1="{y}" x2="{SVG_WIDTH - RIGHT}" y2="{y}" stroke="#8a1c1c" '
             f'stroke-width="1.5" stroke-dasharray="7 4"/>',
-            f'<text x="{SVG_WIDTH - RIGHT - 4}" y="{y - 5}" text-anchor="end" fill="#8a1c1c"{HALO}>{html.escape(words)}</text>']
+            f'<text x="{SVG_WIDTH - RIGHT - 4}" y="{y - 5 if y - TOP > 16 else y + 14}" text-anchor="end" '
+            f'fill="#8a1c1c"{HALO}>{html.escape(words)}</text>']  # below the line where the phase names are above
 
 
 def _capacity_words(t: Any, device_name: str) -> str:
@@ -179,7 +186,8 @@ def _legend(t: Any, y0: float, allocated_name: str, notes: list[str]) -> tuple[l
             out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="11" fill="{colour}"/>')
         else:
             dash = ' stroke-dasharray="5 3"' if kind == "dash" else ""
-            out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 14}" y2="{y - 4}" stroke="{colour}" stroke-width="1.5"{dash}/>')
+            out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 14}" y2="{y - 4}" stroke="{colour}" '
+                       f'stroke-width="1.5"{dash}/>')
         out.append(f'<text x="{x + 18}" y="{y}">{html.escape(words)}</text>')
         x += width
     for note in notes:
@@ -204,11 +212,13 @@ def timeline_svg(t: Any, device_name: str, allocated_name: str = "allocated", in
              + (' tabindex="0" focusable="true"' if interactive else "") + ">",
              "<title>Memory over the training step, stacked by category</title>",
              *_bands(t, scale), *_series(t, scale),
-             f'<path class="tm-allocated" d="{_line_path(scale, t.allocated)}" fill="none" stroke="#1d2330" stroke-width="1"/>']
+             f'<path class="tm-allocated" d="{_line_path(scale, t.allocated)}" fill="none" stroke="#1d2330" '
+             'stroke-width="1"/>']
     if t.reserved is not None:
         parts.append(f'<path class="tm-reserved" d="{_line_path(scale, t.reserved)}" fill="none" stroke="#1d2330" '
                      'stroke-width="1.2" stroke-dasharray="5 3"/>')
-    parts += [*_axes(scale, ticks, t), *(_capacity(t, scale, device_name) if on_scale else []), *_peak(t, scale), *legend]
+    parts += [*_axes(scale, ticks, t), *(_capacity(t, scale, device_name) if on_scale else []),
+              *_peak(t, scale), *legend]
     if interactive:  # the area the hover listens on, above everything drawn
         parts.append(f'<rect class="tm-hit" x="{LEFT}" y="{TOP}" width="{scale.width}" height="{PLOT_HEIGHT}" '
                      'fill="transparent"/>')
