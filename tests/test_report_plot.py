@@ -168,3 +168,24 @@ def test_peaks_plot_refuses_mismatched_series_and_extensions(tmp_path):
     assert error.value.where == "--sweep"
     with pytest.raises(TrainmemError, match=r"expected a \.png or \.svg file"):
         plot.write_peaks_plot(["a"], {"allocated": [1]}, {}, tmp_path / "p.jpg", "t")
+
+
+def test_downsampled_timeline_keeps_the_peak_and_ticks_name_round_events(gpu_estimate):
+    line = timeline(gpu_estimate, max_points=40)
+    assert len(line.index) == 40 < line.events
+    axes = plot.timeline_figure(gpu_estimate, max_points=40).axes[0]
+    assert max(_lines(axes)["allocated"].get_ydata()) == line.peak_bytes == gpu_estimate.allocated
+    positions = list(axes.get_xticks())
+    events = [int(t.get_text().replace(",", "")) for t in axes.get_xticklabels()]
+    assert positions == sorted(positions) and 0 <= positions[0] and positions[-1] <= len(line.index)
+    assert all(event % 5 == 0 for event in events) and len(events) >= 4, events
+    assert "drawn as 40 points" in axes.get_xlabel()
+
+
+def test_event_ticks_place_an_event_inside_the_point_that_holds_it():
+    from matplotlib import ticker  # noqa: F401 - the helper takes matplotlib's names as one object
+
+    positions, labels = plot._event_ticks((0, 3, 6, 9), plot._matplotlib())
+    where = dict(zip(labels, positions))
+    assert where["0"] == 0 and where["6"] == 2 and where["9"] == 3
+    assert all(abs(where[str(e)] - e / 3) < 1e-9 for e in range(10) if str(e) in where)

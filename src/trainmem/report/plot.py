@@ -216,7 +216,7 @@ def _event_ticks(index: tuple[int, ...], mpl: Any) -> tuple[list[float], list[st
     if not index:
         return [], []
     positions, labels = [], []
-    for event in mpl.ticker.MaxNLocator(nbins=10, integer=True).tick_values(0, index[-1]):
+    for event in mpl.ticker.MaxNLocator(nbins=10, steps=[1, 2, 2.5, 5, 10], integer=True).tick_values(0, index[-1]):
         event = int(event)
         if not index[0] <= event <= index[-1]:
             continue
