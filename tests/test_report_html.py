@@ -297,3 +297,23 @@ def test_unwritable_path(estimates):
     with pytest.raises(TrainmemError) as error:
         write_html(estimates["cpu"], "/proc/trainmem-report.html")
     assert error.value.where == "--html" and "could not write" in error.value.message
+
+
+def test_module_tree_sums_and_order():
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 32), nn.ReLU()),
+                          nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    est = trainmem.estimate(model, batch_size=4, input_shape="8")
+    owned = timeline(est).modules_at_peak
+    dom = _Dom(render_html(est))
+    nodes = [(e[1]["data-module"], int(e[1]["data-bytes"])) for e in dom.elements if "data-module" in e[1]]
+    total = dict(nodes)
+    assert len(total) == len(nodes) and "1.2" in total and "1" in total  # every ancestor is a node, once
+    parent = lambda name: name.rpartition(".")[0] if "." in name else ("" if name else None)  # noqa: E731
+    for name, nbytes in total.items():  # each node: what it owns plus what its children hold
+        assert nbytes == owned.get(name, 0) + sum(v for child, v in total.items() if parent(child) == name)
+    assert total[""] == sum(owned.values())
+    for name in total:  # siblings in document order: largest first
+        siblings = [v for child, v in nodes if parent(child) == name]
+        assert siblings == sorted(siblings, reverse=True)
