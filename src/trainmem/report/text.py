@@ -186,17 +186,21 @@ def _alive_note(est) -> list[str]:
     if saved <= 0 or alive == saved:
         return []
     phase, s = str(est.peak_phase), est.setup
+    if format_bytes(alive) == format_bytes(saved):  # equal at the report's precision: say the bytes
+        alive_words, saved_words = f"{alive:,} B", f"{saved:,} B"
+    else:
+        alive_words, saved_words = format_bytes(alive), format_bytes(saved)
     row = " (the activations row below, less the batch)" if any(
         r.what == "activations" for r in est.explanation.rows) else ""
     head = f"  The breakdown counts what is alive at the peak ({phase}, op {est.peak_op}): "
     if alive > saved:
-        return [f"{head}{format_bytes(alive)} of activations, more than the {format_bytes(saved)} forward saves for "
+        return [f"{head}{alive_words} of activations, more than the {saved_words} forward saves for "
                 f"backward{row}: the extra is made after backward begins (recomputed under checkpointing, another "
                 "micro-batch's forward) or held from the step before."]
     if phase in _AFTER_BACKWARD or (phase == "zero_grad" and str(s.loop) != "inline"):
-        return [f"{head}{format_bytes(alive)} of the {format_bytes(saved)} of activations forward saves for "
+        return [f"{head}{alive_words} of the {saved_words} of activations forward saves for "
                 f"backward{row}; the other {format_bytes(saved - alive)} was freed before it."]
-    words = f"{head}{format_bytes(alive)} of activations, where forward saves {format_bytes(saved)} for backward{row}"
+    words = f"{head}{alive_words} of activations, where forward saves {saved_words} for backward{row}"
     if s.grad_accum > 1 and phase in ("forward", "loss"):
         return [f"{words}; the peak falls in a micro-batch's {phase}: before its forward has saved them all, "
                 "or after an earlier micro-batch's were freed."]
