@@ -213,3 +213,22 @@ def test_other_renderers_keep_the_shared_table():
 
     assert keras_report._table is text._table
     assert text._table([["a", "1 B"], ["bb", "10 B"]], "lr") == ["  a    1 B", "  bb  10 B"]
+
+
+def test_an_estimate_with_its_own_report_keeps_it(est):
+    """cli.py calls render_text(result, colour=True) on a terminal: a subclass with its own report (KerasEstimate)
+    must still print that one."""
+    import dataclasses as dc
+
+    from trainmem.estimate.result import Estimate
+
+    @dc.dataclass(frozen=True)
+    class Own(Estimate):
+        def __str__(self) -> str:
+            return "its own report"
+
+    own = Own(**{f.name: getattr(est, f.name) for f in dc.fields(Estimate)})
+    assert render_text(own, colour=True) == "its own report"
+    from trainmem.estimate.keras_estimate import KerasEstimate
+
+    assert KerasEstimate.__str__ is not Estimate.__str__  # the class this guards

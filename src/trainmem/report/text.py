@@ -5,7 +5,7 @@ beside them; colour only when the caller asks for it (report/style.py decides wh
 from __future__ import annotations
 
 from trainmem.device_catalog import CAPACITY_FROM_DATASHEET
-from trainmem.estimate.result import module_label, step_label
+from trainmem.estimate.result import Estimate, module_label, step_label
 from trainmem.report.style import PLAIN, Style, table
 from trainmem.units import format_bytes
 
@@ -258,7 +258,11 @@ def _baselines_section(est, style: Style) -> list[str]:
 
 
 def render_text(est, colour: bool = False) -> str:
-    """The terminal report. Plain text unless `colour` (cli.py passes report.style.use_colour(sys.stdout))."""
+    """The terminal report. Plain text unless `colour` (cli.py passes report.style.use_colour(sys.stdout)).
+    An estimate whose class has a report of its own (KerasEstimate: estimate/keras_report.py) gets that one,
+    plain."""
+    if type(est).__str__ is not Estimate.__str__:
+        return str(est)
     style = Style(colour)
     out = [*_header(est, style), "", *_peak_section(est, style), *_ranks_section(est, style),
            "", f"{style.heading('Where')}: {_where(est)}", *_lean_loop(est),
