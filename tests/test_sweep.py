@@ -115,6 +115,8 @@ def test_refusals(capsys):
     assert code == 2 and err.startswith("trainmem: error: --devices: expected a second MODEL or --sweep")
     code, _, err = run(["compare", SMALL, WIDER, "--devices", "a100-41gb"], capsys)
     assert code == 2 and err.startswith("trainmem: error: --devices: expected a device among")
+    code, out, err = run(["compare", SMALL, "mlp:0-3"], capsys)  # a bad reference fails before any trace
+    assert code == 2 and out == "" and err.startswith("trainmem: error: MODEL: expected mlp:IN-HIDDEN")
     code, _, err = run(["compare", "hf:gpt2"], capsys)  # one model alone is still the PyTorch-vs-Keras comparison
     assert code == 2 and "expected mlp:… or a layer spec" in err
 
@@ -172,3 +174,10 @@ def test_progress_off_with_no_color_and_open_ended_on_a_terminal(monkeypatch):
         bar.total(5)
         bar.advance(5)
     assert hidden.getvalue() == ""
+
+
+def test_a_failed_configuration_is_listed_with_its_error():
+    result = sweep(SMALL, {"device": ["cpu", "a100-40gb"]}, alloc_conf="expandable_segments:True")
+    assert [row.status for row in result.rows] == ["failed", "estimated"]
+    assert "only with a GPU --device" in result.rows[0].error and result.to_dict()["failed"] == 1
+    assert "failed: device cpu: --device: expected" in str(result)

@@ -26,10 +26,11 @@ from trainmem.errors import SetupError, TrainmemError, quote, unknown_key
 from trainmem.setup import SETUP_KEYS, TrainingSetup
 from trainmem.sweep_result import DeviceBudget, LargestBatch, SweepResult, SweepRow
 
-# The most configurations one command estimates. Each is a whole trace and replay (one hf:gpt2 estimate at
-# seq-len 128 on this project's 2-core CI machine: 12 s, `time trainmem estimate hf:gpt2 --seq-len 128`),
-# so 64 is some 13 minutes of a model that size, and a table of 64 rows is still read on one screen; a
-# larger grid is more than one comparison (and a slip such as batch=1,…,1000 would run for hours).
+# The most configurations one command estimates. Each is a whole trace and replay: `time trainmem estimate
+# hf:gpt2 --seq-len 128` took 11.2 s of CPU (user; 30.8 s wall on a shared 2-core machine, 2026-12-04), two
+# traces with the lean-loop comparison estimate adds, so about 6 s a configuration of GPT-2's size. 64 is then
+# some 6 to 16 minutes, and a table of 64 rows still reads on one screen; a larger grid is more than one
+# comparison (and a slip such as batch=1,…,1000 would run for hours). --time-limit bounds the time as well.
 MAX_CONFIGURATIONS = 64
 # fit's own search limit (fit.fit's `limit`): the largest batch searched
 FIT_LIMIT = 1 << 24
@@ -245,6 +246,8 @@ def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets
 
     started = time.perf_counter()
     sources, largest, rows = _Sources(), _Largest(budgets), []
+    for config in {id(c.model): c for c in configurations}.values():  # one configuration per model
+        sources.of(config.model, config.setup)  # a reference that does not resolve fails now, before any trace
     with (progress or Progress("compare: configurations", unit="configuration")) as bar:
         bar.total(len(configurations))
         for config in configurations:
@@ -269,7 +272,7 @@ def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets
 # ---- the Python API ----------------------------------------------------------------------------------------
 
 
-def sweep(models: Any, over: Any = None, *, setup: TrainingSetup | None = None, device: str = "cpu",
+def sweep(models: Any, over: Any = None, *, setup: TrainingSetup | None = None, device: str | None = None,
           devices: Any = None, margin: float | None = None, time_limit: float | None = None,
           max_configurations: int = MAX_CONFIGURATIONS, progress: Any = None, **setup_values: Any) -> SweepResult:
     """Estimate every model (a reference or a list of them) at every combination of the swept values.
@@ -283,15 +286,18 @@ def sweep(models: Any, over: Any = None, *, setup: TrainingSetup | None = None, 
     if not models:
         raise SetupError("expected at least one model, got none", where="sweep()")
     axes = parse_sweep(over, _text_converters(over), where="sweep()")
+    for axis in axes:
+        if axis.key in setup_values or (axis.key == "device" and device is not None):
+            raise SetupError(f"expected {axis.key}= or a sweep over {axis.shown}, got both", where="sweep()")
     check_count(models, axes, max_configurations, where="sweep()")
     budgets = device_budgets(devices, margin)
+    fixed_run = {"device": device or "cpu", **{k: setup_values.pop(k) for k in list(setup_values) if k in RUN_KEYS}}
     base = _base_values(setup, setup_values)
     configs = []
     for model, picked in grid(models, axes):
         chosen = {axis.key: axis.values[index] for axis, index in picked}
-        run_values = {k: v for k, v in {"device": device, **chosen}.items() if k in RUN_KEYS}
-        setup_values_here = {**base, **{k: v for k, v in chosen.items() if k not in RUN_KEYS}}
-        built = _setup_from(setup_values_here, picked)
+        run_values = {**fixed_run, **{k: v for k, v in chosen.items() if k in RUN_KEYS}}
+        built = _setup_from({**base, **{k: v for k, v in chosen.items() if k not in RUN_KEYS}}, picked)
         configs.append(Configuration(model, label_of(model, len(models) > 1, picked), built,
                                      run_values.pop("device"), run_values))
     columns = (["model"] if len(models) > 1 else []) + [axis.shown for axis in axes]
