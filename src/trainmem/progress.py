@@ -76,9 +76,3 @@ class Progress:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-class Silent(Progress):
-    """A bar that never shows: for work inside a bigger job that has its own bar."""
-
-    def __init__(self) -> None:
-        super().__init__("", enabled=False)

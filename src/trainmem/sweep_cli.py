@@ -51,7 +51,7 @@ def add_compare_flags(parser: argparse.ArgumentParser) -> None:
         "not reached are listed as not evaluated (default: none)")
     if "--plot" not in parser._option_string_actions:  # noqa: SLF001 - estimate's --plot may be shared one day
         add("--plot", metavar="FILE.png|svg", help="configurations: also draw their peaks to FILE (needs "
-            "matplotlib: pip install 'trainmem[plot]')")
+            "matplotlib: pip install 'trainmem[plot]') (default: none)")
 
 
 def compares_configurations(options: Any) -> bool:
