@@ -42,7 +42,9 @@ def _timeline_or_none(estimate: Any, max_points: int) -> tuple[Any, str]:
     from trainmem.report.timeline import timeline
 
     if getattr(estimate, "replay_input", None) is None:
-        return None, "no timeline: this estimate keeps no allocator replay (Keras estimates keep none)"
+        keras = getattr(estimate, "framework", "") == "keras"
+        return None, ("no timeline for Keras estimates: they keep no allocator replay" if keras
+                      else "no timeline: this estimate keeps no allocator replay")
     return timeline(estimate, max_points=max_points), ""
 
 
@@ -246,7 +248,9 @@ def render_html(estimate: Any) -> str:
 
     t, why = _timeline_or_none(estimate, PAGE_POINTS)
     if t is None:
-        raise TrainmemError(f"expected a PyTorch estimate, got one without a timeline ({why})", where=WHERE)
+        got = "a Keras estimate" if getattr(estimate, "framework", "") == "keras" else "an estimate"
+        raise TrainmemError(f"expected a PyTorch estimate (its allocator replay draws the timeline), got {got} "
+                            "that keeps none", where=WHERE)
     data = _point_data(t, _allocated_name(estimate))
     body = "".join([_summary(estimate), _timeline_section(estimate, t, interactive=True), _modules_section(t),
                     _breakdown_section(estimate), _explanation_section(estimate), _warnings_section(estimate)])
@@ -264,9 +268,10 @@ def render_html(estimate: Any) -> str:
 def notebook_html(estimate: Any) -> str:
     """A notebook cell's view: the summary and the timeline as SVG, no script (Jupyter may not run one)."""
     t, why = _timeline_or_none(estimate, NOTEBOOK_POINTS)
-    chart = (_timeline_section(estimate, t, interactive=False) if t is not None
-             else f"<p class='muted'>{_e(why)}</p>")
-    return f'<div class="tm"><style>{CSS}</style>{_summary(estimate)}{chart}</div>'
+    if t is None:  # a Keras estimate: its own text report (estimate/keras_report.py), whose figures are TensorFlow's
+        return f'<div class="tm"><style>{CSS}</style><pre>{_e(str(estimate))}</pre><p class="muted">{_e(why)}</p></div>'
+    return (f'<div class="tm"><style>{CSS}</style>{_summary(estimate)}'
+            f"{_timeline_section(estimate, t, interactive=False)}</div>")
 
 
 def write_html(estimate: Any, path: str | os.PathLike) -> None:
