@@ -212,6 +212,28 @@ def test_dom_after_the_script(estimates, target, tmp_path):
 
 
 @needs_chromium
+def test_the_mouse_moves_the_cursor(estimates, tmp_path):
+    """A mousemove over the chart, dispatched where a point's column is drawn, shows that point: the hover's
+    own mapping from the screen to the drawing (getScreenCTM), not the #point= shortcut."""
+    est = estimates["gpu"]
+    t = timeline(est)
+    wanted = len(t.index) // 3
+    page = tmp_path / "report.html"
+    mouse = f"""<script>(function () {{
+      var svg = document.querySelector("svg.tm-timeline"), box = svg.getBoundingClientRect();
+      var g = JSON.parse(document.getElementById("tm-data").textContent).geometry, scale = box.width / g.svg_width;
+      var x = box.left + (g.left + ({wanted} + 0.5) * g.width / {len(t.index)}) * scale;
+      var y = box.top + (g.top + g.height / 2) * scale;
+      svg.dispatchEvent(new MouseEvent("mousemove", {{clientX: x, clientY: y, bubbles: true}}));
+    }})();</script></body>"""
+    page.write_text(render_html(est).replace("</body>", mouse))
+    dumped, _ = _chromium(page, tmp_path, ["--dump-dom"])
+    [tip] = _Dom(dumped).find("div", id="tm-tooltip")
+    assert "display: block" in tip[1].get("style", "")
+    assert tip[2].startswith(f"event {t.index[wanted]} of {t.events} · step {t.step[wanted]} · {t.phase[wanted]}")
+
+
+@needs_chromium
 def test_the_net_log_sees_a_page_request(tmp_path):
     """The control: a page that does load something shows it in the net log, as the report's page would."""
     page = tmp_path / "control.html"
