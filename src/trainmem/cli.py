@@ -31,7 +31,8 @@ INTERRUPTED_LINE = b"trainmem: interrupted\n"
 # from "given as the default": a file's device is overridden only by a --device the user typed).
 RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
                                 "max_seq": False, "margin": None, "framework": "auto", "keras_backend": None,
-                                "tf_memory": None}
+                                "tf_memory": None, "plot": None, "html": None, "memory_snapshot": None,
+                                "snapshot_max_entries": None, "quiet": False}
 _NOT_OPTIONS = {"command", "model", "setup", "debug"}
 # measure --runs starts one fresh process per run (seconds each, the model's memory each): the median
 # of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
@@ -176,6 +177,23 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """What else an estimate writes besides its report on stdout (report/)."""
+    from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
+
+    parser.add_argument("--plot", metavar="FILE.png|svg", help="also draw memory over the training step, stacked by "
+                        "category, to FILE (needs matplotlib: pip install 'trainmem[plot]') (default: none)")
+    parser.add_argument("--html", metavar="FILE.html", help="also write a self-contained HTML report (interactive "
+                        "timeline, per-module tree, breakdown, assumptions; no network needed to view it) (default: none)")
+    parser.add_argument("--memory-snapshot", metavar="FILE.pickle", help="GPU devices: also write the simulated "
+                        "allocator's history as torch.cuda.memory._dump_snapshot does, for PyTorch's memory_viz (default: none)")
+    parser.add_argument("--snapshot-max-entries", type=int, metavar="N", help="keep at most N trace entries in "
+                        f"--memory-snapshot, those around the peak (default: {DEFAULT_MAX_ENTRIES:,})")
+    parser.add_argument("--quiet", action="store_true", default=None,
+                        help="print the one-line answer only, e.g. 'peak 3.1 GiB (fits a100-40gb, 36.9 GiB free)' "
+                        "(default: off)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     references = _references_help()
@@ -189,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate = add("estimate", "estimate training memory")
     _add_setup_flags(estimate)
     add_parallel_flags(estimate)
+    _add_output_flags(estimate)
     measure = add("measure", "run the steps for real and compare with the estimate")
     _add_setup_flags(measure)
     add_parallel_flags(measure)
@@ -202,8 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
                      "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
-    _add_setup_flags(add("compare", "the same mlp: or layer-spec model in PyTorch and in Keras on TensorFlow, side "
-                         "by side, each difference explained"))
+    from trainmem.sweep_cli import COMPARE_DESCRIPTION, COMPARE_HELP, add_compare_flags
+
+    compare = add("compare", COMPARE_HELP)
+    compare.description = COMPARE_DESCRIPTION
+    _add_setup_flags(compare)
+    add_parallel_flags(compare)
+    add_compare_flags(compare)
     from trainmem.plan.command import add_plan_command
 
     add_plan_command(commands, _add_setup_flags)
@@ -290,6 +314,7 @@ def _check_run_options(options: Options, command: str) -> list[str]:
     if options.runs > MAX_RUNS:
         raise TrainmemError(f"expected at most {MAX_RUNS} runs, got {options.runs:,}", where=where("runs"))
     _check_framework_options(options, where)
+    _check_output_options(options)
     device = options.device
     try:
         gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
@@ -345,8 +370,70 @@ def _estimate(options: Options, setup: Any) -> Outcome:
 
     result = estimate(options.model, setup=setup, device=options.device, depth=options.depth,
                       compare_loop=True, **_framework_options(options), **_gpu_options(options))
-    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
-    return Outcome(text, EXIT_OK if result.fits else EXIT_DOES_NOT_FIT, _trace_warnings(result.warnings, options.format))
+    written = _write_outputs(result, options)
+    if options.quiet:
+        from trainmem.report.text import render_quiet
+
+        text = render_quiet(result)
+    elif options.format == "json":
+        text = json.dumps(result.to_dict(), indent=2)
+    elif options.values.get("colour"):
+        from trainmem.report.text import render_text
+
+        text = render_text(result, colour=True)
+    else:
+        text = str(result)
+    return Outcome(text, EXIT_OK if result.fits else EXIT_DOES_NOT_FIT,
+                   _trace_warnings(result.warnings, options.format) + written)
+
+
+def _write_outputs(result: Any, options: Options) -> tuple[str, ...]:
+    """--plot, --html and --memory-snapshot: each file written, one stderr line each (what was cut, if anything)."""
+    lines = []
+    if options.plot:
+        from trainmem.report.plot import write_timeline_plot
+
+        write_timeline_plot(result, options.plot)
+        lines.append(f"trainmem: wrote the timeline plot to {options.plot}")
+    if options.html:
+        from trainmem.report.html import write_html
+
+        write_html(result, options.html)
+        lines.append(f"trainmem: wrote the HTML report to {options.html}")
+    if options.memory_snapshot:
+        from trainmem.report.memviz import write_snapshot
+        from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
+
+        limit = options.snapshot_max_entries or DEFAULT_MAX_ENTRIES
+        note = write_snapshot(result, options.memory_snapshot, limit)
+        lines.append(f"trainmem: wrote the memory snapshot to {options.memory_snapshot}" + (f" ({note})" if note else ""))
+    return tuple(lines)
+
+
+def _check_output_options(options: Options) -> None:
+    """The output files' names and the snapshot's cap, checked before anything is traced."""
+    where = lambda key: options.origins.get(key, f"--{key.replace('_', '-')}")  # noqa: E731
+    for key, suffixes in (("plot", (".png", ".svg")), ("html", (".html", ".htm")), ("memory_snapshot", None)):
+        path = options.values[key]
+        if path is None:
+            continue
+        if not isinstance(path, str) or not path.strip():
+            raise TrainmemError(f"expected a file name, got {quote(path)}", where=where(key))
+        if suffixes and not path.lower().endswith(suffixes):
+            raise TrainmemError(f"expected a file name ending in {' or '.join(suffixes)}, got {quote(path)}",
+                                where=where(key))
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise TrainmemError(f"expected a file in an existing folder, got {quote(path)} ({folder} does not "
+                                "exist)", where=where(key))
+        if os.path.isdir(path):
+            raise TrainmemError(f"expected a file name, got the folder {quote(path)}", where=where(key))
+    limit = options.snapshot_max_entries
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise TrainmemError(f"expected a whole number of at least 1, got {quote(limit)}",
+                            where=where("snapshot_max_entries"))
+    if options.quiet and options.given.get("format") == "json":
+        raise TrainmemError("expected --quiet or --format json, got both", where=where("quiet"))
 
 
 def _fit(options: Options, setup: Any) -> Outcome:
@@ -368,8 +455,13 @@ def _framework_options(options: Options) -> dict[str, Any]:
 
 
 def _compare(options: Options, setup: Any) -> Outcome:
+    """Configurations (a second MODEL or --sweep: sweep_cli.py), else one model in PyTorch and in Keras."""
     from trainmem.compare import compare
+    from trainmem.sweep_cli import compares_configurations, refuse_configuration_flags, run_compare
 
+    if compares_configurations(options):
+        return run_compare(options)
+    refuse_configuration_flags(options)
     result = compare(options.model, setup, options.device, tf_memory=options.tf_memory)
     return Outcome(json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result), EXIT_OK)
 
@@ -458,6 +550,7 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ou
     options.values["model"] = args.model
     warnings = _check_run_options(options, args.command)
     setup = setup_from_options(options)
+    options.values["colour"] = _stdout_wants_colour()  # read before stdout is pointed at stderr below
     with _user_output_to_stderr():
         try:
             outcome = _COMMANDS[args.command](options, setup)
@@ -465,6 +558,13 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ou
             raise TrainmemError(f"expected the model's code to return, it called sys.exit({quote(stop.code)})",
                                 where=args.model) from None
     return dataclasses.replace(outcome, warnings=tuple(warnings) + outcome.warnings)
+
+
+def _stdout_wants_colour() -> bool:
+    """Colour on a terminal only, never with NO_COLOR set (report/style.py)."""
+    from trainmem.report.style import use_colour
+
+    return use_colour(sys.stdout)
 
 
 # ---- the process: stdout, Ctrl-C, errors -----------------------------------------------------------------

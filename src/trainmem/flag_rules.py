@@ -136,6 +136,20 @@ RULES: tuple[FlagRule, ...] = (
     FlagRule("max_seq", lambda run: run.command == "fit", WARN, "only trainmem fit searches"),
     FlagRule("runs", lambda run: run.command == "measure", WARN, "only trainmem measure runs the steps"),
     FlagRule("force", lambda run: run.command == "measure", WARN, "only trainmem measure runs the steps"),
+    # the estimate's extra outputs (report/): they draw the allocator replay of a PyTorch trace
+    FlagRule("plot", lambda run: run.command in ("estimate", "compare"), WARN,
+             "only trainmem estimate and compare draw plots"),
+    *(FlagRule(key, lambda run: run.command == "estimate", WARN, f"only trainmem estimate writes --{flag}")
+      for key, flag in (("html", "html"), ("memory_snapshot", "memory-snapshot"),
+                        ("snapshot_max_entries", "snapshot-max-entries"), ("quiet", "quiet"))),
+    *(FlagRule(key, lambda run: run.command != "estimate" or not keras_run(run), REFUSE,
+               f"a PyTorch model (--{flag} draws the replay of a PyTorch trace; a Keras estimate keeps none)",
+               lambda run: f"the Keras model {quote(run.model)}")
+      for key, flag in (("plot", "plot"), ("html", "html"), ("memory_snapshot", "memory-snapshot"))),
+    FlagRule("memory_snapshot", lambda run: run.on_gpu, REFUSE, "a GPU --device (a memory snapshot is the "
+             "history of PyTorch's CUDA caching allocator, as memory_viz reads it)", _DEVICE_CPU),
+    FlagRule("snapshot_max_entries", lambda run: run.given("memory_snapshot"), WARN,
+             "it caps --memory-snapshot, which was not given"),
 )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from trainmem.alloc.replay import ReplayResult
 from trainmem.baselines import baselines
 from trainmem.devices import Device
-from trainmem.estimate.result import AllocatorSummary, Estimate, ModuleRow
+from trainmem.estimate.result import AllocatorSummary, Estimate, ModuleRow, ReplayInput
 from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
 from trainmem.targets import Target
@@ -42,7 +42,8 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
         baselines=baselines(traced, setup, replayed.allocated, target.allocated_name),
         process_high=process.high, quantized_parameters=traced.quantized_parameters,
         adapter_parameters=traced.adapter_parameters, quantized_storage_bytes=traced.quantized_storage_bytes,
-        resolved=traced.resolved)
+        resolved=traced.resolved,
+        replay_input=ReplayInput(tuple(stream.events), allocator, device.capacity_bytes))
 
 
 def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:

@@ -87,6 +87,16 @@ class RankEstimate:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplayInput:
+    """What the allocator replayed, kept so that the timeline, the plot, the HTML report and the memory_viz
+    snapshot (report/) can replay it again, point by point. Never part of to_dict()."""
+
+    events: tuple  # the target's DeviceEvent stream, exactly as the allocator replayed it
+    allocator: Any  # the alloc.replay Allocator (CpuTensorAllocator | CudaAllocator)
+    capacity_bytes: int  # the device's capacity
+
+
+@dataclasses.dataclass(frozen=True)
 class Estimate:
     """The answer: peaks, what is alive at the peak, where it happens, and why.
     Prints itself as the terminal report; `to_dict()` gives the JSON of DESIGN.md."""
@@ -124,6 +134,8 @@ class Estimate:
     # many ranks (estimate/distributed.py): one row per distinct rank role; this Estimate is the most loaded's
     ranks: tuple[RankEstimate, ...] = ()
     parallel: dict[str, Any] | None = None  # layout, most_loaded, spread_bytes, host RAM, notes, cross_checks
+    # the stream and allocator behind the figures (None for Keras estimates); many ranks: the most loaded's
+    replay_input: ReplayInput | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def process_bytes_high(self) -> int:
@@ -176,3 +188,13 @@ class Estimate:
         from trainmem.report.text import render_text
 
         return render_text(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's pretty printer: the text report, not the dataclass's fields."""
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the summary and the timeline as inline SVG (report/html.py)."""
+        from trainmem.report.html import notebook_html
+
+        return notebook_html(self)
