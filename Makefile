@@ -38,11 +38,18 @@ $(VISION)/.ready: pyproject.toml
 	$(VISION)/bin/pip install --quiet -e .
 	touch $@
 
+# Debian's chromium opens the HTML report headless in tests/test_report_html.py (the page is drawn, makes no
+# network request); installed once, when it is missing, from Debian's archive
+CHROMIUM_READY := .chromium-ready
+$(CHROMIUM_READY):
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+	touch $@
+
 .PHONY: demo test bench coverage compat
 demo: $(VENV)/.demo-ready
 	$(BIN)/trainmem estimate mlp:1000-100-100-100-100-10 --input-shape 1000 --batch-size 256 --optimizer adam
 
-test: $(VENV)/.test-ready $(VISION)/.ready
+test: $(VENV)/.test-ready $(VISION)/.ready $(CHROMIUM_READY)
 	$(BIN)/python -m pytest
 	$(VISION)/bin/python -m pytest tests/test_vision.py tests/test_install.py
 
