@@ -193,7 +193,8 @@ def test_registry_refuses_duplicates_on_its_own():
 
 def test_cpu_info_reads_this_process_once_and_refuses_no_threads():
     here = CpuInfo.this_machine()
-    assert here == CpuInfo(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())
+    assert here == CpuInfo(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
+                           avx512_bf16=torch.cpu._is_avx512_bf16_supported())
     with pytest.raises(ValueError, match="at least one thread"):
         CpuInfo("AVX512", 0)
 
