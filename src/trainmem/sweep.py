@@ -82,7 +82,7 @@ def parse_sweep(items: Any, converters: Mapping[str, Callable[[str], Any]], wher
                               "precision, loop, optimizer, checkpointing, grad_accum, seq_len, device, …")
         if key in axes:
             raise SetupError(f"expected each key swept once, got {typed} twice", where=blame)
-        axes[key] = _axis(key, typed, values, converters, blame)
+        axes[key] = _axis(key, typed, values, converters, blame, where)
     return list(axes.values())
 
 
@@ -93,7 +93,8 @@ def _split_item(item: str, where: str) -> tuple[str, str]:
     return key, values
 
 
-def _axis(key: str, typed: str, values: Any, converters: Mapping[str, Callable[[str], Any]], blame: str) -> Axis:
+def _axis(key: str, typed: str, values: Any, converters: Mapping[str, Callable[[str], Any]], blame: str,
+          where: str) -> Axis:
     if isinstance(values, str):
         if key in TEXT_REFUSED:
             raise SetupError(f"expected a key whose values hold no commas on the command line, got {typed} (sweep "
@@ -102,7 +103,7 @@ def _axis(key: str, typed: str, values: Any, converters: Mapping[str, Callable[[
         if not all(texts):
             raise SetupError("expected values separated by single commas, got an empty value", where=blame)
         convert = converters.get(key, str)
-        converted = [_convert(convert, text, blame) for text in texts]
+        converted = [_convert(convert, text, f"{where} {typed}={text}") for text in texts]
     elif isinstance(values, Sequence) and not isinstance(values, (bytes, bytearray)):
         converted, texts = list(values), [str(value) for value in values]
     else:
@@ -244,6 +245,9 @@ def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets
     from trainmem.estimate import estimate
     from trainmem.progress import Progress
 
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not time_limit > 0):
+        raise SetupError(f"expected seconds above 0, got {quote(time_limit)}", where="--time-limit")
     started = time.perf_counter()
     sources, largest, rows = _Sources(), _Largest(budgets), []
     for config in {id(c.model): c for c in configurations}.values():  # one configuration per model

@@ -56,7 +56,7 @@ class SweepRow:
 
     @property
     def text_label(self) -> str:
-        return ", ".join(f"{column} {value}" for column, value in self.label)
+        return ", ".join(value if column == "model" else f"{column} {value}" for column, value in self.label)
 
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
