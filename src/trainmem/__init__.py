@@ -8,6 +8,8 @@ from trainmem.fit import FitResult, fit
 from trainmem.parallel.layout import ParallelLayout
 from trainmem.plan import PlanResult, plan
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
+from trainmem.sweep_result import SweepResult
+from trainmem.sweep import compare_setups, sweep  # noqa: E402 - after the result type; `trainmem.sweep` is the function
 
 __version__ = "0.1.0"
 
@@ -23,11 +25,14 @@ __all__ = [
     "ParallelLayout",
     "PlanResult",
     "Precision",
+    "SweepResult",
     "TrainingSetup",
     "TrainmemError",
     "__version__",
     "compare",
+    "compare_setups",
     "estimate",
     "fit",
     "plan",
+    "sweep",
 ]

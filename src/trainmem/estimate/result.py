@@ -189,6 +189,32 @@ class Estimate:
 
         return render_text(self)
 
+    def timeline(self, max_points: int = 4000) -> Any:
+        """Memory over the step, point by point (report/timeline.py): what the plot and the HTML report draw."""
+        from trainmem.report.timeline import timeline
+
+        return timeline(self, max_points)
+
+    def write_plot(self, path: str) -> None:
+        """The timeline as a PNG or SVG, as `--plot` draws it (needs matplotlib)."""
+        from trainmem.report.plot import write_timeline_plot
+
+        write_timeline_plot(self, path)
+
+    def write_html(self, path: str) -> None:
+        """The self-contained HTML report, as `--html` writes it."""
+        from trainmem.report.html import write_html
+
+        write_html(self, path)
+
+    def write_memory_snapshot(self, path: str, max_entries: int | None = None) -> str:
+        """The simulated allocator's history for PyTorch's memory_viz, as `--memory-snapshot` writes it; returns
+        what was cut ("" when nothing)."""
+        from trainmem.report.memviz import write_snapshot
+        from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
+
+        return write_snapshot(self, path, max_entries or DEFAULT_MAX_ENTRIES)
+
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython's pretty printer: the text report, not the dataclass's fields."""
         printer.text(str(self))
