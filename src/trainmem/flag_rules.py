@@ -148,6 +148,9 @@ RULES: tuple[FlagRule, ...] = (
       for key, flag in (("plot", "plot"), ("html", "html"), ("memory_snapshot", "memory-snapshot"))),
     FlagRule("memory_snapshot", lambda run: run.on_gpu, REFUSE, "a GPU --device (a memory snapshot is the "
              "history of PyTorch's CUDA caching allocator, as memory_viz reads it)", _DEVICE_CPU),
+    # compare's own options, in a --setup file shared with another command
+    FlagRule("sweep", lambda run: run.command == "compare", WARN, "only trainmem compare sweeps"),
+    FlagRule("devices", lambda run: run.command == "compare", WARN, "only trainmem compare searches per device"),
     FlagRule("snapshot_max_entries", lambda run: run.given("memory_snapshot"), WARN,
              "it caps --memory-snapshot, which was not given"),
 )
