@@ -181,3 +181,18 @@ def test_a_failed_configuration_is_listed_with_its_error():
     assert [row.status for row in result.rows] == ["failed", "estimated"]
     assert "only with a GPU --device" in result.rows[0].error and result.to_dict()["failed"] == 1
     assert "failed: device cpu: --device: expected" in str(result)
+
+
+def test_margin_with_devices_and_warnings_elsewhere(tmp_path, capsys):
+    code, out, err = run(["compare", SMALL, WIDER, "--devices", "a100-40gb", "--margin", "0.5", "--format", "json"],
+                         capsys)
+    assert code == 0 and "warning" not in err, err
+    (device,) = json.loads(out)["devices"]
+    assert device["margin"] == 0.5 and device["budget_bytes"] == device["capacity_bytes"] // 2
+    code, _, err = run(["compare", SMALL, WIDER, "--margin", "0.5"], capsys)  # no --devices: nothing to keep
+    assert code == 0 and "warning: --margin: ignored" in err
+    setup = tmp_path / "shared.toml"  # a file shared with estimate may hold compare's keys: warned, not used
+    setup.write_text('sweep = ["batch=1,2"]\ndevices = "a100-40gb"\n')
+    code, _, err = run(["estimate", SMALL, "--setup", str(setup), "--quiet"], capsys)
+    assert code == 0 and f"warning: {setup}: sweep: ignored: only trainmem compare sweeps" in err
+    assert f"warning: {setup}: devices: ignored" in err

@@ -47,6 +47,8 @@ def add_compare_flags(parser: argparse.ArgumentParser) -> None:
         "(default: none)")
     add("--devices", metavar="D1,D2", help="devices to find the largest batch that fits, for each configuration "
         "(devices: `trainmem devices`) (default: none)")
+    add("--margin", help="with --devices: fraction of each device's capacity to keep free, 0 ≤ m < 1 (default: "
+        "fit's, the measured worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
     add("--time-limit", type=float, metavar="SECONDS", help="stop estimating after this long; the configurations "
         "not reached are listed as not evaluated (default: none)")
     if "--plot" not in parser._option_string_actions:  # noqa: SLF001 - estimate's --plot may be shared one day
@@ -158,7 +160,7 @@ def run_compare(options: Any):
 
     limit = _time_limit(options)
     configs, columns, warnings = configurations(options)
-    budgets = device_budgets(options.values.get("devices"), None)
+    budgets = device_budgets(options.values.get("devices"), options.values.get("margin"))
     result = run(configs, columns, budgets, limit, warnings=warnings)
     written = []
     if options.values.get("plot"):

@@ -135,8 +135,8 @@ class SweepResult:
             budgets = ", ".join(f"{b.name} {format_bytes(b.budget_bytes)} of {format_bytes(b.device.capacity_bytes)}"
                                 for b in self.devices)
             notes.append(f"largest batch: trainmem fit's search on each device; a batch fits when its high estimate "
-                         f"is within the capacity less fit's margin: {budgets}; '+': the search's limit fits")
-            margins = {f"{b.margin:.0%}: {b.margin_source}" for b in self.devices}
+                         f"is within the capacity less the margin: {budgets}; '+': the search's limit fits")
+            margins = {f"{b.margin:.0%} from {b.margin_source}" for b in self.devices}
             notes += [f"margin {margin}" for margin in sorted(margins)]
         skipped = sum(row.status == "not evaluated" for row in self.rows)
         if skipped:
