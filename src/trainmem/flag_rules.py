@@ -132,8 +132,10 @@ RULES: tuple[FlagRule, ...] = (
     FlagRule("depth", lambda run: run.command == "estimate" or (run.command == "measure" and not run.on_gpu),
              WARN, "only the estimate's report has per-module rows"),
     # a --setup file shared between commands may hold another command's options
-    FlagRule("margin", lambda run: run.command in ("fit", "plan") or (run.command == "compare" and run.given("devices")),
-             WARN, "only trainmem fit, plan and compare --devices keep a margin"),
+    FlagRule("margin", lambda run: run.command in ("fit", "plan", "compare"), WARN,
+             "only trainmem fit and plan keep a margin"),
+    FlagRule("margin", lambda run: run.command != "compare" or run.given("devices"), WARN,
+             "trainmem compare keeps a margin on the --devices it searches, and none was given"),
     FlagRule("sweep", lambda run: run.command == "compare", WARN, "only trainmem compare sweeps"),
     FlagRule("devices", lambda run: run.command == "compare", WARN, "only trainmem compare searches --devices"),
     FlagRule("max_seq", lambda run: run.command == "fit", WARN, "only trainmem fit searches"),
