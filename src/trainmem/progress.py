@@ -44,7 +44,8 @@ class Progress:
         except ImportError:
             self._line()
             return
-        self._bar = tqdm(total=count, desc=self.what, file=self.stream, leave=False, unit=self.unit)
+        # tqdm writes "{n}{unit}": a leading space reads "7 candidates" rather than "7candidate"
+        self._bar = tqdm(total=count, desc=self.what, file=self.stream, leave=False, unit=f" {self.unit}s")
 
     def advance(self, n: int = 1) -> None:
         self.done += n
