@@ -196,3 +196,15 @@ def test_margin_with_devices_and_warnings_elsewhere(tmp_path, capsys):
     code, _, err = run(["estimate", SMALL, "--setup", str(setup), "--quiet"], capsys)
     assert code == 0 and f"warning: {setup}: sweep: ignored: only trainmem compare sweeps" in err
     assert f"warning: {setup}: devices: ignored" in err
+
+
+def test_a_device_that_cannot_run_a_configuration_leaves_the_row_and_the_other_devices():
+    """bf16-mixed on a T4 (compute capability 7.5) is refused by the setup's own rules: that one cell says
+    n/a with the reason, the configuration's figures and the A100's answer stand."""
+    result = sweep(SMALL, {"precision": ["bf16-mixed"]}, device="a100-40gb", devices="a100-40gb,t4")
+    (row,) = result.rows
+    assert row.status != "failed" and row.estimate is not None
+    assert row.largest["a100-40gb"].best is not None and not row.largest["a100-40gb"].error
+    assert row.largest["t4"].text() == "n/a" and "compute capability" in row.largest["t4"].error
+    assert "n/a: " in str(result) and "t4" in str(result)
+    assert "error" in result.to_dict()["rows"][0]["largest_batch"]["t4"]

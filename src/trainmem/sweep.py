@@ -201,7 +201,11 @@ class _Largest:
         for budget in self.budgets:
             key = (id(source), setup_key, budget.name, repr(sorted(target_options.items())))
             if key not in self.answers:
-                self.answers[key] = self._search(config, source, setup_key, budget, target_options)
+                try:
+                    self.answers[key] = self._search(config, source, setup_key, budget, target_options)
+                except TrainmemError as error:  # this device cannot run the configuration (bf16 on a T4): the
+                    # configuration's own figures and the other devices' answers stand
+                    self.answers[key] = LargestBatch(None, None, "", str(error))
             out[budget.name] = self.answers[key]
         return out
 

@@ -33,14 +33,18 @@ class LargestBatch:
     best: int | None  # the largest batch that fits (None: not even 1)
     first_miss: int | None  # the smallest found not to fit (None: the search's limit fits)
     how: str  # fit's words: which batch sizes were traced and which predicted
+    error: str = ""  # why this device could not be searched (e.g. bf16 on a card without it); the row stands
 
     def text(self) -> str:
+        if self.error:
+            return "n/a"
         if self.best is None:
             return "none"
         return f"{self.best:,}" + ("+" if self.first_miss is None else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "first_miss": self.first_miss, "how": self.how}
+        return {"best": self.best, "first_miss": self.first_miss, "how": self.how,
+                **({"error": self.error} if self.error else {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,8 @@ class SweepResult:
             notes.append(f"{skipped} configuration{'s' * (skipped != 1)} not evaluated: the time limit "
                          f"({self.time_limit:g} s) was reached")
         notes += [f"failed: {row.text_label or row.model}: {row.error}" for row in self.failed]
+        notes += [f"n/a: {row.text_label or row.model}, {name}: {found.error}" for row in self.rows
+                  for name, found in row.largest.items() if found.error]
         return notes
 
     def to_dict(self) -> dict[str, Any]:
