@@ -9,8 +9,15 @@ What this module adds or removes, one rule per mechanism, each with its source:
   used on a stream, and kept (aten/src/ATen/cuda/CublasHandlePool.cpp: getCurrentCUDABlasHandle →
   cublasSetWorkspace with getCUDABlasWorkspace(), keyed by (handle, stream); handles come from a
   per-thread pool). A training step uses two threads: the Python thread runs forward and the loss,
-  autograd's device thread runs backward, so two workspaces. cuBLASLt shares it
-  (getCUDABlasLtWorkspace returns the cuBLAS workspace unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0).
+  autograd's device thread runs backward, so two workspaces.
+* cuBLASLt workspace — addmm with a 1-D bias (a Linear's forward) and _addmm_activation run cuBLASLt's
+  gemm_and_bias (Blas.cpp addmm_out_cuda_impl, useLtInterface), whose workspace getCUDABlasLtWorkspace()
+  keeps per (Lt handle, stream), i.e. per thread, from the first such call. Releases differ on whether it is
+  the cuBLAS workspace (TORCH_CUBLASLT_UNIFIED_WORKSPACE, and in the newest source only when workspace
+  caching is on): a real H200 run under torch 2.11 (memory history of nn.Linear(1024, 1024) → ReLU →
+  Linear(1024, 10), Adam) allocated it apart, 1,048,576 B (getCUDABlasLtWorkspaceSize's default, 1024 KiB)
+  in gemm_and_bias, kept to the end. It is added for every release: where a release unifies the two, the
+  estimate is 1 MiB high, never low.
 * host tensors — the optimizers' `step` counters live on the CPU unless the optimizer is fused or
   capturable (torch/optim/adam.py _init_group: `torch.tensor(0.0, dtype=_get_scalar_dtype())`
   without a device), so they are not in the CUDA allocator's figures.
@@ -32,7 +39,7 @@ from collections.abc import Callable
 
 from trainmem.targets import DeviceEvent, DeviceStream, cudnn
 from trainmem.targets.rule_registry import RuleRegistry
-from trainmem.trace.events import Category, KernelCall, Phase, Trace
+from trainmem.trace.events import Category, KernelCall, Phase, TensorMeta, Trace
 
 # Each op the CUDA target watches is registered once, with the rule that says which library its kernel
 # reaches (None: PyTorch's own kernel); a second rule for the same op is refused at import.
@@ -131,6 +138,34 @@ def _cublas_first_calls(trace: Trace) -> dict[int, str]:
     return workspaces
 
 
+# CublasHandlePool.cpp getCUDABlasLtWorkspaceSize: CUBLASLT_WORKSPACE_SIZE (KiB), default 1024 KiB on CUDA;
+# the H200 / torch 2.11 history above allocated exactly this
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+
+
+def _reaches_cublaslt(call: KernelCall) -> bool:
+    """addmm with a 1-D bias (its useLtInterface case; the shape limits that send a few of them back to plain
+    cuBLAS are not checked, so a rare estimate is 1 MiB high) and _addmm_activation."""
+    if call.op == "_addmm_activation":
+        return True
+    bias = call.args[0] if call.op == "addmm" and call.args else None
+    return isinstance(bias, TensorMeta) and len(bias.shape) == 1
+
+
+def _cublaslt_first_calls(trace: Trace) -> dict[int, str]:
+    """trace seq → thread whose first cuBLASLt call comes there (one Lt workspace per thread's Lt handle)."""
+    first: dict[int, str] = {}
+    seen: set[str] = set()
+    for call in trace.kernel_calls:
+        if not _reaches_cublaslt(call) or not trace.events:
+            continue
+        thread = _thread(trace.events[min(call.at_seq, len(trace.events) - 1)].phase)
+        if thread not in seen:
+            seen.add(thread)
+            first.setdefault(call.at_seq, thread)
+    return first
+
+
 def _transients(events: list[DeviceEvent], extra: list[cudnn.Workspace], event) -> None:
     """A kernel's workspace: allocated after its outputs, freed when the kernel returns."""
     for ws in extra:
@@ -143,6 +178,7 @@ def _transients(events: list[DeviceEvent], extra: list[cudnn.Workspace], event) 
 def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cudnn.Workspace]],
            sizes: dict[int, int]):
     workspaces = _cublas_first_calls(trace)
+    lt_workspaces = _cublaslt_first_calls(trace)
     events: list[DeviceEvent] = []
     managed, managed_peak = 0, 0
     for event in trace.events:
@@ -151,6 +187,11 @@ def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cu
         if thread is not None:
             events.append(DeviceEvent("alloc", cublas_workspace_bytes, -1 - len(events), Category.RUNTIME,
                                       event.phase, event.module, f"cuBLAS workspace ({thread} thread)",
+                                      event.step, event.seq))
+        thread = lt_workspaces.pop(event.seq, None)
+        if thread is not None:
+            events.append(DeviceEvent("alloc", CUBLASLT_WORKSPACE_BYTES, -1 - len(events), Category.RUNTIME,
+                                      event.phase, event.module, f"cuBLASLt workspace ({thread} thread)",
                                       event.step, event.seq))
         if event.sid in trace.host_storages:
             continue
@@ -166,6 +207,9 @@ def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cu
     for thread in workspaces.values():  # a cuBLAS call that allocated nothing itself, at the very end
         events.append(DeviceEvent("alloc", cublas_workspace_bytes, -1 - len(events), Category.RUNTIME,
                                   Phase.OPTIMIZER, "", f"cuBLAS workspace ({thread} thread)", 0, len(trace.events)))
+    for thread in lt_workspaces.values():
+        events.append(DeviceEvent("alloc", CUBLASLT_WORKSPACE_BYTES, -1 - len(events), Category.RUNTIME,
+                                  Phase.OPTIMIZER, "", f"cuBLASLt workspace ({thread} thread)", 0, len(trace.events)))
     return events, managed_peak
 
 
@@ -177,6 +221,8 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int, cudnn_benchmark: bo
             if plan.high != plan.point else None)
     threads = sorted(set(_cublas_first_calls(trace).values()))
     rules = {f"cuBLAS workspace, {thread} thread ({cublas_workspace_bytes:,} B)": 1 for thread in threads}
+    rules.update({f"cuBLASLt workspace, {thread} thread ({CUBLASLT_WORKSPACE_BYTES:,} B)": 1
+                  for thread in sorted(set(_cublaslt_first_calls(trace).values()))})
     rules.update(plan.rules)
     rules.update(loss_rules)
     if trace.managed_storages:
