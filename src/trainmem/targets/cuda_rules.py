@@ -41,6 +41,10 @@ RULES: tuple[CudaRule, ...] = (
              "tests/test_cuda_semantics.py::test_optimizer_default_is_foreach_on_cuda_and_steps_stay_on_host"),
     CudaRule("cuBLAS workspace per (thread, stream): forward thread and autograd thread", "targets/cuda.py",
              "aten/src/ATen/cuda/CublasHandlePool.cpp", "tests/test_cuda_semantics.py::test_two_cublas_workspaces_one_per_thread"),
+    CudaRule("cuBLASLt workspace per thread: addmm with a 1-D bias (gemm_and_bias), 1 MiB, kept",
+             "targets/cuda.py", "aten/src/ATen/cuda/CublasHandlePool.cpp getCUDABlasLtWorkspace / "
+             "getCUDABlasLtWorkspaceSize; Blas.cpp addmm_out_cuda_impl useLtInterface; an H200 memory history "
+             "(torch 2.11)", "tests/test_cuda_semantics.py::test_cublaslt_workspace_only_where_a_bias_is_fused"),
     CudaRule("paged optimizer state in managed memory, outside the caching allocator", "targets/cuda.py",
              "bitsandbytes functional.get_paged (cudaMallocManaged)",
              "tests/test_optimizers.py::test_paged_states_leave_the_caching_allocator"),
