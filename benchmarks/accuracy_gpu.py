@@ -51,6 +51,8 @@ def _measured_rows() -> list[dict]:
         raw = json.loads(line)
         if "error" in raw or "max_memory_allocated" not in raw:
             continue
+        if raw.get("kind") == "distributed":  # one rank of a many-rank run: accuracy_distributed_gpu.py
+            continue                          # compares it with the estimated role that holds it
         cc = raw.get("compute_capability", "8.0")
         rows.append({"id": f"measured-{raw['model']}-{raw['setup']['batch_size']}-{raw['setup']['optimizer']}",
                      "source_key": "own-runs",
