@@ -18,6 +18,8 @@ What this module adds or removes, one rule per mechanism, each with its source:
   Linear(1024, 10), Adam) allocated it apart, 1,048,576 B (getCUDABlasLtWorkspaceSize's default, 1024 KiB)
   in gemm_and_bias, kept to the end. It is added for every release: where a release unifies the two, the
   estimate is 1 MiB high, never low.
+* reduction staging buffers — sum and mean split a large reduction over thread blocks through a global-memory
+  buffer (targets/cuda_reduce.py: a bias gradient over 8192 rows of 8192 features takes 132 MiB for the launch).
 * host tensors — the optimizers' `step` counters live on the CPU unless the optimizer is fused or
   capturable (torch/optim/adam.py _init_group: `torch.tensor(0.0, dtype=_get_scalar_dtype())`
   without a device), so they are not in the CUDA allocator's figures.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainmem.targets import DeviceEvent, DeviceStream, cudnn
+from trainmem.targets import DeviceEvent, DeviceStream, cuda_reduce, cudnn
 from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import Category, KernelCall, Phase, TensorMeta, Trace
 
@@ -76,6 +78,7 @@ def _reduced_loss(call: KernelCall) -> None:
 _register({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation", "addr"},
           _cublas)
 _register(cudnn.CONV_OPS | cudnn.RNN_OPS | cudnn.BN_OPS, _cudnn)
+_register(cuda_reduce.REDUCE_OPS, lambda call: None)  # PyTorch's own kernel; its buffer: _reduce_buffers
 _register({"mse_loss", "smooth_l1_loss", "binary_cross_entropy", "soft_margin_loss", "huber_loss"}, _reduced_loss)
 
 
@@ -109,6 +112,18 @@ def _loss_effects(trace: Trace) -> tuple[dict[int, int], dict[int, list[cudnn.Wo
         if effect.rule:
             fired[f"{effect.rule} ({call.op})"] = fired.get(f"{effect.rule} ({call.op})", 0) + 1
     return sizes, inserts, fired
+
+
+def _reduce_buffers(trace: Trace, grid: cuda_reduce.GridFacts) -> dict[int, list[cudnn.Workspace]]:
+    """gpu_reduce_kernel's staging buffer and semaphores, right after the reduction's output (cuda_reduce.py)."""
+    inserts: dict[int, list[cudnn.Workspace]] = {}
+    for call in trace.kernel_calls:
+        if call.op in cuda_reduce.REDUCE_OPS:
+            nbytes = cuda_reduce.reduce_buffer_bytes(call, grid)
+            if nbytes:
+                inserts.setdefault(call.at_seq + call.outputs_allocated, []).append(
+                    cudnn.Workspace(nbytes, f"{call.op} global-reduction buffer"))
+    return inserts
 
 
 def _merged(*plans: dict[int, list[cudnn.Workspace]]) -> dict[int, list[cudnn.Workspace]]:
@@ -213,11 +228,13 @@ def _build(trace: Trace, cublas_workspace_bytes: int, inserts: dict[int, list[cu
     return events, managed_peak
 
 
-def device_stream(trace: Trace, cublas_workspace_bytes: int, cudnn_benchmark: bool = False) -> DeviceStream:
+def device_stream(trace: Trace, cublas_workspace_bytes: int, cudnn_benchmark: bool = False,
+                  grid: cuda_reduce.GridFacts | None = None) -> DeviceStream:
     plan = cudnn.plan_workspaces(trace, cudnn_benchmark)
     sizes, loss_buffers, loss_rules = _loss_effects(trace)
-    events, managed_peak = _build(trace, cublas_workspace_bytes, _merged(plan.point, loss_buffers), sizes)
-    high = (_build(trace, cublas_workspace_bytes, _merged(plan.high, loss_buffers), sizes)[0]
+    reductions = _reduce_buffers(trace, grid or cuda_reduce.GridFacts(None, None))
+    events, managed_peak = _build(trace, cublas_workspace_bytes, _merged(plan.point, loss_buffers, reductions), sizes)
+    high = (_build(trace, cublas_workspace_bytes, _merged(plan.high, loss_buffers, reductions), sizes)[0]
             if plan.high != plan.point else None)
     threads = sorted(set(_cublas_first_calls(trace).values()))
     rules = {f"cuBLAS workspace, {thread} thread ({cublas_workspace_bytes:,} B)": 1 for thread in threads}
@@ -225,6 +242,9 @@ def device_stream(trace: Trace, cublas_workspace_bytes: int, cudnn_benchmark: bo
                   for thread in sorted(set(_cublaslt_first_calls(trace).values()))})
     rules.update(plan.rules)
     rules.update(loss_rules)
+    fired = sum(len(buffers) for buffers in reductions.values())
+    if fired:
+        rules["sum/mean global-reduction buffers (Reduce.cuh)"] = fired
     if trace.managed_storages:
         rules[f"paged optimizer state in managed memory ({len(trace.managed_storages)} tensors)"] = 1
     reached = {_RULES.rule_for(call.op)(call) for call in trace.kernel_calls if call.op in _RULES.ops()}

@@ -45,6 +45,10 @@ RULES: tuple[CudaRule, ...] = (
              "targets/cuda.py", "aten/src/ATen/cuda/CublasHandlePool.cpp getCUDABlasLtWorkspace / "
              "getCUDABlasLtWorkspaceSize; Blas.cpp addmm_out_cuda_impl useLtInterface; an H200 memory history "
              "(torch 2.11)", "tests/test_cuda_semantics.py::test_cublaslt_workspace_only_where_a_bias_is_fused"),
+    CudaRule("sum/mean global-reduction staging buffer and semaphores when inputs are split across blocks",
+             "targets/cuda_reduce.py", "aten/src/ATen/native/cuda/Reduce.cuh setReduceConfig, global_memory_size, "
+             "semaphore_size; an H200 memory history (torch 2.11)",
+             "tests/test_cuda_reduce.py::test_estimate_equals_the_h200_history"),
     CudaRule("paged optimizer state in managed memory, outside the caching allocator", "targets/cuda.py",
              "bitsandbytes functional.get_paged (cudaMallocManaged)",
              "tests/test_optimizers.py::test_paged_states_leave_the_caching_allocator"),

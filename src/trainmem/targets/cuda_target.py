@@ -13,6 +13,7 @@ from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CudaAllocator
 from trainmem.targets import DeviceEvent, DeviceStream, ProcessMemory, cuda_runtime
 from trainmem.targets.cuda import device_stream, kernel_ops
+from trainmem.targets.cuda_reduce import GridFacts
 from trainmem.trace.events import Trace
 
 
@@ -124,7 +125,9 @@ class CudaTarget:
         return CudaFacts(self.device.gpu.compute_capability)
 
     def device_stream(self, trace: Trace) -> DeviceStream:
-        stream = device_stream(trace, self.device.gpu.cublas_workspace_bytes, self.runtime.cudnn_benchmark)
+        gpu = self.device.gpu
+        stream = device_stream(trace, gpu.cublas_workspace_bytes, self.runtime.cudnn_benchmark,
+                               GridFacts.of(gpu.name, gpu.compute_capability))
         return on_streams(stream, trace)
 
     def allocator(self) -> CudaAllocator:
