@@ -141,16 +141,22 @@ def _thread(phase: Phase) -> str:
 
 def _cublas_first_calls(trace: Trace) -> dict[int, str]:
     """trace seq → thread whose first cuBLAS call comes there (one workspace per thread's handle)."""
-    workspaces: dict[int, str] = {}
+    return _first_calls(trace, lambda call: _is(call, _cublas))
+
+
+def _first_calls(trace: Trace, reaches: Callable[[KernelCall], bool]) -> dict[int, str]:
+    """trace seq → thread whose first call that `reaches` the library comes there (a handle, so a workspace,
+    per thread)."""
+    first: dict[int, str] = {}
     seen: set[str] = set()
     for call in trace.kernel_calls:
-        if not _is(call, _cublas) or not trace.events:
+        if not reaches(call) or not trace.events:
             continue
         thread = _thread(trace.events[min(call.at_seq, len(trace.events) - 1)].phase)
         if thread not in seen:
             seen.add(thread)
-            workspaces[call.at_seq] = thread
-    return workspaces
+            first.setdefault(call.at_seq, thread)
+    return first
 
 
 # CublasHandlePool.cpp getCUDABlasLtWorkspaceSize: CUBLASLT_WORKSPACE_SIZE (KiB), default 1024 KiB on CUDA;
@@ -169,16 +175,7 @@ def _reaches_cublaslt(call: KernelCall) -> bool:
 
 def _cublaslt_first_calls(trace: Trace) -> dict[int, str]:
     """trace seq → thread whose first cuBLASLt call comes there (one Lt workspace per thread's Lt handle)."""
-    first: dict[int, str] = {}
-    seen: set[str] = set()
-    for call in trace.kernel_calls:
-        if not _reaches_cublaslt(call) or not trace.events:
-            continue
-        thread = _thread(trace.events[min(call.at_seq, len(trace.events) - 1)].phase)
-        if thread not in seen:
-            seen.add(thread)
-            first.setdefault(call.at_seq, thread)
-    return first
+    return _first_calls(trace, _reaches_cublaslt)
 
 
 def _transients(events: list[DeviceEvent], extra: list[cudnn.Workspace], event) -> None:
