@@ -44,12 +44,15 @@ def run_one(case: list[str], way: str, batch: int | None) -> dict:
     """One way of one case in this process: the answer, its estimates' digests and the seconds it took."""
     import dataclasses
 
-    from trainmem.cli import build_parser, setup_from_args
+    from trainmem.cli import _option_keys, build_parser, merge_options, setup_from_options
     from trainmem.estimate import estimate
     from trainmem.fit import fit
 
-    args = build_parser().parse_args(["fit", *case])
-    setup = setup_from_args(args)
+    parser = build_parser()
+    args = parser.parse_args(["fit", *case])
+    options = merge_options(args, _option_keys(parser))  # flags over the run defaults, as the CLI merges them
+    args.device, args.margin = options.device, options.margin
+    setup = setup_from_options(options)
     spent = _clock_the_steps()
     started, cpu_started = time.perf_counter(), time.process_time()
     if way.startswith("estimate"):  # estimate_cli: as `trainmem estimate` runs it, the lean loop traced too
