@@ -72,7 +72,7 @@ def timeline(estimate: Any, max_points: int = DEFAULT_MAX_POINTS) -> Timeline:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
     events = list(source.events)
     gpu = hasattr(source.allocator, "config")
-    columns = _replay_columns(events, source.allocator, gpu)
+    columns = _gpu_columns(events, source.allocator) if gpu else _replay_columns(events, source.allocator, None)
     chosen = _downsample(columns["allocated"], max_points)
     peak_event = max(range(len(events)), key=lambda i: (columns["allocated"][i], -i)) if events else 0
     pick = lambda values: tuple(values[i] for i in chosen)  # noqa: E731
@@ -91,14 +91,13 @@ def timeline(estimate: Any, max_points: int = DEFAULT_MAX_POINTS) -> Timeline:
         modules_at_peak=_modules_at_peak(events, peak_event, source.allocator.charged))
 
 
-def _replay_columns(events: Sequence[Any], allocator: Any, gpu: bool) -> dict[str, Any]:
+def _replay_columns(events: Sequence[Any], allocator: Any, device: CudaCachingAllocator | None) -> dict[str, Any]:
     """After every event: live charged bytes per category (the allocator's slack added to runtime),
     allocated, and reserved on a GPU."""
     charged = allocator.charged
     live: dict[int, Any] = {}
     sums = dict.fromkeys((str(c) for c in Category), 0)
     columns: dict[str, Any] = {"categories": {c: [] for c in sums}, "allocated": [], "reserved": []}
-    device = _cuda_allocator(events, allocator) if gpu else None
     cpu_allocated = 0
     for event in events:
         if event.action == "alloc":
@@ -122,21 +121,15 @@ def _replay_columns(events: Sequence[Any], allocator: Any, gpu: bool) -> dict[st
     return columns
 
 
-def _cuda_allocator(events: Sequence[Any], allocator: Any) -> CudaCachingAllocator:
-    """A fresh caching allocator as the estimate replayed it: on the card's capacity, or, where that replay
-    ran out of memory, on a card large enough (the figures the estimate reports then; alloc/replay.py)."""
+def _gpu_columns(events: Sequence[Any], allocator: Any) -> dict[str, Any]:
+    """The columns from a fresh caching allocator as the estimate replayed it: on the card's capacity, or, where
+    that replay runs out of memory, on a card large enough (the figures the estimate reports then; alloc/replay.py)."""
     from trainmem.alloc.replay import _without_limit
 
-    probe = CudaCachingAllocator(allocator.config, allocator.capacity)
     try:
-        for event in events:
-            if event.action == "alloc":
-                probe.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
-            elif event.key in probe.active or event.key in probe._empty:  # noqa: SLF001 - the replay's own rule
-                probe.free(event.key)
+        return _replay_columns(events, allocator, CudaCachingAllocator(allocator.config, allocator.capacity))
     except CudaOutOfMemoryError:
-        return CudaCachingAllocator(_without_limit(allocator.config), None)
-    return CudaCachingAllocator(allocator.config, allocator.capacity)
+        return _replay_columns(events, allocator, CudaCachingAllocator(_without_limit(allocator.config), None))
 
 
 def _downsample(allocated: Sequence[int], max_points: int) -> list[int]:
