@@ -10,9 +10,10 @@ import re
 from trainmem.cli import main
 from trainmem.device_catalog import (CAPACITY_FROM_DATASHEET, CAPACITY_FROM_GIVEN, CAPACITY_FROM_NVIDIA_SMI,
                                      CAPACITY_FROM_TORCH, CATALOG, CONTEXT_ASSUMED, CONTEXT_GIVEN, CONTEXT_MEASURED,
-                                     CUBLAS_DEFAULT_WORKSPACE, CUBLAS_LARGE_WORKSPACE, DEFAULT_CONTEXT_BYTES,
-                                     DEFAULT_CONTEXT_MEASURED_ON, GpuSpec, find_gpu, parse_custom)
-from trainmem.devices import GpuProperties, all_devices, format_table, get_device, identify_gpu
+                                     CONTEXT_NOT_MODELLED, CUBLAS_DEFAULT_WORKSPACE, CUBLAS_LARGE_WORKSPACE,
+                                     DEFAULT_CONTEXT_BYTES, DEFAULT_CONTEXT_MEASURED_ON, PLATFORM_CUDA, PLATFORM_ROCM,
+                                     GpuSpec, find_gpu, parse_custom)
+from trainmem.devices import GpuProperties, all_devices, format_table, get_device, gpu_device, identify_gpu
 from trainmem.errors import SetupError
 
 MiB = 1024**2
@@ -26,15 +27,22 @@ def test_constants_match_pytorch_source():
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda s: s.name)
 def test_entry_is_sourced_and_consistent(spec: GpuSpec):
     assert spec.capacity_source.strip() and ("github.com" in spec.capacity_source or "http" in spec.capacity_source)
-    assert spec.context_source.strip()
+    assert spec.context_source.strip() and "http" in spec.arch_source
     # the source says how the figure was obtained, and the entry says whether that is a measurement
     assert spec.capacity_from in (CAPACITY_FROM_NVIDIA_SMI, CAPACITY_FROM_TORCH, CAPACITY_FROM_DATASHEET)
     said = {CAPACITY_FROM_NVIDIA_SMI: "nvidia-smi", CAPACITY_FROM_TORCH: "torch total_memory",
             CAPACITY_FROM_DATASHEET: "datasheet, not measured"}[spec.capacity_from]
     assert spec.capacity_source.startswith(said)
     assert spec.capacity_measured == (spec.capacity_from != CAPACITY_FROM_DATASHEET)
+    assert spec.capacity_bytes > 0
+    if spec.capacity_from != CAPACITY_FROM_TORCH:  # nvidia-smi prints whole MiB; a datasheet's GB is read as GiB
+        assert spec.capacity_bytes % 1024**2 == 0
+    if spec.platform == PLATFORM_ROCM:  # listed for its capacity: none of the CUDA runtime's figures
+        assert (spec.context_from, spec.cuda_context_bytes, spec.cublas_workspace_bytes) == (CONTEXT_NOT_MODELLED, 0, 0)
+        assert spec.sm_count is None and spec.gfx_target.startswith("gfx") and not spec.modelled
+        return
+    assert spec.platform == PLATFORM_CUDA and spec.modelled and spec.sm_count > 0
     assert spec.context_from == (CONTEXT_MEASURED if spec.name == DEFAULT_CONTEXT_MEASURED_ON else CONTEXT_ASSUMED)
-    assert spec.capacity_bytes > 0 and spec.capacity_bytes % 1024**2 == 0
     assert spec.cuda_context_bytes > 0
     major, minor = spec.compute_capability
     assert spec.bf16 == (major >= 8)
@@ -58,7 +66,9 @@ def test_known_entries():
 
 
 @pytest.mark.parametrize("text,name", [("T4", "t4"), ("Tesla-T4", "t4"), ("A100_SXM4_80GB", "a100-80gb"),
-                                        (" H100-SXM ", "h100-80gb"), ("4090", "rtx4090"), ("A10", "a10g")])
+                                        (" H100-SXM ", "h100-80gb"), ("4090", "rtx4090"), ("A10", "a10"),
+                                        ("A10G", "a10g"), ("3060", "rtx3060-12gb"), ("RTX_3060", "rtx3060-12gb"),
+                                        ("MI300X", "mi300x")])
 def test_find_gpu_aliases(text, name):
     assert find_gpu(text).name == name
 
@@ -139,13 +149,15 @@ def test_added_gpus(name, mib, cc, source):
 
 
 def test_datasheet_capacities_state_the_assumption():
-    """Only H200 and GB200 rest on a datasheet; their source names the page, the reading as GiB, and that it
-    is not measured, and the JSON says so too."""
-    assert {spec.name for spec in CATALOG if spec.capacity_from == CAPACITY_FROM_DATASHEET} == {"h200", "gb200"}
-    for name in ("h200", "gb200"):
-        source = find_gpu(name).capacity_source
-        assert "not measured" in source and "GiB" in source and "https://www.nvidia.com/" in source
-        listed = get_device(name).to_dict()
+    """A capacity resting on a datasheet says so: its source names the vendor's page, the reading as GiB, and that
+    it is not measured, and the JSON says so too. The HBM boards without a measured total are H200 and GB200."""
+    datasheet = [spec for spec in CATALOG if spec.capacity_from == CAPACITY_FROM_DATASHEET]
+    assert {"h200", "gb200", "mi300x", "mi250"} <= {spec.name for spec in datasheet}
+    for spec in datasheet:
+        source = spec.capacity_source
+        assert "not measured" in source and "GiB" in source
+        assert "https://www.nvidia.com/" in source or "https://rocm.docs.amd.com/" in source
+        listed = gpu_device(spec).to_dict()
         assert listed["capacity_from"] == "datasheet" and listed["capacity_measured"] is False
 
 
@@ -165,7 +177,8 @@ def test_devices_table_is_aligned_with_a_header():
     assert all(starts(row) == columns for row in body), "\n".join(rows)
     for spec in CATALOG:
         assert spec.capacity_source in text
-    assert "datasheet = NVIDIA's published figure" in text and "assumed = measured on another GPU" in text
+    assert "datasheet = the vendor's published figure" in text and "assumed = measured on another GPU" in text
+    assert "kind rocm: an AMD GPU, listed for its capacity" in text
     h200 = next(row for row in body if row.startswith("h200 "))
     assert "datasheet" in h200 and "141.00 GiB" in h200
 
@@ -198,8 +211,9 @@ def test_estimates_run_on_the_added_gpus(name, capsys):
                                                ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
                                                ("NVIDIA GeForce RTX 4090", "rtx4090")])
 def test_a_visible_gpu_is_identified_by_its_name(torch_name, entry):
-    """torch.cuda.get_device_properties().name is nvidia-smi's product name, which each entry records."""
-    spec = identify_gpu(GpuProperties(0, torch_name, 1 * MiB, (9, 0)))
+    """torch.cuda.get_device_properties().name is nvidia-smi's product name, which each entry records; torch's
+    total_memory is a little under nvidia-smi's total."""
+    spec = identify_gpu(GpuProperties(0, torch_name, find_gpu(entry).capacity_bytes - 470 * MiB, (9, 0)))
     assert spec is find_gpu(entry)
 
 

@@ -231,8 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     from trainmem.plan.command import add_plan_command
 
     add_plan_command(commands, _add_setup_flags)
-    commands.add_parser("devices", help="list target devices").add_argument(
-        "--format", choices=["table", "json"], default="table", help="(default: table)")
+    devices = commands.add_parser("devices", help="list target devices")
+    devices.add_argument("--format", choices=["table", "json"], default="table", help="(default: table)")
+    devices.add_argument("--search", metavar="TEXT", help="only the devices whose name, alias or product name "
+                         "contains TEXT, ignoring case, spaces and dashes (e.g. 3060, 'a100 80gb', mi300x); "
+                         "none: one line, exit 2")
     return parser
 
 
@@ -519,10 +522,10 @@ def _keras_factory_file(options: Options) -> bool:
 
 
 def _devices(args: argparse.Namespace) -> Outcome:
-    from trainmem.devices import all_devices, format_table
+    from trainmem.devices import all_devices, format_table, search_devices
 
-    devices = all_devices()
-    return Outcome(json.dumps([d.to_dict() for d in devices], indent=2) if args.format == "json"
+    devices = all_devices() if args.search is None else search_devices(args.search)
+    return Outcome(json.dumps([d.listing() for d in devices], indent=2) if args.format == "json"
                    else format_table(devices), EXIT_OK)
 
 

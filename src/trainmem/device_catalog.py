@@ -1,7 +1,9 @@
 """Catalog of GPU targets for `trainmem devices` / `--device NAME`. No torch.
 
-Each entry records the memory the driver reports, where that number comes from, and whether it was
-measured (`capacity_from`).
+The entries and each figure's source are in device_catalog_data.py; this module turns them into GpuSpec
+objects with PyTorch's compute-capability rules, finds them by name, and parses custom devices. Each entry
+records the memory the driver reports, where that number comes from, and whether it was measured
+(`capacity_from`).
 
 * `capacity_bytes` is the framebuffer total that nvidia-smi prints ("... / 81559MiB"), times 2**20,
   wherever a public nvidia-smi paste was found (`capacity_from` "nvidia-smi"). This is the driver's
@@ -10,15 +12,20 @@ measured (`capacity_from`).
   driver keeps some memory for itself. For example, an A100-SXM4-40GB shows 40960MiB in nvidia-smi
   but 42,298,834,944 B (40339 MiB) in deviceQuery (bottlerocket-os/bottlerocket#3873), and an
   H100 80GB HBM3 shows 81559MiB in nvidia-smi but total_memory=81089MB in PyTorch. The exact gap
-  depends on the driver. One entry has torch's figure only ("torch").
-* Where no measured total with a public source was found (H200, GB200), the entry takes NVIDIA's
-  datasheet figure (`capacity_from` "datasheet"), read as GiB: NVIDIA's "GB" for these boards counts
-  2**30 bytes (A100 80GB and 40GB show exactly 81920 and 40960 MiB in nvidia-smi). It is an
-  assumption, stated in the table and the JSON: on the HBM boards measured here nvidia-smi shows
-  0 to 0.52% less than the datasheet's GiB (H100 80GB 81559 of 81920 MiB, H100 NVL 95830 of 96256,
-  B200 183359 of 184320), so a datasheet capacity may be up to about half a percent high.
+  depends on the driver; on GeForce cards it is about half a MiB (an RTX 4070 Ti SUPER: 16375.5 MiB
+  from torch, 16376 MiB in nvidia-smi). Where only torch's figure was published, the entry has it
+  ("torch").
+* Where no measured total with a public source was found (H200, GB200, most GeForce cards, the AMD
+  Instinct cards), the entry takes the vendor's datasheet figure (`capacity_from` "datasheet"), read as
+  GiB: NVIDIA's "GB" for these boards counts 2**30 bytes (A100 80GB and 40GB show exactly 81920 and
+  40960 MiB in nvidia-smi, an RTX 3060 12GB 12288 MiB) and AMD's ROCm specification table gives VRAM in
+  GiB. It is an assumption, stated in the table and the JSON: on the boards measured here nvidia-smi
+  shows 0 to 0.52% less than the datasheet's GiB (H100 80GB 81559 of 81920 MiB, H100 NVL 95830 of
+  96256, B200 183359 of 184320, RTX 4090 24564 of 24576, RTX 5070 12227 of 12288), so a datasheet
+  capacity may be up to about half a percent high.
 * The rules that depend on compute capability follow PyTorch's own source (see the functions
-  below). They are not per-GPU guesses.
+  below). They are not per-GPU guesses. `sm_count` (streaming multiprocessors) is what Reduce.cuh's
+  launch rule reads (targets/cuda_reduce.py); its source is the entry's `arch_source`.
 * `cuda_context_bytes` is one default for every GPU: the CUDA 12, lazy-loading figure of
   targets/cuda_runtime.py (256 MiB), measured on an RTX 3090. Estimates take the context from that
   module by the target's CUDA version and module loading (--cuda-version, --module-loading), with the
@@ -26,6 +33,12 @@ measured (`capacity_from`).
   figures with a public source were found, so every other GPU assumes the RTX 3090's figure
   (`context_from` "assumed"): the context's size is taken to depend on the CUDA version, the driver
   and module loading, not on the board.
+* AMD Instinct GPUs (`platform` "rocm") are listed for their capacity and architecture only. PyTorch on
+  ROCm uses the same caching allocator, but every runtime fact the CUDA target adds is CUDA's: the
+  cuBLAS/cuBLASLt workspace sizes (ROCm builds take hipBLASLt's), the CUDA context and kernel images
+  (HIP's and rocBLAS's differ), the flash-attention hardware rule (ROCm's backends have their own), NCCL
+  (RCCL). None of them is modelled for ROCm, so an estimate on such a GPU is refused with one line
+  (devices.py), never computed with CUDA's figures.
 """
 
 from __future__ import annotations
@@ -33,6 +46,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from trainmem.device_catalog_data import CUDA as PLATFORM_CUDA
+from trainmem.device_catalog_data import DATASHEET, ENTRIES, NVIDIA_SMI, TORCH, Entry
+from trainmem.device_catalog_data import ROCM as PLATFORM_ROCM
 from trainmem.errors import SetupError
 from trainmem.units import parse_bytes
 
@@ -66,15 +82,18 @@ DEFAULT_CONTEXT_SOURCE = ("CUDA 12, lazy module loading: 256 MiB (invoke-ai/Invo
 DEFAULT_CONTEXT_MEASURED_ON = "rtx3090"
 
 # Where a capacity comes from (GpuSpec.capacity_from): a measured total, or a figure taken on trust.
-CAPACITY_FROM_NVIDIA_SMI = "nvidia-smi"  # measured: the framebuffer total nvidia-smi prints
-CAPACITY_FROM_TORCH = "torch"  # measured: torch.cuda.get_device_properties().total_memory
-CAPACITY_FROM_DATASHEET = "datasheet"  # not measured: NVIDIA's published figure, read as GiB
+CAPACITY_FROM_NVIDIA_SMI = NVIDIA_SMI  # "nvidia-smi", measured: the framebuffer total nvidia-smi prints
+CAPACITY_FROM_TORCH = TORCH  # "torch", measured: torch.cuda.get_device_properties().total_memory
+CAPACITY_FROM_DATASHEET = DATASHEET  # "datasheet", not measured: the vendor's published figure, read as GiB
 CAPACITY_FROM_GIVEN = "given"  # custom:capacity= on the command line
 MEASURED_CAPACITY = frozenset({CAPACITY_FROM_NVIDIA_SMI, CAPACITY_FROM_TORCH})
 # Where a context size comes from (GpuSpec.context_from).
 CONTEXT_MEASURED = "measured"  # on this GPU
 CONTEXT_ASSUMED = "assumed"  # another GPU's measurement (DEFAULT_CONTEXT_MEASURED_ON), taken as the same here
 CONTEXT_GIVEN = "given"  # custom:...,context= on the command line
+CONTEXT_NOT_MODELLED = "not modelled"  # a ROCm GPU: no CUDA context, and HIP's is not modelled
+ROCM_NOT_MODELLED = ("ROCm: the HIP runtime's context, hipBLASLt workspaces, kernel images and attention backends "
+                     "are not modelled, so estimates refuse this GPU")
 
 
 def cublas_workspace_for(cc: tuple[int, int]) -> int:
@@ -105,6 +124,15 @@ class GpuSpec:
     context_given: bool = False  # a custom device's context=: used as is instead of the runtime's figure
     capacity_from: str = CAPACITY_FROM_NVIDIA_SMI  # one of the CAPACITY_FROM_* values above
     context_from: str = CONTEXT_ASSUMED  # one of the CONTEXT_* values above
+    sm_count: int | None = None  # streaming multiprocessors; None: unknown (custom:, a ROCm GPU)
+    arch_source: str = ""  # where compute_capability and sm_count come from
+    platform: str = PLATFORM_CUDA  # "cuda", or "rocm": listed only, estimates refuse it
+    gfx_target: str = ""  # a ROCm GPU's LLVM target (gfx942)
+
+    @property
+    def modelled(self) -> bool:
+        """True where the CUDA target's runtime facts apply (an NVIDIA GPU)."""
+        return self.platform == PLATFORM_CUDA
 
     @property
     def capacity_measured(self) -> bool:
@@ -112,102 +140,45 @@ class GpuSpec:
         return self.capacity_from in MEASURED_CAPACITY
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        """The entry's facts; a ROCm GPU has none of the CUDA runtime's (workspace, context, flash attention)."""
+        out: dict[str, object] = {
             "name": self.name, "aliases": list(self.aliases), "marketing_name": self.marketing_name,
-            "capacity_bytes": self.capacity_bytes, "capacity_source": self.capacity_source,
+            "platform": self.platform, "capacity_bytes": self.capacity_bytes, "capacity_source": self.capacity_source,
+            "capacity_from": self.capacity_from, "capacity_measured": self.capacity_measured,
             "compute_capability": f"{self.compute_capability[0]}.{self.compute_capability[1]}",
-            "cublas_workspace_bytes": self.cublas_workspace_bytes, "bf16": self.bf16,
-            "flash_attention": self.flash_attention, "cuda_context_bytes": self.cuda_context_bytes,
-            "context_source": self.context_source, "capacity_from": self.capacity_from,
-            "capacity_measured": self.capacity_measured, "context_from": self.context_from,
+            "sm_count": self.sm_count, "arch_source": self.arch_source, "bf16": self.bf16,
+            "context_source": self.context_source, "context_from": self.context_from,
         }
+        if self.modelled:
+            out.update(cublas_workspace_bytes=self.cublas_workspace_bytes, flash_attention=self.flash_attention,
+                       cuda_context_bytes=self.cuda_context_bytes)
+        else:
+            out.update(gfx_target=self.gfx_target)
+        return out
 
 
-def _gpu(name: str, aliases: tuple[str, ...], marketing: str, mib: int, source: str,
-         cc: tuple[int, int], capacity_from: str = CAPACITY_FROM_NVIDIA_SMI) -> GpuSpec:
-    context_from = CONTEXT_MEASURED if name == DEFAULT_CONTEXT_MEASURED_ON else CONTEXT_ASSUMED
-    return GpuSpec(name=name, aliases=aliases, marketing_name=marketing, capacity_bytes=mib * MiB,
-                   capacity_source=source, compute_capability=cc,
+def _spec(entry: Entry) -> GpuSpec:
+    """A catalog entry with the rules its platform follows: PyTorch's CUDA rules for an NVIDIA GPU; for a ROCm GPU
+    nothing of the CUDA runtime (no workspace, context or flash-attention figure: estimates refuse it)."""
+    if entry.platform == PLATFORM_ROCM:
+        return GpuSpec(name=entry.name, aliases=entry.aliases, marketing_name=entry.marketing,
+                       capacity_bytes=entry.capacity, capacity_source=entry.capacity_source,
+                       compute_capability=entry.cc, cublas_workspace_bytes=0, bf16=True, flash_attention=False,
+                       cuda_context_bytes=0, context_source=ROCM_NOT_MODELLED, capacity_from=entry.capacity_from,
+                       context_from=CONTEXT_NOT_MODELLED, sm_count=None, arch_source=entry.arch_source,
+                       platform=PLATFORM_ROCM, gfx_target=entry.gfx)
+    cc = entry.cc
+    context_from = CONTEXT_MEASURED if entry.name == DEFAULT_CONTEXT_MEASURED_ON else CONTEXT_ASSUMED
+    return GpuSpec(name=entry.name, aliases=entry.aliases, marketing_name=entry.marketing,
+                   capacity_bytes=entry.capacity, capacity_source=entry.capacity_source, compute_capability=cc,
                    cublas_workspace_bytes=cublas_workspace_for(cc), bf16=bf16_for(cc),
                    flash_attention=flash_attention_for(cc), cuda_context_bytes=DEFAULT_CONTEXT_BYTES,
-                   context_source=DEFAULT_CONTEXT_SOURCE, capacity_from=capacity_from, context_from=context_from)
+                   context_source=DEFAULT_CONTEXT_SOURCE, capacity_from=entry.capacity_from, context_from=context_from,
+                   sm_count=entry.sms, arch_source=entry.arch_source)
 
 
-def _datasheet_gib(gib: int) -> int:
-    """A datasheet's "N GB" as MiB, read as GiB (module docstring: NVIDIA's GB for these boards)."""
-    return gib * 1024
-
-
-_MODAL = "https://github.com/modal-labs/modal-client/pull/2797 (nvidia-smi totals per GPU type)"
-# nvidia-smi / nvidia-smi -q pastes of rented machines, one file per GPU type, pinned to their commits
-_THAMADA = "https://github.com/thamada/nvidia-smi/blob/{commit}/{path}"
-
-CATALOG: tuple[GpuSpec, ...] = (
-    _gpu("v100-16gb", ("v100-sxm2-16gb",), "Tesla V100-SXM2-16GB", 16384,
-         "nvidia-smi '5MiB / 16384MiB', https://github.com/1CatAI/1Cat-vLLM/issues/85", (7, 0)),
-    _gpu("v100-32gb", ("v100-pcie-32gb",), "Tesla V100-PCIE-32GB", 32480,
-         "nvidia-smi '31194MiB / 32480MiB' (driver 410.48, Tesla V100-PCIE), "
-         "https://blog.cachecha.com/csdn/kunhe0512/126265050.html", (7, 0)),
-    _gpu("v100-sxm2-32gb", (), "Tesla V100-SXM2-32GB", 32768,
-         "nvidia-smi 32768MiB (driver 510.39.01; other drivers show 32510MiB), deviceQuery 34089926656 B, "
-         "https://github.com/sdsc/sdsc-summer-institute-2023/blob/main/5.3a_gpu_computing_programming/README.md",
-         (7, 0)),
-    _gpu("t4", ("tesla-t4",), "Tesla T4", 15360, f"nvidia-smi 15360MiB, {_MODAL}", (7, 5)),
-    _gpu("a10g", ("a10",), "NVIDIA A10G", 23028,
-         "nvidia-smi '8722MiB / 23028MiB', https://github.com/NVIDIA/DCGM/issues/232; "
-         f"also 23028MiB in {_MODAL}", (8, 6)),
-    _gpu("a40", (), "NVIDIA A40", 46068,
-         "nvidia-smi '1MiB / 46068MiB' (driver 550.127.05), "
-         + _THAMADA.format(commit="5f6b772848f86e938c96cb7b6ff46d11f4957cba", path="nvsim/A40x10_smi.py"), (8, 6)),
-    _gpu("l4", (), "NVIDIA L4", 23034, f"nvidia-smi 23034MiB, {_MODAL}", (8, 9)),
-    _gpu("l40s", (), "NVIDIA L40S", 46068, f"nvidia-smi 46068MiB, {_MODAL}", (8, 9)),
-    _gpu("a100-40gb", ("a100-sxm4-40gb",), "NVIDIA A100-SXM4-40GB", 40960,
-         f"nvidia-smi 40960MiB, {_MODAL}; deviceQuery totalGlobalMem 42298834944 B, "
-         "https://github.com/bottlerocket-os/bottlerocket/pull/3873", (8, 0)),
-    _gpu("a100-80gb", ("a100-sxm4-80gb",), "NVIDIA A100-SXM4-80GB", 81920,
-         f"nvidia-smi 81920MiB, {_MODAL}", (8, 0)),
-    _gpu("h100-80gb", ("h100-sxm", "h100-80gb-hbm3"), "NVIDIA H100 80GB HBM3", 81559,
-         "nvidia-smi '0MiB / 81559MiB', https://github.com/NVIDIA/nccl/issues/1264; "
-         f"also 81559MiB in {_MODAL}", (9, 0)),
-    _gpu("h100-pcie", ("h100-pcie-80gb",), "NVIDIA H100 PCIe", 81559,
-         "nvidia-smi '25169MiB / 81559MiB' (driver 535.129.03), "
-         "https://github.com/triton-inference-server/tensorrtllm_backend/blob/main/docs/llama.md", (9, 0)),
-    _gpu("h100-nvl", ("h100-nvl-94gb",), "NVIDIA H100 NVL", 95830,
-         "nvidia-smi '0MiB / 95830MiB' and -q 'FB Memory Usage Total: 95830 MiB' (driver 550.54.14), "
-         + _THAMADA.format(commit="198aebb60732de6969556867659756f4685637c2", path="nvsim/H100NVLx2_smi.py"),
-         (9, 0)),
-    # datasheet capacities (h200, gb200): no measured total with a public source was found (module docstring)
-    _gpu("h200", ("h200-sxm", "h200-141gb", "h200-nvl"), "NVIDIA H200", _datasheet_gib(141),
-         "datasheet, not measured: 141 GB HBM3e for H200 SXM and H200 NVL, "
-         "https://www.nvidia.com/en-us/data-center/h200/ (read as 141 GiB; nvidia-smi pastes showing "
-         "143771MiB, 0.4% less, could not be traced to a citable page)", (9, 0), CAPACITY_FROM_DATASHEET),
-    _gpu("b200", (), "NVIDIA B200", 183359,
-         "nvidia-smi '166593MiB / 183359MiB', https://github.com/NVIDIA/TensorRT-LLM/issues/10278",
-         (10, 0)),
-    _gpu("gb200", ("gb200-nvl72",), "NVIDIA GB200", _datasheet_gib(186),
-         "datasheet, not measured: 186 GB HBM3e per Blackwell GPU of a GB200 superchip (372 GB for its two; "
-         "13.4 TB for the 72 of a GB200 NVL72), https://www.nvidia.com/en-us/data-center/gb200-nvl72/; MLPerf "
-         "system descriptions list 'accelerator_memory_capacity: 186 GB' for 'NVIDIA GB200', "
-         "https://github.com/mlcommons/inference_results_v6.1/blob/main/closed/Crusoe/systems/"
-         "GB200-NVL72_GB200-186GB_aarch64x16_Dynamo.json (read as 186 GiB; 2024 announcements said 192 GB, "
-         "the shipping specification says 186)", (10, 0), CAPACITY_FROM_DATASHEET),
-    _gpu("rtx3090", ("3090", "rtx-3090"), "NVIDIA GeForce RTX 3090", 24576,
-         "nvidia-smi '22598MiB / 24576MiB', https://github.com/noonghunna/club-3090/issues/1128",
-         (8, 6)),
-    _gpu("rtx4090", ("4090", "rtx-4090"), "NVIDIA GeForce RTX 4090", 24564,
-         "nvidia-smi '507MiB / 24564MiB', https://github.com/RLinf/RLinf/issues/255", (8, 9)),
-    _gpu("rtx-a6000", ("a6000",), "NVIDIA RTX A6000", 48676,
-         "torch total_memory=48676MB, https://github.com/pytorch/ao/blob/main/torchao/prototype/hqq/README.md "
-         "(torch's figure: nvidia-smi shows about 464 MiB more with ECC off; no citable nvidia-smi paste found)",
-         (8, 6), CAPACITY_FROM_TORCH),
-    _gpu("rtx-6000-ada", ("rtx6000-ada", "6000-ada"), "NVIDIA RTX 6000 Ada Generation", 49140,
-         "nvidia-smi '2MiB / 49140MiB' and -q 'FB Memory Usage Total: 49140 MiB' (driver 550.127.05, ECC off), "
-         + _THAMADA.format(commit="b09ef139265ffc7e3c78006346981de8e4d70499", path="gls/RTX6000Ada_x8_smi.py"),
-         (8, 9)),
-    _gpu("rtx5090", ("5090", "rtx-5090"), "NVIDIA GeForce RTX 5090", 32607,
-         "nvidia-smi '29024MiB / 32607MiB', https://github.com/noonghunna/club-3090/issues/1261",
-         (12, 0)),
-)
+# The entries and every figure's source: device_catalog_data.py.
+CATALOG: tuple[GpuSpec, ...] = tuple(_spec(entry) for entry in ENTRIES)
 
 
 def _key(text: str) -> str:
@@ -281,4 +252,5 @@ def parse_custom(text: str) -> GpuSpec:
                    compute_capability=cc, cublas_workspace_bytes=cublas_workspace_for(cc),
                    bf16=bf16_for(cc), flash_attention=flash_attention_for(cc),
                    cuda_context_bytes=context, context_source=context_source, context_given=given,
-                   capacity_from=CAPACITY_FROM_GIVEN, context_from=CONTEXT_GIVEN if given else CONTEXT_ASSUMED)
+                   capacity_from=CAPACITY_FROM_GIVEN, context_from=CONTEXT_GIVEN if given else CONTEXT_ASSUMED,
+                   arch_source="cc= given on the command line; SM count unknown")
