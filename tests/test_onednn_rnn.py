@@ -1,12 +1,15 @@
 """Check `trainmem.targets.onednn.rnn_workspace` and `rnn_transients` against the real `aten.mkldnn_rnn_layer`.
 
 The real op is only run on CPU builds with oneDNN. bfloat16 cases are skipped where oneDNN has
-no bf16 support on this CPU.
+no bf16 support on this CPU. Recorded runs of the real op on other CPUs (tests/data/onednn_lstm, one
+file per CPU and oneDNN release, naming its CpuInfo) are checked on every machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -240,8 +243,91 @@ def test_bf16_without_avx512_bf16_takes_the_ref_path():
     assert after[3:5] == [16128, 32256]
 
 
-def test_this_machine_reads_the_bf16_instructions():
+def test_this_machine_reads_the_instruction_sets(monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    here = CpuInfo.this_machine()
+    assert here.avx512_bf16 == bool(torch.cpu._is_avx512_bf16_supported())
+    if hasattr(torch.cpu, "get_capabilities"):
+        has = torch.cpu.get_capabilities()
+        assert here.amx == bool(has.get("amx_tile") and has.get("amx_bf16"))
+        assert here.avx512_fp16 == bool(has.get("avx512_fp16"))
+    # built by hand, a CpuInfo describes the AVX512-BF16 CPU without AMX the brgemm figures came from
+    assert not CpuInfo("AVX512", 2).amx
+
+
+def test_this_machine_follows_onednn_max_cpu_isa(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) caps the kernels oneDNN picks, so the rules must follow it
+    (the capped files in tests/data/onednn_lstm were measured that way)."""
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert not CpuInfo.this_machine().amx
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "avx512_core_vnni")
+    assert not CpuInfo.this_machine().avx512_bf16 and not CpuInfo.this_machine().amx
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "ALL")
     assert CpuInfo.this_machine().avx512_bf16 == bool(torch.cpu._is_avx512_bf16_supported())
+
+
+def test_bf16_on_amx_blocks_k_by_32_and_books_an_accumulator_per_thread():
+    """Sapphire Rapids (AMX), torch 2.13 / oneDNN 3.12, 2 threads, T=12 B=4 I=H=64 (profiled; tests/data/onednn_lstm).
+
+    forward: K1 = K2 = 64 in blocks of 32 (brgemm_calc_k_block_amx), so KB1 = KB2 = 2 and, fused (slc == sic),
+    max_K_Block = (2 + 1) * 2: 12 batch elements of 40 B = 480 -> 608 booked, 160 more than without AMX.
+    N = 64 gives n_block 64 (brgemm_calc_n_block), one N block for 2 threads, so adjust_m_block_lstm keeps
+    m_block = M = 4: key_brgemm_primitive_buffer = 2 threads * 4 * 64 f32 = 2,048 -> 2,176 booked.
+    """
+    amx = CpuInfo("AVX512", 2, _ONEDNN_3_12, amx=True)
+    no_amx = dataclasses.replace(amx, amx=False)
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, no_amx) == 21480
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, amx) == 21480 + 160 + 2176 == 23816
+    # backward: diff_src K = 64 -> 2 blocks per gate (8), diff_wei K = rnd_up(4, 2) = 4 on AMX with n_block 64
+    # (4H % 64 == 0) and m_block 64: batch 9 * 2 * 40 = 720 (+320 over 400), gates_blocked 2 * 2 * 4 * 64 = 1,024
+    # (+512), accumulator 2 * max(64, 4) * max(64, 32) * 4 = 32,768 -> 32,896 booked.
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, no_amx, backward=True) == 19384
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, amx, backward=True) == 19384 + 320 + 512 + 32896 == 53112
+    # I = 31, H = 33: the common K block min(31, 33, 32) = 31 is odd, so the forward kernels stay on
+    # avx512_core_bf16 (brgemm_calc_isa) and nothing changes.
+    assert lstm_scratchpad_bytes(7, 3, 31, 33, 2, amx) == lstm_scratchpad_bytes(7, 3, 31, 33, 2, no_amx)
+    # f32 and bf16 without AVX512-BF16 take the ref path whatever AMX says
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 4, amx) == lstm_scratchpad_bytes(12, 4, 64, 64, 4, no_amx)
+    ref = dataclasses.replace(amx, avx512_bf16=False)
+    assert lstm_scratchpad_bytes(12, 4, 64, 64, 2, ref) == 66088
+
+
+# Recorded real allocations of the op on other CPUs (ISAs), one file per machine and oneDNN release, checked on
+# every machine: a file names the CpuInfo it was measured with. Add a file to cover another CPU.
+_RECORDED = Path(__file__).parent / "data" / "onednn_lstm"
+
+
+def _recorded_rows():
+    for path in sorted(_RECORDED.glob("*.json")):
+        recorded = json.loads(path.read_text())
+        fields = dict(recorded["cpu_info"], onednn_version=tuple(recorded["cpu_info"]["onednn_version"]))
+        for row in recorded["rows"]:
+            cpu = CpuInfo(**dict(fields, threads=row.get("threads", fields["threads"])))
+            name = f"{path.stem}-T{row['T']}B{row['B']}I{row['I']}H{row['H']}-{row['dtype'][6:]}-t{cpu.threads}"
+            yield pytest.param(row, cpu, id=name)
+
+
+def _last_before_free(events: list[int]) -> int:
+    """The scratchpad: ideep allocates it last, right before compute() frees its buffers in reverse."""
+    return events[next(i for i, nbytes in enumerate(events) if nbytes < 0) - 1]
+
+
+@pytest.mark.parametrize("row,cpu", list(_recorded_rows()))
+def test_transients_match_recorded_measurements(row, cpu):
+    T, B, I, H = row["T"], row["B"], row["I"], row["H"]
+    s = 2 if row["dtype"] == "torch.bfloat16" else 4
+    for direction, (before, after) in (
+        ("forward", lstm_forward_transients(T, B, I, H, s, cpu=cpu)),
+        ("backward", lstm_backward_transients(T, B, I, H, s, cpu=cpu, **row["flags"])),
+    ):
+        real, outs = row[direction]["real_events"], row[direction]["outputs"]
+        assert sum(before) + sum(after) == 0
+        assert _last_before_free(after) == _last_before_free(real), direction
+        real_peak, model_peak = running_peak(real), running_peak(before + outs + after)
+        assert abs(model_peak - real_peak) <= max(0.01 * real_peak, 8192), (direction, real, before, after)
 
 
 def _real_in_op(T, B, I, H, dtype, reverse, grads, share):

@@ -3,13 +3,18 @@
 oneDNN picks its kernels by instruction set (the capability decides the channel block: 16 on
 AVX512, 8 on AVX2) and sizes its per-thread scratchpads by the thread count, which is PyTorch's
 intra-op thread count (oneDNN's `dnnl_get_max_threads()` under PyTorch's OpenMP runtime). The rules
-take both as an explicit `CpuInfo`, so an estimate for another machine is a different `CpuInfo`,
-not a different process.
+take both, and the instruction sets that switch kernels (AVX512-BF16, AMX), as an explicit
+`CpuInfo`, so an estimate for another machine is a different `CpuInfo`, not a different process.
+`CpuInfo.this_machine()` reads them from torch and /proc/cpuinfo (once), less what oneDNN's
+ONEDNN_MAX_CPU_ISA switches off.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+from collections.abc import Callable
 
 from trainmem.targets.onednn.version import OneDnnVersion
 
@@ -26,6 +31,17 @@ class CpuInfo:
     # an AVX512 CPU without it (Skylake-X, Ice Lake) falls back to the ref (gemm) path, whose buffers differ
     # (targets/onednn/rnn_transients.py). Default True: the brgemm figures were profiled on such a CPU.
     avx512_bf16: bool = True
+    # AMX (oneDNN's avx512_core_amx: amx_tile, amx_int8, amx_bf16 and AVX512-FP16; Sapphire Rapids on). oneDNN's
+    # bf16 RNN brgemm kernels then block K by 32, may use N blocks of 64 and book a per-thread accumulator
+    # (rnn_brgemm_utils.cpp brgemm_calc_isa / init_scratchpad). Default False: the brgemm figures above
+    # were profiled on an AVX512-BF16 CPU without AMX.
+    amx: bool = False
+    # Recorded so that an estimate names the CPU it is for; no rule reads these yet (oneDNN's f16 kernels
+    # key on avx512_core_fp16 / AMX-FP16, its int8 ones on avx512_core_vnni). The defaults are those of an
+    # AVX512-BF16 CPU without AMX.
+    avx512_fp16: bool = False
+    avx512_vnni: bool = True
+    vendor: str = "GenuineIntel"  # /proc/cpuinfo vendor_id: "GenuineIntel", "AuthenticAMD", ...
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -33,22 +49,77 @@ class CpuInfo:
 
     @classmethod
     def this_machine(cls) -> CpuInfo:
-        """The running process's capability, intra-op thread count and bf16 instructions, as its kernels
-        will see them."""
+        """The running process's capability, intra-op thread count and instruction sets, as its kernels
+        will see them: torch's own probes (torch.cpu.get_capabilities, cpuinfo-based) where it has them,
+        /proc/cpuinfo's flags otherwise."""
         import torch
 
-        return cls(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), avx512_bf16=_has_avx512_bf16())
+        has = _instruction_sets()
+        cap = _onednn_max_isa()
+        bf16 = has("avx512_bf16") and cap not in _CAPS_BELOW_BF16
+        return cls(
+            torch.backends.cpu.get_cpu_capability(),
+            torch.get_num_threads(),
+            avx512_bf16=bf16,
+            # cpu_isa_traits.hpp mayiuse(avx512_core_amx): amx_tile, amx_int8 and amx_bf16 on top of
+            # avx512_core_fp16 (avx512_fp16, avx512_core_bf16, avx_vnni)
+            amx=bf16 and all(map(has, ("amx_tile", "amx_int8", "amx_bf16", "avx512_fp16", "avx_vnni")))
+            and (cap in ("", "all") or "amx" in cap),
+            avx512_fp16=has("avx512_fp16"),
+            avx512_vnni=has("avx512_vnni"),
+            vendor=_proc_cpuinfo()[1],
+        )
 
 
-def _has_avx512_bf16() -> bool:
-    """Whether this CPU has AVX512-BF16, as torch (2.1 and later) reports it, else as /proc/cpuinfo lists it."""
+# ONEDNN_MAX_CPU_ISA values (cpu_isa_traits.cpp init_max_cpu_isa, lower-cased) that leave oneDNN without
+# avx512_core_bf16; any value without "amx" in it (other than "all") leaves it without AMX.
+_CAPS_BELOW_BF16 = frozenset({"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"})
+
+
+def _onednn_max_isa() -> str:
+    """oneDNN's ISA cap from the environment (utils.cpp getenv_string_user: ONEDNN_ then DNNL_), or ""."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        if os.environ.get(name):
+            return os.environ[name].lower()
+    return ""
+
+
+# torch.cpu's older per-flag probes (torch 2.1 to 2.x, before get_capabilities), by /proc/cpuinfo flag
+_TORCH_PROBES = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported",
+                 "avx512_vnni": "_is_vnni_supported"}
+
+
+def _instruction_sets() -> Callable[[str], bool]:
+    """`has(flag)` for a /proc/cpuinfo flag name, answered by torch where it probes that flag."""
     import torch
 
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    if probe is not None:
-        return bool(probe())
+    probe = getattr(torch.cpu, "get_capabilities", None)
+    capabilities = dict(probe()) if probe is not None else {}
+    flags = _proc_cpuinfo()[0]
+
+    def has(flag: str) -> bool:
+        if flag in capabilities:
+            return bool(capabilities[flag])
+        older = getattr(torch.cpu, _TORCH_PROBES.get(flag, ""), None)
+        return bool(older()) if older is not None else flag in flags
+
+    return has
+
+
+@functools.lru_cache(maxsize=1)
+def _proc_cpuinfo() -> tuple[frozenset[str], str]:
+    """The first processor's flags and vendor_id in /proc/cpuinfo (empty and "unknown" where there is none)."""
+    flags: frozenset[str] = frozenset()
+    vendor = "unknown"
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in cpuinfo)
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and vendor == "unknown":
+                    vendor = value.strip()
+                elif key.strip() == "flags":
+                    flags = frozenset(value.split())
+                    break
     except OSError:
-        return False
+        pass
+    return flags, vendor

@@ -31,7 +31,8 @@ mode never sees. They come from three places:
    * ``rnn_utils.cpp`` ``set_expected_desc``: ref path: ``ldigo`` (fwd) / ``ldgoi`` (bwd)
      with the leading stride padded by ``set_good_strides`` = ``get_good_ld`` (of the weights'
      own element size: bf16 weights stay bf16 on the ref path). brgemm path:
-     ``ldgOI32o2i`` (fwd, n_block 32 = 2 * simd_w) and ``ldgIO32i2o`` (bwd, xf16).
+     ``ldgOI32o2i`` (fwd, n_block 32 = 2 * simd_w; ``ldgOI64o2i`` on AMX when H % 64 == 0, the
+     same bytes) and ``ldgIO32i2o`` (bwd, xf16).
    * ``rnn_utils.hpp`` ``init_conf`` / ``set_workspace_sizes`` and ``rnn_utils.cpp``
      ``set_offsets``: the scratchpad's ``key_rnn_space`` = scratch_gates, scratch_ht,
      scratch_diff_ht (training), scratch_cell (0 for LSTM), each starting on a 4096 boundary,
@@ -45,16 +46,25 @@ mode never sees. They come from three places:
      per thread) and, for backward, the gates_blocked / src_layer / src_iter transposition
      buffers. ``memory_tracking.hpp`` ``registry_t::book``: every entry costs its size plus
      max(alignment, 128) bytes.
+   * AMX (``cpu.amx``: Sapphire Rapids and later): ``brgemm_calc_isa`` runs a bf16 GEMM on
+     avx512_core_amx when its K block min(K1, K2, 32) and both tails are even, else on
+     avx512_core_bf16 as without AMX (forward K1 = I, K2 = H; backward diff_src K = H, diff_wei
+     K = rnd_up(B, 2), each decided on its own). On AMX the K blocks multiply the brgemm batch,
+     n_block becomes 64 where N % 64 == 0, ``adjust_m_block_lstm`` allows m blocks up to 64, and
+     ``init_scratchpad`` books key_brgemm_primitive_buffer, an m_block x n_block f32 accumulator
+     per thread. Byte-exact on a Sapphire Rapids for 29 shapes at 1 to 4 threads, forward and
+     backward; so are the paths without AMX and without AVX512-BF16 there, under
+     ONEDNN_MAX_CPU_ISA (tests/data/onednn_lstm records them, checked on every machine).
 
-Not covered (not measurable on the validation machines, an AVX512-BF16 CPU without AMX and an
-AVX512 CPU without BF16):
-AMX (bf16 uses n_block 64, K blocks of 32 and a per-thread accumulator buffer there), f16,
-int8, and the no-grad inference path (``lstm_forward_inference``: no workspace, so the states
-go into the scratchpad instead).
+Not covered: f16 (AMX-FP16 / avx512_core_fp16 kernels), int8, the bf32 (f32 on AMX) inference
+path, GRU / vanilla RNN, LSTM projection and peepholes, and the no-grad inference path
+(``lstm_forward_inference``: no workspace, so the states go into the scratchpad instead). The
+m_block heuristics read the per-core L2 size, taken as 2 MiB (Sapphire Rapids, and where it
+matters at all: only for large B * max(I, H)).
 
 The bf16 brgemm scratchpad grows with the thread count, which comes in as `cpu.threads` (a
-`CpuInfo`, targets/cpu_info.py), the path follows `cpu.avx512_bf16`, and the layout follows
-`cpu.onednn_version` (when None, the oneDNN of the running torch, read once by onednn/version.py).
+`CpuInfo`, targets/cpu_info.py), the path follows `cpu.avx512_bf16` and `cpu.amx`, and the layout
+follows `cpu.onednn_version` (when None, the oneDNN of the running torch, read once by onednn/version.py).
 """
 
 from __future__ import annotations
@@ -72,13 +82,16 @@ _POINTER_BYTES = 8
 # brgemm_types.hpp: brgemm_batch_element_t = {A, B} pointers + vvpad {top, bottom}
 # + has_s8s8_comp_batch_pad, all 8 bytes.
 _BRGEMM_BATCH_ELEMENT_BYTES = 40
-# rnn_brgemm_utils.cpp brgemm_calc_n_block: 2 * simd_w = 2 * 64 / sizeof(float) on avx512.
-_BRGEMM_FORWARD_N_BLOCK = 32
-# rnn_brgemm_utils.cpp rnn_brgemm_t<backward>::configure_brgemm: diff_src n_block = 32 and
-# diff_wei n_block = 32 without AMX; ldgIO32i2o blocks the input channels by 32.
-_BRGEMM_BACKWARD_N_BLOCK = 32
+# rnn_brgemm_utils.cpp brgemm_calc_n_block: 2 * simd_w = 2 * 64 / sizeof(float) on avx512; 64 on AMX
+# when N % 64 == 0. rnn_brgemm_t<backward>::configure_brgemm: diff_src n_block = 32 always, diff_wei
+# n_block = 64 on AMX when N = 4H is a multiple of 64, else 32. ldgIO32i2o blocks the input channels by 32.
+_BRGEMM_N_BLOCK = 32
+_AMX_N_BLOCK = 64
+# rnn_brgemm_utils.cpp brgemm_calc_k_block_amx: max_row_width = 32 for bf16 (an AMX tile row of 64 bytes).
+_AMX_K_BLOCK = 32
 _XF16_VNNI = 2  # bf16 pairs: the "2i" / "2o" inner block and the K padding
-_L2_BYTES = 2 << 20  # only matters when 2*M*K bytes exceed half of L2: never for sane sizes
+# platform::get_per_core_cache_size(2). Only the m_block heuristics read it, and only for large M*K.
+_L2_BYTES = 2 << 20
 
 
 def _as_f32(value: float) -> float:
@@ -86,22 +99,46 @@ def _as_f32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
-def _adjust_m_block_lstm(threads: int, rows: int, n_blocks: int) -> int:
-    """rnn_brgemm_utils.cpp ``adjust_m_block_lstm`` (no AMX)."""
-    max_m_blocks = 4 * div_up(threads, n_blocks)
-    max_m_block = min(24, max(1, rows // max_m_blocks))
+def _amx_k_block(k1: int, k2: int, cpu: CpuInfo) -> int | None:
+    """The K block of bf16 brgemm kernels on AMX, or None where oneDNN picks avx512_core_bf16 instead.
+
+    rnn_brgemm_utils.cpp ``brgemm_calc_isa``: with AMX (``has_amx_support``), ``brgemm_calc_k_block_amx``
+    gives both GEMMs one block min(K1, K2, 32); AMX is refused when that block or either tail is odd
+    (the bf16 VNNI granularity is 2), and the kernels fall back to avx512_core_bf16 with k_block = K.
+    """
+    if not cpu.amx:
+        return None
+    k_block = min(k1, k2, _AMX_K_BLOCK)
+    if k_block % _XF16_VNNI or (k1 % k_block) % _XF16_VNNI or (k2 % k_block) % _XF16_VNNI:
+        return None
+    return k_block
+
+
+def _adjust_m_block_lstm(threads: int, rows: int, n_blocks: int, amx: bool) -> int:
+    """rnn_brgemm_utils.cpp ``adjust_m_block_lstm``: AMX allows blocks up to 64 rows over fewer blocks."""
+    max_m_blocks = (1 if amx else 4) * div_up(threads, n_blocks)
+    max_m_block = min(64 if amx else 24, max(1, rows // max_m_blocks))
     for m_block in range(max_m_block, 3, -1):
         if rows % m_block == 0:
             return m_block
     return rows
 
 
-def _m_block_vanilla_rnn(threads: int, rows: int, n_blocks: int, a_bytes: int, l2_bytes: int) -> int:
-    """rnn_brgemm_utils.cpp ``brgemm_calc_m_block_vanilla_rnn`` (no AMX); LSTM backward uses it."""
+def _m_block_lstm(threads: int, rows: int, n_blocks: int, ac_bytes: int, amx: bool) -> int:
+    """rnn_brgemm_utils.cpp ``brgemm_calc_m_block_lstm`` (bf16, forward): all rows unless the N blocks
+    leave threads idle (or A and C outgrow 60% of L2)."""
+    work_by_n = _as_f32(n_blocks / threads)
+    if work_by_n > 2.0 or (work_by_n > 1.0 and ac_bytes < 0.6 * _L2_BYTES):
+        return rows
+    return _adjust_m_block_lstm(threads, rows, n_blocks, amx)
+
+
+def _m_block_vanilla_rnn(threads: int, rows: int, n_blocks: int, a_bytes: int, amx: bool) -> int:
+    """rnn_brgemm_utils.cpp ``brgemm_calc_m_block_vanilla_rnn``; LSTM backward uses it."""
     work_by_n = _as_f32(n_blocks / threads)
     fraction = _as_f32(work_by_n - int(work_by_n))
     if work_by_n < 1.0:
-        return _adjust_m_block_lstm(threads, rows, n_blocks)
+        return _adjust_m_block_lstm(threads, rows, n_blocks, amx)
     if not (fraction < 0.9 and fraction != 0.0):
         return rows
     best, best_fraction, m_block = rows // 2, 0.0, rows
@@ -114,9 +151,16 @@ def _m_block_vanilla_rnn(threads: int, rows: int, n_blocks: int, a_bytes: int, l
             best, best_fraction = candidate, candidate_fraction
         if candidate_fraction >= 0.9 or candidate_fraction == 0.0:
             return candidate
-    if fraction < best_fraction or a_bytes > 0.5 * l2_bytes:
+    if fraction < best_fraction or a_bytes > 0.5 * _L2_BYTES:
         m_block = best
     return m_block
+
+
+def _amx_accumulator(threads: int, m_block: int, n_block: int) -> int:
+    """rnn_brgemm_utils.cpp ``rnn_brgemm_base_t::init_scratchpad``: where the cell runs on AMX
+    (``is_cell_amx``), key_brgemm_primitive_buffer holds an m_block x n_block f32 (gemm_acc_t) tile
+    store per thread, the ``amx_scratchpad`` ref_rnn.cpp hands to every cell."""
+    return book(threads * m_block * n_block * 4)
 
 
 def _rnn_space(gates: int, ht: int, diff_ht: int) -> int:
@@ -155,8 +199,9 @@ def lstm_scratchpad_bytes(
     """``pd.scratchpad_desc().get_size()`` of the oneDNN LSTM training primitive one call uses.
 
     f32, and bf16 on a CPU without AVX512-BF16, use the ref path, which does not depend on the
-    thread count. bf16 with AVX512-BF16 uses brgemm, whose batch and transposition buffers grow
-    with ``cpu.threads``. ``cpu.onednn_version`` picks the layout (rnn_layout.py).
+    thread count. bf16 with AVX512-BF16 uses brgemm, whose batch and transposition buffers (and,
+    with ``cpu.amx``, accumulators) grow with ``cpu.threads``. ``cpu.onednn_version`` picks the
+    layout (rnn_layout.py).
     """
     layout = rnn_layout(cpu.onednn_version)
     size = dtype_bytes
@@ -190,36 +235,77 @@ def lstm_scratchpad_bytes(
             2 * batch * get_good_ld(hidden_size, 2),  # ht_t = bf16
             4 * batch * get_good_ld(hidden_size, 4),  # gemm_acc_t = f32
         ), (4, 2, 4))
-        fused = input_size == hidden_size and not merged
-        # k_block = K without AMX, so KB1 = KB2 = 1 and max_K_Block = 2 (x2 when fused).
-        batch_elements = 2 * (2 if fused else 1) * threads
-        return space + pointers + book(batch_elements * _BRGEMM_BATCH_ELEMENT_BYTES)
+        return space + pointers + _brgemm_forward_bookings(seq_len, batch, input_size, hidden_size, cpu)
     space = _rnn_space_booking(layout, (
         2 * batch * get_good_ld(gate_rows, 2),  # scratch_t = src (bf16), not merged on the brgemm path
         2 * batch * get_good_ld(hidden_size, 2),  # ht_t = bf16
         4 * batch * get_good_ld(hidden_size, 4),  # gemm_acc_t = f32
     ), (2, 2, 4))
-    # diff_src K_blocks = n_gates * (dhc / k_block) = 4, diff_wei K_blocks = 1 -> max_K_Block 5.
-    batch_elements = (LSTM_GATES + 1) * threads
-    padded_k = round_up(round_up(batch, _XF16_VNNI), _XF16_VNNI)  # diff_wei K = rnd_up(mb, 2) for bf16 scratch
+    return space + pointers + _brgemm_backward_bookings(batch, input_size, hidden_size, cpu)
+
+
+def _brgemm_forward_bookings(seq_len: int, batch: int, input_size: int, hidden_size: int, cpu: CpuInfo) -> int:
+    """rnn_brgemm_t<forward>::configure_brgemm and rnn_brgemm_base_t::init_scratchpad: the brgemm batch
+    and, on AMX, the per-thread accumulator. Without AMX k_block = K, so KB1 = KB2 = 1."""
+    threads, merged = cpu.threads, batch == 1 and seq_len >= 2
+    k_block = _amx_k_block(input_size, hidden_size, cpu)
+    amx = k_block is not None
+    kb1, kb2 = (input_size // k_block, hidden_size // k_block) if k_block else (1, 1)
+    # max_K_Block = max(KB1, KBproj, KB2) + 1, doubled when the layer and iter brgemms are fused
+    # (slc == sic and the layer GEMM not merged over time).
+    fused = input_size == hidden_size and not merged
+    batch_elements = (max(kb1, kb2) + 1) * (2 if fused else 1) * threads
+    total = book(batch_elements * _BRGEMM_BATCH_ELEMENT_BYTES)
+    if amx:
+        n_block = _AMX_N_BLOCK if hidden_size % _AMX_N_BLOCK == 0 else _BRGEMM_N_BLOCK
+        n_blocks = div_up(hidden_size, n_block)
+        # As = sizeof(bf16) * M * max(K1, K2), Cs = sizeof(f32 scratch) * (n_gates + 1) * M * n_block.
+        ac_bytes = 2 * batch * max(input_size, hidden_size) + 4 * (LSTM_GATES + 1) * batch * n_block
+        m_block = _m_block_lstm(threads, batch, n_blocks, ac_bytes, amx)
+        if merged:  # the merged layer GEMM has M = mb * n_iter and its own block; the buffer fits both
+            m_block = max(m_block, _m_block_lstm(threads, seq_len * batch, n_blocks, ac_bytes, amx))
+        total += _amx_accumulator(threads, m_block, n_block)
+    return total
+
+
+def _brgemm_backward_bookings(batch: int, input_size: int, hidden_size: int, cpu: CpuInfo) -> int:
+    """rnn_brgemm_t<backward>::configure_brgemm and init_scratchpad: the brgemm batch, the blocked gates
+    and the src transposes for diff_wei, and on AMX the per-thread accumulator.
+
+    diff_src is [mb, max(I, H)] = gates [mb, 4H] x weights, K = dhc per gate; diff_wei is
+    [max(I, H), 4H] = src^T x gates, K = rnd_up(mb, 2). Each picks its ISA with brgemm_calc_isa, so
+    one can run on AMX and the other not (an odd H: a tail of odd width); the cell counts as AMX
+    (rnn.brgemm_isa = the greater ISA) when either does.
+    """
+    threads, gate_rows = cpu.threads, LSTM_GATES * hidden_size
+    src_k_block = _amx_k_block(hidden_size, hidden_size, cpu)
+    src_k_blocks = LSTM_GATES * (hidden_size // src_k_block if src_k_block else 1)
+    src_m_block = _m_block_vanilla_rnn(threads, batch, div_up(max(input_size, hidden_size), _BRGEMM_N_BLOCK),
+                                       2 * batch * hidden_size, src_k_block is not None)
+    padded_k = round_up(batch, _XF16_VNNI)  # diff_wei K = rnd_up(mb, 2) for bf16 scratch, Kpadded the same
+    wei_k_block = _amx_k_block(padded_k, padded_k, cpu)
+    wei_amx = wei_k_block is not None
+    wei_n_block = _AMX_N_BLOCK if wei_amx and gate_rows % _AMX_N_BLOCK == 0 else _BRGEMM_N_BLOCK
+    wei_k_blocks = padded_k // wei_k_block if wei_k_block else 1
+    if input_size != hidden_size:
+        wei_m_block = max(input_size, hidden_size)
+    else:
+        wei_m_block = _m_block_vanilla_rnn(threads, input_size, div_up(gate_rows, wei_n_block),
+                                           2 * input_size * padded_k, wei_amx)
     if batch > 1:  # global_transpose
         src_layer, src_iter = input_size * padded_k, hidden_size * padded_k
     else:
-        if input_size != hidden_size:
-            m_block = max(input_size, hidden_size)
-        else:
-            n_blocks = div_up(gate_rows, _BRGEMM_BACKWARD_N_BLOCK)
-            m_block = _m_block_vanilla_rnn(threads, input_size, n_blocks, 2 * input_size * padded_k, _L2_BYTES)
-        src_layer = threads * min(m_block, input_size) * padded_k
-        src_iter = threads * min(m_block, hidden_size) * padded_k
-    return (
-        space
-        + pointers
-        + book(batch_elements * _BRGEMM_BATCH_ELEMENT_BYTES)
-        + book(2 * threads * padded_k * _BRGEMM_BACKWARD_N_BLOCK)  # key_rnn_gates_blocked
+        src_layer = threads * min(wei_m_block, input_size) * padded_k
+        src_iter = threads * min(wei_m_block, hidden_size) * padded_k
+    total = (
+        book((max(src_k_blocks, wei_k_blocks) + 1) * threads * _BRGEMM_BATCH_ELEMENT_BYTES)
+        + book(2 * threads * padded_k * wei_n_block)  # key_rnn_gates_blocked
         + book(2 * src_layer)  # key_rnn_src_layer_trans
         + book(2 * src_iter)  # key_rnn_src_iter_trans
     )
+    if src_k_block is not None or wei_amx:  # rnn.m_block, rnn.n_block: the larger of the two GEMMs'
+        total += _amx_accumulator(threads, max(src_m_block, wei_m_block), max(wei_n_block, _BRGEMM_N_BLOCK))
+    return total
 
 
 def _forward_weight_bytes(rows: int, hidden_size: int, size: int, brgemm: bool) -> int | None:
@@ -229,7 +315,7 @@ def _forward_weight_bytes(rows: int, hidden_size: int, size: int, brgemm: bool) 
         # size-1 dims, so rows == 1 (ldgoi and ldigo agree) needs no reorder.
         return None if rows == 1 else rows * get_good_ld(LSTM_GATES * hidden_size, size) * size
     # ldgOI32o2i: O padded to 32, I to 2; a blocked layout never equals PyTorch's plain one.
-    return LSTM_GATES * round_up(hidden_size, _BRGEMM_FORWARD_N_BLOCK) * round_up(rows, _XF16_VNNI) * 2
+    return LSTM_GATES * round_up(hidden_size, _BRGEMM_N_BLOCK) * round_up(rows, _XF16_VNNI) * 2
 
 
 def _backward_weight_bytes(rows: int, hidden_size: int, size: int, brgemm: bool) -> int | None:
@@ -240,7 +326,7 @@ def _backward_weight_bytes(rows: int, hidden_size: int, size: int, brgemm: bool)
         ld = get_good_ld(rows, size)
         return None if ld == rows else LSTM_GATES * hidden_size * ld * size
     # ldgIO32i2o: I padded to 32, O to 2.
-    return LSTM_GATES * round_up(rows, _BRGEMM_BACKWARD_N_BLOCK) * round_up(hidden_size, _XF16_VNNI) * 2
+    return LSTM_GATES * round_up(rows, _BRGEMM_N_BLOCK) * round_up(hidden_size, _XF16_VNNI) * 2
 
 
 def _ldigo_f32_bytes(rows: int, hidden_size: int) -> int:
