@@ -1,4 +1,9 @@
-"""Measure the CPU process floor that trainmem adds to its tensor model of RSS.
+"""Measure the CPU process floor that trainmem adds to its tensor model of RSS, for the bundled calibrations.
+
+The floor and kernel families are measured as `trainmem calibrate` measures them on a user's machine
+(trainmem/calibrate.py, one code path); this script also measures the vision libraries' import sets and
+writes the entry, keyed by torch build and machine (vendor, instruction sets, threads), into the package's
+bundled src/trainmem/targets/data/cpu_runtime.json.
 
 The floor is the median peak RSS of fresh processes that import torch and train a tiny model
 (mlp:8-8-2, batch 1, Adam, two steps), less that model's own heap footprint as trainmem replays it.
@@ -15,27 +20,20 @@ src/trainmem/targets/data/cpu_runtime.json, keeping the entries of other builds.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import platform
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainmem.alloc.cpu import replay_resident  # noqa: E402
-from trainmem.frontends import resolve  # noqa: E402
-from trainmem.measure.cpu import run_child  # noqa: E402
-from trainmem.setup import TrainingSetup  # noqa: E402
-from trainmem.targets import cpu as cpu_target  # noqa: E402
+from trainmem.calibrate import above_tensors, measure  # noqa: E402
 from trainmem.targets import cpu_runtime  # noqa: E402
+from trainmem.targets.calibrations import machine_of  # noqa: E402
 from trainmem.targets.cpu_info import CpuInfo  # noqa: E402
-from trainmem.trace.run import trace_training  # noqa: E402
-
-FAMILIES = {"convolution": "tests/models.py:tiny_conv", "lstm": "tests/models.py:tiny_lstm",
-            "attention": "tests/models.py:tiny_attention"}
 # the sets of libraries a model reference brings into the training process, each measured with a tiny
 # model that needs them as one increment over the floor: libraries share what they import, so the
 # increments of single libraries do not add up (cpu_runtime.runtime_floor)
@@ -53,42 +51,31 @@ SINGLE_LIBRARIES = {"transformers": (("transformers",), ()),
                     "timm": (("timm", "torchvision"), ("torchvision",))}
 
 
-def rss_above_tensors(ref: str, runs: int, extra: dict | None = None) -> tuple[int, list[int]]:
-    setup = TrainingSetup.from_mapping({"batch_size": 1, "optimizer": "adam", **(extra or {}),
-                                        **({"input_shape": "8"} if ref.startswith("mlp:") else {})})
-    peaks = [run_child(ref, setup, "rss")["peak_rss_bytes"] for _ in range(runs)]
-    traced = trace_training(resolve(ref, setup), setup, cpu_target.kernel_ops())
-    stream, _ = cpu_target.device_stream(traced.trace, CpuInfo.this_machine())
-    return int(statistics.median(peaks)) - replay_resident(stream), peaks
-
-
 def main() -> None:
     import torch
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cpu-name", required=True,
+                        help="how the bundled entry names its CPU, e.g. 'AMD EPYC (AVX512-BF16, no AMX), 2 vCPUs'")
     parser.add_argument("--libraries-only", action="store_true",
                         help="measure the libraries' increments again, keep the floor and kernel families")
     args = parser.parse_args()
     out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
     calibrations = json.loads(out.read_text())["calibrations"] if out.exists() else []
-    old = next((c for c in calibrations if c["torch"] == torch.__version__), {})
+    here = machine_of(CpuInfo.this_machine())
+    old = next((c for c in calibrations if c["torch"] == torch.__version__ and c.get("machine_facts") == here), {})
     if args.libraries_only:
         floor, families = old["floor_bytes"], old["families"]
     else:
-        floor, peaks = rss_above_tensors("mlp:8-8-2", args.runs)
-        print(f"floor: {floor:,} B (peak RSS of runs: {peaks})")
-        families = {}
-        for family, ref in FAMILIES.items():
-            above, peaks = rss_above_tensors(str(ROOT / ref.split(':')[0]) + ":" + ref.split(":")[1], args.runs)
-            families[family] = max(0, above - floor)
-            print(f"{family}: +{families[family]:,} B (peak RSS of runs: {peaks})")
+        measured = measure(args.runs, libraries=False, say=print)
+        floor, families = measured["floor_bytes"], measured["families"]
     import_sets: dict[tuple[str, ...], int] = {}
     for libraries, (ref, extra) in IMPORT_SETS.items():
         if any(importlib.util.find_spec(library) is None for library in libraries):
             print(f"libraries {'+'.join(libraries)}: not installed here, not measured")
             continue
-        above, peaks = rss_above_tensors(ref.replace("hf:", f"hf:{ROOT}/"), args.runs, extra)
+        above, peaks = above_tensors(ref.replace("hf:", f"hf:{ROOT}/"), args.runs, extra)
         import_sets[libraries] = max(0, above - floor)
         print(f"libraries {'+'.join(libraries)}: +{import_sets[libraries]:,} B (peak RSS of runs: {peaks})")
     libraries = {library: max(0, import_sets[within] - import_sets.get(below, 0))
@@ -98,8 +85,9 @@ def main() -> None:
             "import_sets": {cpu_runtime.import_set_key(key): value for key, value in import_sets.items()}, "runs": args.runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {platform.python_version()}",
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py"}
-    calibrations = [c for c in calibrations if c["torch"] != data["torch"]] + [data]
+            "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py",
+            "cpu": args.cpu_name, "machine_facts": here, "measured": datetime.date.today().isoformat()}
+    calibrations = [c for c in calibrations if (c["torch"], c.get("machine_facts")) != (data["torch"], here)] + [data]
     out.write_text(json.dumps({"calibrations": calibrations}, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -150,7 +150,11 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         + d("max_grad_norm", "no clipping"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
                         + d("loop"))
-    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", dest="run_steps", type=int, metavar="N",
+                        help="the run's length in optimizer steps, for CPU peak RSS (glibc's heap keeps growing "
+                             "after the first steps; two are traced, the last repeated) (default: a long run, "
+                             "repeated until the heap stops growing, at most 32 steps)")
+    parser.add_argument("--trace-steps", dest="steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", metavar="DEVICE", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9"
                         + _run_default("device"))
     parser.add_argument("--cuda-context", metavar="SIZE", help="GPU devices: CUDA context bytes in nvidia-smi "
@@ -236,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("--search", metavar="TEXT", help="only the devices whose name, alias or product name "
                          "contains TEXT, ignoring case, spaces and dashes (e.g. 3060, 'a100 80gb', mi300x); "
                          "none: one line, exit 2")
+    calibrate = commands.add_parser("calibrate", help="measure this machine's CPU process floor once, for every "
+                                    "later estimate here (about a minute)")
+    calibrate.add_argument("--runs", type=int, default=3, metavar="N",
+                           help="fresh processes for the floor; N-1 for each kernel family, N-2 (at least 1) for each library set "
+                                "(default: 3)")
+    calibrate.add_argument("--no-libraries", action="store_true",
+                           help="skip the increments of transformers and peft (default: measured when installed)")
+    calibrate.add_argument("--format", choices=["text", "json"], default="text", help="(default: text)")
     return parser
 
 
@@ -529,6 +541,22 @@ def _devices(args: argparse.Namespace) -> Outcome:
                    else format_table(devices), EXIT_OK)
 
 
+def _calibrate(args: argparse.Namespace) -> Outcome:
+    from trainmem.calibrate import calibrate
+
+    if not 1 <= args.runs <= MAX_RUNS:
+        raise TrainmemError(f"expected --runs between 1 and {MAX_RUNS}, got {args.runs}", where="--runs")
+    say = (lambda line: None) if args.format == "json" else (lambda line: print(line, file=sys.stderr, flush=True))
+    done = calibrate(args.runs, libraries=not args.no_libraries, say=say)
+    if args.format == "json":
+        return Outcome(json.dumps({**done.entry, "stored": str(done.path), "seconds": round(done.seconds, 1)},
+                                  indent=2), EXIT_OK)
+    entry = done.entry
+    return Outcome(f"calibrated {entry['cpu']} ({entry['capability']}, {entry['threads']} threads, torch "
+                   f"{entry['torch']}) in {done.seconds:.0f} s: process floor {entry['floor_bytes'] / 2**20:.1f} MiB; "
+                   f"stored in {done.path}; estimates on this machine now use it", EXIT_OK)
+
+
 def _trace_warnings(warnings: list[str], fmt: str) -> tuple[str, ...]:
     """Assumptions the trace made about the model's ops (data-dependent values) also go to stderr;
     the rest are in the report. JSON output keeps stderr quiet for scripts: all are in the JSON."""
@@ -549,6 +577,8 @@ _COMMANDS = {"estimate": _estimate, "measure": _measure, "fit": _fit, "compare":
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
     if args.command == "devices":
         return _devices(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
     options = merge_options(args, _option_keys(parser))
     options.values["model"] = args.model
     warnings = _check_run_options(options, args.command)

@@ -173,7 +173,10 @@ class TrainingSetup:
     checkpointing: bool = False
     freeze: tuple[str, ...] = ()
     zero_grad: ZeroGrad = ZeroGrad.NONE
-    steps: int = 2
+    steps: int = 2  # steps traced (--trace-steps, hidden); the run's own length is run_steps
+    # the run's length in optimizer steps, for CPU peak RSS (alloc/steady_state.py: the heap keeps growing after
+    # the traced steps); None: a long run, replayed until the heap stops growing (bounded)
+    run_steps: int | None = None
     activation: Activation = Activation.RELU  # used by mlp: references only
     dropout: float = 0.0  # used by mlp: references only
     task: str | None = None  # hf: references: causal-lm, masked-lm, … (None: the model's own)
@@ -197,7 +200,9 @@ class TrainingSetup:
                            "--batch-size")
         if self.grad_accum > MAX_GRAD_ACCUM:
             raise expected(f"at most {MAX_GRAD_ACCUM:,} micro-batches per optimizer step", self.grad_accum, "--grad-accum")
-        _check_positive_int(self.steps, "--steps")
+        _check_positive_int(self.steps, "--trace-steps")
+        if self.run_steps is not None:
+            _check_positive_int(self.run_steps, "--steps")
         if self.seq_len is not None:
             _check_positive_int(self.seq_len, "--seq-len")
         if self.lora is not None:

@@ -62,7 +62,13 @@ def _lstm_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
         seq_len, batch, input_size, hidden_size, inp.itemsize, cpu=cpu,
         grad_output_copied=copied[0], grad_hy_copied=copied[1], grad_cy_copied=copied[2], hx_cx_same_storage=same,
         cell_state_bytes=cx.itemsize if isinstance(cx, TensorMeta) else None)
-    return KernelEffect(tuple(before), tuple(after), rule="oneDNN LSTM backward buffers")
+    # RNN.cpp returns diff_b and diff_b2_ = clone(diff_b_), two storages (the bias gradients of b_ih and b_hh);
+    # the fake kernel returns one tensor twice (torch/_meta_registrations.py), so that storage stands for both
+    outputs = call.outputs
+    shared = (len(outputs) > 4 and isinstance(outputs[3], TensorMeta) and isinstance(outputs[4], TensorMeta)
+              and outputs[3].storage_key == outputs[4].storage_key)
+    sizes = ((3, 2 * 4 * hidden_size * outputs[3].itemsize),) if shared else ()
+    return KernelEffect(tuple(before), tuple(after), output_nbytes=sizes, rule="oneDNN LSTM backward buffers")
 
 
 @kernel_rule("convolution")

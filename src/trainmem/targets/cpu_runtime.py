@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from trainmem.targets.calibrations import MachineChoice, choose_machine, machine_spread
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.torch_build import FactChoice, TorchBuild, nearest
 
@@ -33,6 +34,7 @@ FAMILIES = {
 class RuntimeFloor:
     parts: dict[str, int]
     assumptions: list[str]
+    spread: int = 0  # bytes the high end allows for the machine: 0 when calibrated on this one
 
 
 def choose(running: TorchBuild | None = None) -> FactChoice:
@@ -43,9 +45,24 @@ def choose(running: TorchBuild | None = None) -> FactChoice:
     return nearest(calibrations, running or TorchBuild.running())
 
 
+def choose_for(cpu: CpuInfo, running: TorchBuild | None = None) -> tuple[FactChoice, MachineChoice]:
+    """The torch build's calibration (`choose`), then among that build's entries the one of this machine
+    (`trainmem calibrate`) or of the most similar bundled CPU (targets/calibrations.py)."""
+    running = running or TorchBuild.running()
+    build = choose(running)
+    bundled = json.loads(DATA.read_text())["calibrations"]
+    entries = [entry for entry in bundled if entry["torch"] == build.measured_on]
+    machine = choose_machine(entries, cpu, running.text, machine_spread(bundled))
+    if machine.own:  # this machine's own measurement of the running build: exact
+        build = FactChoice(machine.entry, running.text, running.text, True)
+    else:
+        build = dataclasses.replace(build, entry=machine.entry)
+    return build, machine
+
+
 def load() -> dict:
-    """The calibration `choose` picks for the running torch."""
-    return choose().entry
+    """The calibration `choose_for` picks for the running torch on this machine."""
+    return choose_for(CpuInfo.this_machine())[0].entry
 
 
 def import_set_key(libraries) -> str:
@@ -70,7 +87,8 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     floor measured with other ones is reported as an assumption."""
     import torch
 
-    choice = choose()
+    cpu = cpu or CpuInfo.this_machine()
+    choice, machine = choose_for(cpu)
     data = choice.entry
     parts = {"process_floor": int(data["floor_bytes"])}
     for family, ops in FAMILIES.items():
@@ -78,7 +96,7 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
             parts[f"runtime_{family}"] = int(data["families"][family])
     assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
                    f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
-                   "interpreter, torch libraries, thread pools"]
+                   "interpreter, torch libraries, thread pools", machine.said]
     if choice.warning("process floor"):
         assumptions.append(choice.warning("process floor"))
     if libraries:
@@ -94,9 +112,8 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
                                "separate increments are added, which counts what they share twice"
                                + ("" if len(known) == len(libraries) else
                                   f"; no increment measured for {', '.join(sorted(set(libraries) - set(known)))}"))
-    cpu = cpu or CpuInfo.this_machine()
     here = (torch.__version__, cpu.capability, cpu.threads)
     if here != (data["torch"], data["capability"], data["threads"]):
         assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "
                            "was measured elsewhere and may differ by tens of MiB")
-    return RuntimeFloor(parts, assumptions)
+    return RuntimeFloor(parts, assumptions, machine.spread)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from trainmem.alloc.cpu import aligned
-from trainmem.alloc.replay import CpuTensorAllocator, HeapReplay, glibc_heap
+from trainmem.alloc.replay import CpuTensorAllocator, glibc_heap
+from trainmem.alloc.steady_state import SteadyHeap, steady_heap
 from trainmem.errors import SetupError
 from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime, keras_torch_runtime
 from trainmem.targets import cpu as cpu_kernels
@@ -64,21 +65,39 @@ class CpuTarget:
             keras_parts, keras_spread, keras_said = keras_torch_runtime.keras_parts()
             libraries -= {"keras"}
         runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries, self.cpu)
-        heap = glibc_heap(stream.events)
+        heap = steady_heap(stream.events, glibc_heap, setup.run_steps)
         floor = sum(runtime.parts.values()) + sum(keras_parts.values())
         spread = heap.table["spread"]
-        high = max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"]))) + keras_spread
+        # runtime.spread: the bundled machines' floors differ by that much when this one is not calibrated
+        high = (max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"]))) + keras_spread
+                + runtime.spread)
         warnings = runtime.assumptions + keras_said + _heap_assumptions(heap, high) + [
             f"CPU kernel rule '{rule}' applied ×{count} (buffers below the dispatcher, {self.cpu.capability})"
             for rule, count in sorted(stream.rules.items())] + list(stream.gaps)
         parts = {**runtime.parts, **keras_parts, "tensor_heap_resident": heap.resident}
-        coverage = {"capability": self.cpu.capability, "threads": self.cpu.threads}
+        coverage = {"capability": self.cpu.capability, "threads": self.cpu.threads, "heap_steps": heap.steps}
         return ProcessMemory(parts, high, [], warnings, coverage)
 
 
-def _heap_assumptions(heap: HeapReplay, high: int) -> list[str]:
+def _run_length(heap: SteadyHeap) -> str:
+    """What the heap figure stands for: the run's length, and whether the heap had stopped growing."""
+    growth = ", ".join(f"{heap_bytes / 2**20:.0f}" for heap_bytes in heap.growth.values())
+    steps = ", ".join(str(steps) for steps in heap.growth)
+    said = (f"peak RSS is the run's after {heap.steps} steps: the last traced step repeated (alloc/steady_state.py), "
+            f"as glibc's heap keeps growing after the first steps (modelled heap {growth} MiB after {steps} steps)")
+    values = list(heap.growth.values())
+    if not heap.converged and len(values) > 1 and values[-1] == values[-2]:
+        said += ("; it held over the last doubling, and a longer run may still add a little (--steps N for the "
+                 "run's own length)")
+    elif not heap.converged:
+        said += ("; it was still growing where the replay stopped, so a longer run may hold more (--steps N for "
+                 "the run's own length)")
+    return said
+
+
+def _heap_assumptions(heap: SteadyHeap, high: int) -> list[str]:
     source, spread = heap.table["source"], heap.table["spread"]
-    assumptions = [f"peak RSS replays the tensor allocations with {heap.objects:,} runtime small objects "
+    assumptions = [_run_length(heap), f"peak RSS replays the tensor allocations with {heap.objects:,} runtime small objects "
                    "(TensorImpls, autograd nodes, oneDNN descriptors) interleaved as malloc logs of real runs show "
                    f"(targets/data/cpu_small_objects.json, torch {source['torch']}, {source['date']}); they pin "
                    "freed tensor chunks inside glibc's heap",

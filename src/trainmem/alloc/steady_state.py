@@ -1,0 +1,144 @@
+"""The run the user will run, not the two steps traced: the last traced step repeated, for the glibc heap.
+
+Why. A CPU training process's RSS keeps growing after its first steps: glibc's dynamic mmap threshold
+(malloc.c: a freed mmapped chunk larger than `mmap_threshold` raises it to that chunk's size, and the
+trim threshold to twice that) moves more tensors into the heap step after step, and the runtime's small
+objects left between freed tensor chunks keep the heap from shrinking. Measured on an Intel Xeon (AMX),
+torch 2.13.0, tests/models.py:tiny_gpt batch 16, Adam, the tutorial loop (benchmarks/truth_loops.py
+--mode rss --steps N): peak RSS 529, 584, 611, 647, 655 MiB after 1, 2, 4, 8, 16 steps; with the dynamic
+threshold turned off (MALLOC_TOP_PAD_=0, malloc.c's `no_dyn_threshold`) 560 MiB after 2 and after 16.
+
+What. Every step after the first does the same allocations in the same order (same shapes, same ops),
+so the trace's last step is a template: step k+1 repeats it with fresh storage keys. A free in the
+template of a storage born in the step before it (the previous step's gradients freed by zero_grad, the
+loop's names rebound) frees, in each copy, the previous copy's storage of the same signature (phase, op,
+bytes, category, and its rank among those): the storage that plays the same part one step later. Storages
+born earlier still (parameters, optimizer state) are untouched by the copies. The copies go through the
+same small-object interleave (alloc/small_objects.py: 'later'-step rows; shape-keyed cache entries only at
+a signature's first allocation, so none are added) and glibc model as the traced steps.
+
+How long. `steady_heap` doubles the number of steps until the heap's peak holds over two doublings in a
+row (the state then repeats: a longer run adds nothing), up to the run's length when one is given, and
+stops at a bound on steps and on the events replayed; where the heap was still growing there, the result says so.
+The model creeps as the real heap does (tiny_gpt above: 290, 294, 294, 300, 300 MiB of modelled heap
+after 2, 4, 8, 16, 32 steps), so one unchanged doubling is not taken as the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from trainmem.targets import DeviceEvent
+
+TRACED_STEPS_USED = 2  # the template is the last traced step; the step before it gives the analogues
+MAX_STEPS = 32  # bound on the steps replayed when the heap keeps moving (the default run: "a long run")
+# bound on the events one replay may hold (each doubling replays the whole run): a bound on time and memory that,
+# unlike a clock, gives the same answer on every run of the same command
+MAX_EVENTS = 300_000
+STILL_FOR = 2  # doublings in a row without a change that make the heap's peak converged
+
+
+@dataclasses.dataclass(frozen=True)
+class SteadyHeap:
+    resident: int  # peak resident heap over `steps` steps
+    pinned: int  # the same with every freed chunk pinned
+    steps: int  # the steps replayed
+    converged: bool  # the peak stopped moving before `steps` (a longer run adds nothing)
+    growth: dict[int, int]  # steps → peak resident heap, each doubling replayed
+    objects: int
+    defaulted_ops: dict[str, int]
+    table: dict
+
+
+def _signatures(events: Sequence[DeviceEvent]) -> dict[int, tuple]:
+    """key → (phase, op, bytes, category, rank among allocations of that signature) for a step's births."""
+    seen: Counter = Counter()
+    out = {}
+    for event in events:
+        if event.action == "alloc":
+            signature = (str(event.phase), event.op, event.nbytes, str(event.category))
+            out[event.key] = (signature, seen[signature])
+            seen[signature] += 1
+    return out
+
+
+def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
+    """The traced stream followed by copies of its last step up to `steps` steps in all (module docstring).
+    A stream of fewer than two traced steps, or `steps` not above the traced count, comes back as it is.
+
+    The trace ends where the traced run ends: the last step's inputs, outputs and loss die there as the
+    loop's names go out of scope ("teardown"). In a longer run they die in the next step instead, when the
+    loop rebinds those names, as the step before the last shows (its storages of the same signature are
+    freed in the last step). So those frees move from the last traced step to the end of the last copy."""
+    events = list(events)
+    traced = sorted({event.step for event in events if str(event.phase) != "init"})
+    if len(traced) < TRACED_STEPS_USED or steps <= len(traced):
+        return events
+    last, before = traced[-1], traced[-2]
+    born: dict[int, int] = {}
+    for event in events:
+        if event.action == "alloc":
+            born[event.key] = event.step
+    template = [event for event in events if event.step == last and str(event.phase) != "init"]
+    previous = _signatures([event for event in events if event.step == before])
+    own = _signatures(template)
+    by_signature = {value: key for key, value in own.items()}
+    analogue = {key: by_signature.get(value) for key, value in previous.items()}
+    freed_in_last = {event.key for event in template if event.action == "free"}
+    # the template's storages whose counterpart one step earlier lived into the last step: theirs die at teardown
+    outliving = {analogue[key] for key in previous if key in freed_in_last and analogue.get(key) is not None}
+    teardown = [event for event in template if event.action == "free" and event.key in outliving]
+    teardown_ids = {id(event) for event in teardown}
+    next_key = max((abs(event.key) for event in events), default=0) + 1
+    copies = [event for event in events if id(event) not in teardown_ids]
+    renamed = {key: key for key, step in born.items() if step == last}  # the template's own births, as of now
+    for step in range(last + 1, last + 1 + steps - len(traced)):
+        current: dict[int, int] = {}
+        for event in template:
+            if id(event) in teardown_ids:
+                continue
+            origin = born.get(event.key)
+            if event.action == "alloc":
+                if origin == last:
+                    current[event.key] = next_key
+                    next_key += 1
+                copies.append(dataclasses.replace(event, key=current.get(event.key, event.key), step=step))
+            elif origin == last:
+                copies.append(dataclasses.replace(event, key=current.get(event.key, renamed.get(event.key, event.key)),
+                                                  step=step))
+            elif origin == before and analogue.get(event.key) is not None:
+                copies.append(dataclasses.replace(event, key=renamed[analogue[event.key]], step=step))
+            # a storage born before that: freed once in the real run, already freed by the traced step
+        renamed = {key: current.get(key, renamed.get(key, key)) for key in renamed}
+    final = last + steps - len(traced)
+    copies += [dataclasses.replace(event, key=renamed.get(event.key, event.key), step=final) for event in teardown]
+    return copies
+
+
+def steady_heap(events: Sequence[DeviceEvent], heap: Callable, run_steps: int | None = None) -> SteadyHeap:
+    """The glibc heap (`heap`, alloc/replay.py glibc_heap) after the run: `run_steps` steps, or, when None,
+    as many as it takes for the peak to stop moving (within MAX_STEPS and MAX_EVENTS)."""
+    traced = len({event.step for event in events if str(event.phase) != "init"})
+    limit = MAX_STEPS if run_steps is None else run_steps
+    steps = traced
+    result = heap(list(events))
+    growth = {steps: result.resident}
+    per_step = max(1, len(events) // max(1, traced))
+    converged, still = False, 0
+    while steps < limit:
+        longer = min(limit, steps * 2)
+        if longer * per_step > MAX_EVENTS:
+            break
+        candidate = heap(compose(events, longer))
+        growth[longer] = candidate.resident
+        moved = candidate.resident != result.resident or candidate.pinned != result.pinned
+        steps, result = longer, candidate
+        still = 0 if moved else still + 1
+        if still >= STILL_FOR:  # the peak held over two doublings in a row: the state repeats
+            converged = True
+            break
+    converged = converged or (run_steps is not None and steps >= run_steps)
+    return SteadyHeap(result.resident, result.pinned, steps, converged, growth, result.objects,
+                      result.defaulted_ops, result.table)

@@ -1,0 +1,96 @@
+"""The run's length for CPU peak RSS: the last traced step repeated (alloc/steady_state.py).
+
+The check is independent of the composition: tracing N steps for real (the hidden --trace-steps) gives
+the stream a longer run makes, and the composed stream from two traced steps must equal it event for event
+(action, bytes, phase, op, step), leave the same storages alive, and replay to the same glibc heap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trainmem
+from trainmem.alloc.replay import glibc_heap
+from trainmem.alloc.steady_state import MAX_STEPS, compose, steady_heap
+from trainmem.errors import TrainmemError
+
+MODELS = str(Path(__file__).with_name("models.py"))
+CASES = [("mlp:64-32-10", {"input_shape": "64"}), (f"{MODELS}:tiny_gpt", {"target_shape": "128"}),
+         (f"{MODELS}:cnn_bn", {"target_shape": "scalar"}), (f"{MODELS}:lstm", {"target_shape": "scalar"})]
+
+
+def _signature(events):
+    return [(event.action, event.nbytes, str(event.phase), event.op, event.step) for event in events]
+
+
+def _alive(events):
+    live = {}
+    for event in events:
+        if event.action == "alloc":
+            live[event.key] = event.nbytes
+        else:
+            live.pop(event.key, None)
+    return sorted(live.values())
+
+
+@pytest.mark.parametrize("loop", ["inline", "step-fn", "lean"])
+@pytest.mark.parametrize("reference,extra", CASES[:3])
+def test_composed_steps_equal_a_longer_trace(reference, extra, loop):
+    two = trainmem.estimate(reference, batch_size=2, optimizer="adam", loop=loop, **extra)
+    four = trainmem.estimate(reference, batch_size=2, optimizer="adam", loop=loop, steps=4, **extra)
+    composed, traced = compose(two.replay_input.events, 4), list(four.replay_input.events)
+    assert _signature(composed) == _signature(traced)
+    assert _alive(composed) == _alive(traced)
+    assert glibc_heap(composed).resident == glibc_heap(traced).resident
+
+
+def test_composed_steps_equal_a_longer_trace_with_accumulation_and_an_lstm():
+    reference, extra = CASES[3]
+    two = trainmem.estimate(reference, batch_size=2, optimizer="momentum", grad_accum=2, **extra)
+    three = trainmem.estimate(reference, batch_size=2, optimizer="momentum", grad_accum=2, steps=3, **extra)
+    composed = compose(two.replay_input.events, 3)
+    assert _signature(composed) == _signature(list(three.replay_input.events))
+
+
+def test_keys_of_copies_are_fresh_and_every_free_names_a_live_storage():
+    est = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2)
+    composed = compose(est.replay_input.events, 6)
+    live = set()
+    for event in composed:
+        if event.action == "alloc":
+            assert event.key not in live, event
+            live.add(event.key)
+        else:
+            assert event.key in live, event
+            live.discard(event.key)
+
+
+def test_two_steps_or_fewer_are_the_trace_itself():
+    est = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2)
+    events = list(est.replay_input.events)
+    assert compose(events, 1) == events and compose(events, 2) == events
+
+
+def test_run_length_is_honoured_and_the_default_is_bounded_and_deterministic():
+    est = trainmem.estimate(f"{MODELS}:tiny_gpt", target_shape="128", batch_size=4)
+    events = est.replay_input.events
+    eight = steady_heap(events, glibc_heap, 8)
+    assert eight.steps == 8 and list(eight.growth) == [2, 4, 8] and eight.converged
+    default = steady_heap(events, glibc_heap)
+    assert default.steps <= MAX_STEPS and default.resident >= eight.resident
+    assert steady_heap(events, glibc_heap) == default  # same command, same bytes
+    # the heap never shrinks as the run gets longer: more steps, more chances to pin a freed chunk
+    values = list(default.growth.values())
+    assert values == sorted(values)
+
+
+def test_the_estimate_reports_the_run_length_and_steps_flag_is_checked():
+    short = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2, run_steps=2)
+    long = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2)
+    assert short.coverage["heap_steps"] == 2 and long.coverage["heap_steps"] >= 2
+    assert long.process_bytes >= short.process_bytes
+    said = [w for w in long.warnings if "steady_state" in w]
+    assert len(said) == 1 and f"after {long.coverage['heap_steps']} steps" in said[0]
+    with pytest.raises(TrainmemError, match="--steps"):
+        trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2, run_steps=0)
