@@ -57,9 +57,9 @@ OPTIMIZERS = ("adam", "momentum")
 TENSOR_TARGET, RSS_TARGET, RSS_LOW_TARGET = 0.01, 0.05, 0.03
 
 
-def truth(reference: str, batch: int, optimizer: str, mode: str, flags: list[str]) -> dict:
+def truth(reference: str, batch: int, optimizer: str, mode: str, flags: list[str], steps: int = 2) -> dict:
     command = [sys.executable, str(TRUTH), reference, "--batch-size", str(batch), "--optimizer", optimizer,
-               "--loop", "inline", "--mode", mode, *flags]
+               "--loop", "inline", "--mode", mode, "--steps", str(steps), *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -67,29 +67,39 @@ def truth(reference: str, batch: int, optimizer: str, mode: str, flags: list[str
     return json.loads(lines[-1])
 
 
-def run_rows(runs: int, only: str | None) -> list[dict]:
+def run_rows(runs: int, only: str | None, optimizers=OPTIMIZERS) -> list[dict]:
     rows = []
     for name, ref, extra, batches, flags in ZOO:
         if only and only != name:
             continue
         for batch in batches:
-            for optimizer in OPTIMIZERS:
+            for optimizer in optimizers:
                 started = time.perf_counter()
                 est = estimate(ref, setup=TrainingSetup.from_mapping(
                     {"batch_size": batch, "optimizer": optimizer, "loop": "inline", **extra}))
+                # the estimate stands for a long run (--steps default: alloc/steady_state.py); the RSS runs run
+                # as many steps as its heap replay did, the profiled tensor run the two traced ones
+                steps = int(est.coverage.get("heap_steps", 2))
                 tensors = truth(ref, batch, optimizer, "tensors", flags)
-                rss_runs = [truth(ref, batch, optimizer, "rss", flags)["peak_rss_bytes"] for _ in range(runs)]
+                rss_runs = [truth(ref, batch, optimizer, "rss", flags, steps)["peak_rss_bytes"] for _ in range(runs)]
                 row = {"model": name, "batch": batch, "optimizer": optimizer, "est_tensor": est.tensor_bytes,
                        "meas_tensor": tensors["tensor_peak_bytes"], "est_rss": est.process_bytes,
                        "est_rss_high": est.process_bytes_high, "meas_rss": int(statistics.median(rss_runs)),
                        "rss_runs": rss_runs, "capability": tensors["cpu_capability"],
-                       "threads": tensors["threads"], "torch": tensors["torch"]}
+                       "threads": tensors["threads"], "torch": tensors["torch"], "steps": steps,
+                       "cpu": _cpu_name()}
                 row["err_tensor"] = (row["est_tensor"] - row["meas_tensor"]) / row["meas_tensor"]
                 row["err_rss"] = (row["est_rss"] - row["meas_rss"]) / row["meas_rss"]
                 row["seconds"] = time.perf_counter() - started
                 rows.append(row)
                 print(_line(row), flush=True)
     return rows
+
+
+def _cpu_name() -> str:
+    from trainmem.calibrate import _cpu_name as name
+
+    return name()
 
 
 def _miss(row: dict) -> str:
@@ -151,7 +161,9 @@ def write_markdown(rows: list[dict], runs: int) -> str:
         "# CPU accuracy: estimated vs measured",
         "",
         f"Generated {datetime.date.today()} by `python benchmarks/accuracy_cpu.py --runs {runs}` "
-        f"(torch {first['torch']}, {first['capability']}, {first['threads']} threads).",
+        f"(torch {first['torch']}, {first.get('cpu', 'AMD EPYC')}, {first['capability']}, {first['threads']} threads). "
+        f"RSS runs run {first.get('steps', 2)} steps, the run length the estimate's heap replay stands for "
+        "(--steps, default a long run).",
         "Ground truth: benchmarks/truth_loops.py, the tutorial loop (`inline`) written as plain PyTorch with no "
         "trainmem code. Measured tensor peak: profiler memory events, 64-byte rounded. Measured RSS: VmHWM of a "
         f"fresh process, median of {runs} run(s); the runs column shows their spread. The last six models are "
@@ -181,17 +193,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only")
+    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated (default: both)")
+    parser.add_argument("--tag", default="", help="results and data under accuracy_cpu_TAG.md/.jsonl (another "
+                        "machine's table is kept)")
     parser.add_argument("--load", action="store_true", help="re-render from benchmarks/data/accuracy_cpu.jsonl")
     args = parser.parse_args()
-    data = ROOT / "benchmarks/data/accuracy_cpu.jsonl"
+    name = "accuracy_cpu" + (f"_{args.tag}" if args.tag else "")
+    data = ROOT / f"benchmarks/data/{name}.jsonl"
+    result = ROOT / f"benchmarks/results/{name}.md"
     if args.load:
         rows = [json.loads(line) for line in data.read_text().splitlines()]
-        (ROOT / "benchmarks/results/accuracy_cpu.md").write_text(write_markdown(rows, len(rows[0]["rss_runs"])))
+        result.write_text(write_markdown(rows, len(rows[0]["rss_runs"])))
         return
-    rows = run_rows(args.runs, args.only)
+    rows = run_rows(args.runs, args.only, tuple(args.optimizers.split(",")))
     text = write_markdown(rows, args.runs)
     if not args.only:
-        (ROOT / "benchmarks/results/accuracy_cpu.md").write_text(text)
+        result.write_text(text)
         data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     print(text)
 

@@ -15,7 +15,7 @@ def _report() -> str:
     # the device capacity and the floor's provenance depend on the machine; the arithmetic does not
     # (process_bytes_high in "where the objects fall" is built on the floor of the torch build installed)
     machine = ("  process (peak RSS)", "  process, high end", "  process_floor", "  runtime_", "  tensor_heap_resident",
-               "  - process floor", "  - this process runs", "  - where the objects fall")
+               "  - process floor", "  - this process runs", "  - where the objects fall", "  - peak RSS is the run's")
     return "\n".join(line for line in lines if not line.startswith(machine)) + "\n"
 
 

@@ -56,7 +56,8 @@ KEPT = {"cpu_mlp": ("text", "quiet", "json"), "a100_tiny_llama": ("text", "quiet
 
 # CPU text lines whose figures are this machine's (capacity, process floor, peak RSS built on it)
 MACHINE_LINES = ("  process (peak RSS)", "  process, high end", "  process_floor", "  runtime_", "  tensor_heap_resident",
-                 "  - process floor", "  - this process runs", "  - where the objects fall", "  - peak RSS replays")
+                 "  - process floor", "  - this process runs", "  - where the objects fall", "  - peak RSS replays",
+                 "  - peak RSS is the run's")
 QUIET = re.compile(r"^peak (?P<peak>\S+ \S+)(?P<rank> per rank)? \((?:most loaded: [^;]+; )?"
                    r"(?:fits (?P<device>.+?), (?P<free>\S+ \S+) free|does not fit (?P<ndevice>.+?): (?P<why>.+))\)"
                    r"(?:; high end (?P<high>\S+ \S+))?$")
