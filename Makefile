@@ -1,6 +1,6 @@
 # Two commands for a fresh machine:  make demo  ·  make test
-# Both create .venv on first use. The package itself accepts any supported torch (pyproject.toml); the dev
-# environment pins torch 2.13.0 here, installed before trainmem so that the package's open range finds it
+# Both create .venv on first use. The package itself accepts any supported torch (pyproject.toml's [torch]
+# extra); the dev environment pins torch 2.13.0 here, installed before trainmem so that the open range finds it
 # satisfied (on this machine pip takes the 2.13.0 CPU build from its local wheels; without a torch already
 # there, an open range would pull a multi-GB CUDA build). make test also creates .venv-vision (torch 2.14.1
 # + torchvision + timm) for the tests of torchvision:/timm: references and of the install into another torch.
@@ -16,9 +16,9 @@ $(VENV)/.torch-ready:
 	$(BIN)/pip install --quiet $(DEV_TORCH)
 	touch $@
 
-# what the demo needs: trainmem and its one dependency, torch (already there)
+# what the demo needs: trainmem with its [torch] extra, torch (already there)
 $(VENV)/.demo-ready: $(VENV)/.torch-ready pyproject.toml
-	$(BIN)/pip install --quiet -e . $(DEV_TORCH)
+	$(BIN)/pip install --quiet -e '.[torch]' $(DEV_TORCH)
 	touch $@
 
 # the test extras (pytest, pyyaml, transformers, peft, onnx, tensorflow-cpu, keras) on top
@@ -35,7 +35,7 @@ VISION_PACKAGES := torch==2.14.1 torchvision==0.29.1 timm==1.0.31 accelerate==1.
 $(VISION)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VISION)
 	$(VISION)/bin/pip install --quiet $(VISION_PACKAGES)
-	$(VISION)/bin/pip install --quiet -e .
+	$(VISION)/bin/pip install --quiet -e '.[torch]'
 	touch $@
 
 # Debian's chromium opens the HTML report headless in tests/test_report_html.py (the page is drawn, makes no
@@ -78,7 +78,7 @@ COMPAT_OUT := build/compat
 .venv-compat-%/.ready: pyproject.toml
 	$(PYTHON) -m venv .venv-compat-$*
 	PIP_CONSTRAINT=/dev/null .venv-compat-$*/bin/pip install --quiet torch==$* $(COMPAT_PACKAGES)
-	PIP_CONSTRAINT=/dev/null .venv-compat-$*/bin/pip install --quiet -e . torch==$*
+	PIP_CONSTRAINT=/dev/null .venv-compat-$*/bin/pip install --quiet -e '.[torch]' torch==$*
 	touch $@
 
 compat: $(VENV)/.test-ready $(foreach version,$(COMPAT_VERSIONS),.venv-compat-$(version)/.ready)

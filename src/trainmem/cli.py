@@ -590,6 +590,14 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ou
         except SystemExit as stop:  # the model's code (a forward, a library it imports) called sys.exit
             raise TrainmemError(f"expected the model's code to return, it called sys.exit({quote(stop.code)})",
                                 where=args.model) from None
+        except (ImportError, TrainmemError) as error:  # torch not installed: which extra to install
+            from trainmem.install_hints import missing_framework_line
+
+            line = missing_framework_line(error, args.model, options.framework,
+                                          keras_command=args.command not in ("fit", "compare"))
+            if line is None:
+                raise
+            raise TrainmemError(line) from error
     return dataclasses.replace(outcome, warnings=tuple(warnings) + outcome.warnings)
 
 

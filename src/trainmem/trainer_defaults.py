@@ -26,19 +26,25 @@ def _base_release(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def installed_torch_version() -> str:
-    """The installed torch's version as transformers reads it (package metadata, no import of torch)."""
+def installed_torch_version() -> str | None:
+    """The installed torch's version as transformers reads it (package metadata, no import of torch); None
+    where torch is not installed (a Keras-on-TensorFlow environment: setup.py asks at import)."""
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:  # a torch built from source, not installed as a package
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            return None
         return torch.__version__
 
 
 def trainer_optimizer_impl(torch_version: str | None = None) -> str:
-    """The AdamW implementation (a setup.OptimizerImpl value) the Trainer's default optim asks for."""
+    """The AdamW implementation (a setup.OptimizerImpl value) the Trainer's default optim asks for; without
+    torch, the one for the torch `pip install 'trainmem[torch]'` would bring (2.8 or newer: fused)."""
     version = installed_torch_version() if torch_version is None else torch_version
+    if version is None:
+        return "fused"
     return "fused" if _base_release(version) >= FUSED_DEFAULT_SINCE else "default"
 
 

@@ -8,7 +8,8 @@ the CPU inside accelerate's init_empty_weights, which moves every parameter to m
 registered, so no weight is held for real (buffers such as batch-norm statistics are, briefly).
 
 The input is the size the model's pretrained weights expect (torchvision's weights transforms,
-timm's pretrained_cfg), 3×224×224 when neither says. Needs `pip install 'trainmem[vision]'`.
+timm's pretrained_cfg), 3×224×224 when neither says. Needs `pip install 'trainmem[vision]'`, with the
+torchvision paired with the installed torch (install_hints.py).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def _import(library: str):
     try:
         return __import__(library)
     except ImportError:
-        raise ModelRefError(f"expected {library} for {library}: references; install it with "
-                            "pip install 'trainmem[vision]'", where="MODEL") from None
+        from trainmem.install_hints import vision_hint
+
+        raise ModelRefError(f"expected {library} for {library}: references; {vision_hint()}", where="MODEL") from None
 
 
 def _torchvision_input(name: str, kwargs: dict[str, Any]) -> tuple[int, ...]:
@@ -116,8 +118,10 @@ def from_vision_ref(ref: str):
                 raise
             empty = _empty_weights()
             if empty is None:
+                from trainmem.install_hints import vision_install
+
                 raise ModelRefError(f"{library}:{name} computes with tensors while it is built, which needs "
-                                    "accelerate (pip install 'trainmem[vision]')", where="MODEL") from None
+                                    f"accelerate ({vision_install()})", where="MODEL") from None
             with torch.device("cpu"), empty:
                 return construct()
 
