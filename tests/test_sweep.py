@@ -180,7 +180,7 @@ def test_a_failed_configuration_is_listed_with_its_error():
     result = sweep(SMALL, {"device": ["cpu", "a100-40gb"]}, alloc_conf="expandable_segments:True")
     assert [row.status for row in result.rows] == ["failed", "estimated"]
     assert "only with a GPU --device" in result.rows[0].error and result.to_dict()["failed"] == 1
-    assert "failed: device cpu: --device: expected" in str(result)
+    assert "device cpu failed: --device: expected" in str(result)  # the row that failed, and why
 
 
 def test_margin_with_devices_and_warnings_elsewhere(tmp_path, capsys):

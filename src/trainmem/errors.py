@@ -7,7 +7,7 @@ one line and exit 2 (see cli.py). Nothing here imports torch.
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 # A value quoted back in an error is there so that the user recognises it, not to reproduce it: an
 # 80-character prefix names any flag value, file name or layer argument a person types, while a
@@ -74,6 +74,11 @@ class MeasureError(TrainmemError):
     """A real measurement run could not be started or failed."""
 
 
+class TorchVersionError(TrainmemError):
+    """A feature the installed torch cannot run: the feature, the torch it needs and the torch found, in one line
+    (trace/torch_private.py probes what moved between releases)."""
+
+
 def unknown_key(key: object, known: Iterable[str], where: str | None, keys_are: str) -> TrainmemError:
     """An unknown key, with the nearest known one where there is one; the full list would fill lines."""
     import difflib
@@ -86,3 +91,51 @@ def unknown_key(key: object, known: Iterable[str], where: str | None, keys_are: 
 def expected(what: str, got: object, where: str | None = None, cls: type[TrainmemError] = SetupError) -> TrainmemError:
     """Build the standard 'expected X, got Y' error; Y is quoted short (quote())."""
     return cls(f"expected {what}, got {quote(got)}", where=where)
+
+
+def failure_reason(error: BaseException) -> str:
+    """Why an evaluation failed, in one line: a TrainmemError's own message (with its where), anything else as
+    its type and the first line of its message."""
+    if isinstance(error, TrainmemError):
+        return one_line(error)
+    return f"{type(error).__name__}: {one_line(error)}"
+
+
+def failure_groups(failures: Sequence[tuple[str, str]]) -> list[dict[str, object]]:
+    """(what, why) pairs grouped by reason, the most frequent first: [{"reason", "count", "failed": [what…]}]."""
+    by_reason: dict[str, list[str]] = {}
+    for what, why in failures:
+        by_reason.setdefault(why, []).append(what)
+    ranked = sorted(by_reason.items(), key=lambda item: -len(item[1]))  # stable: first seen first among equals
+    return [{"reason": why, "count": len(whats), "failed": whats} for why, whats in ranked]
+
+
+def grouped_failures(failures: Sequence[tuple[str, str]], plural: str, limit: int = 3) -> list[str]:
+    """(what, why) pairs as lines, one per reason, the most frequent first: "12 layouts failed: ImportError: …",
+    or "batch size 4 failed: …" for a reason only one has; past `limit` reasons, one line counts the rest."""
+    ranked = [(group["reason"], group["failed"]) for group in failure_groups(failures)]
+    lines = [f"{_which(whats, plural)} failed: {why}" for why, whats in ranked[:limit]]
+    rest = ranked[limit:]
+    if rest:
+        count = sum(len(whats) for _, whats in rest)
+        lines.append(f"{count:,} more failed for {len(rest):,} other reason{'s' * (len(rest) != 1)}")
+    return lines
+
+
+def _which(whats: Sequence[str], plural: str) -> str:
+    """"batch size 4"; "2 layouts (fsdp dp2 mb1, fsdp dp2 mb2)"; "12 layouts" (a longer list is in the JSON)."""
+    if len(whats) == 1:
+        return whats[0]
+    return f"{len(whats):,} {plural}" + (f" ({', '.join(whats)})" if len(whats) <= 3 else "")
+
+
+class NothingEvaluated(TrainmemError):
+    """Every configuration a search, planner or sweep tried failed to evaluate: there is no answer, which is not
+    "does not fit" (exit 2, never 1). `failures` holds each (what, why)."""
+
+    def __init__(self, failures: Sequence[tuple[str, str]], noun: str, plural: str, *, where: str | None = None,
+                 also: str = "") -> None:
+        self.failures = tuple(failures)
+        lines = grouped_failures(self.failures, plural)
+        super().__init__(f"no {noun} could be evaluated: " + "; ".join(lines) + (f" ({also})" if also else ""),
+                         where=where)

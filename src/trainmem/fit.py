@@ -17,6 +17,10 @@ answer's batch is then traced for real and must equal its prediction, else every
 as before (`exhaustive=True` asks for that from the start). The answer is the exhaustive search's:
 the same candidates in the same order, each with the estimate its real trace gives. The sequence
 search traces every candidate (attention makes sizes quadratic in the sequence length).
+
+A candidate whose estimate fails (a trace error, a feature this torch lacks) is no verdict: the search stops
+there and answers with what it evaluated, listing the failure (FitResult.failed); when even the first
+candidate fails there is no answer, and NothingEvaluated is raised (exit 2, never "does not fit").
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-from trainmem.errors import SetupError
+from trainmem.errors import NothingEvaluated, SetupError, failure_reason
 from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace
 from trainmem.devices import DeviceRef
 from trainmem.progress import Progress
@@ -93,6 +97,7 @@ class Remedy:
     process_bytes: int  # the expected figure with the change
     how: str  # "traced again" or the rule used
     process_bytes_high: int = 0  # the high figure with the change, which decides whether it fits
+    error: str = ""  # why tracing with the change failed (its figures are then unknown)
 
     def saving(self, base: int) -> int:
         return base - self.process_bytes_high
@@ -113,6 +118,7 @@ class FitResult:
     compared: str = "process_bytes_high"
     # how the candidates were estimated: the batch sizes traced, those predicted from them, and why
     search: dict[str, Any] = dataclasses.field(default_factory=dict)
+    failed: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (value, why) of candidates that failed
 
     @property
     def budget(self) -> int:
@@ -129,9 +135,14 @@ class FitResult:
                  f"keeping a {self.margin.fraction:.0%} margin", f"  margin from {self.margin.source}"]
         if self.search:
             lines.append(f"  candidates {self.search['how']}")
-        for value, _, nbytes, fits in self.tried:
-            lines.append(f"  {self.dimension} {value:>8,}: {format_bytes(nbytes):>11s}  {'fits' if fits else 'does not fit'}")
-        return "\n".join(lines + [""] + (self._answer() if self.best is not None else self._remedies()))
+        rows = [(value, f"{format_bytes(nbytes):>11s}  {'fits' if fits else 'does not fit'}")
+                for value, _, nbytes, fits in self.tried] + [(value, f"failed: {why}") for value, why in self.failed]
+        lines += [f"  {self.dimension} {value:>8,}: {text}" for value, text in sorted(rows, key=lambda row: row[0])]
+        answer = self._answer() if self.best is not None else self._remedies()
+        if self.failed:
+            answer.append(f"  ({self.dimension} {', '.join(f'{v:,}' for v, _ in self.failed)} failed to evaluate: the "
+                          f"answer rests on the candidates evaluated; one above it may fit)")
+        return "\n".join(lines + [""] + answer)
 
     def _answer(self) -> list[str]:
         est = self.best_estimate
@@ -141,6 +152,8 @@ class FitResult:
                  f"({self.headroom / self.capacity:.1%}; the margin asks for {self.margin.fraction:.0%})",
                  f"  peak in {est.peak_phase} (op {est.peak_op}); at the peak: "
                  + ", ".join(f"{k} {format_bytes(v)}" for k, v in est.breakdown.items() if v)]
+        if self.first_miss is None and self.failed:
+            return lines
         if self.first_miss is None:
             return lines + [f"  (the search stopped at its limit, {self.tried[-1][0]:,}, which still fits)"]
         miss = self.miss_estimate.process_bytes_high
@@ -154,7 +167,10 @@ class FitResult:
                else "the simulated caching allocator runs out of memory")
         lines = [f"Even {self.dimension} 1 does not fit: {why}. What to change first (high estimate and saving "
                  f"at {self.dimension} 1):"]
-        for remedy in sorted(self.remedies, key=lambda r: r.process_bytes_high):
+        for remedy in sorted(self.remedies, key=lambda r: (bool(r.error), r.process_bytes_high)):
+            if remedy.error:
+                lines.append(f"  - {remedy.what}: failed to evaluate — {remedy.error}")
+                continue
             verdict = "fits" if remedy.process_bytes_high <= self.budget else "still does not fit"
             lines.append(f"  - {remedy.what}: {format_bytes(remedy.process_bytes_high)} "
                          f"(saves {format_bytes(remedy.saving(base))}; {verdict}) — {remedy.how}")
@@ -170,7 +186,8 @@ class FitResult:
                 "best_estimate": self.best_estimate.to_dict() if self.best_estimate else None,
                 "tried": [{"value": v, "process_bytes": b, "process_bytes_high": h, "fits": f}
                           for v, b, h, f in self.tried],
-                "remedies": [dataclasses.asdict(r) for r in self.remedies], "search": dict(self.search)}
+                "remedies": [dataclasses.asdict(r) for r in self.remedies], "search": dict(self.search),
+                "failed": [{"value": value, "error": why} for value, why in self.failed]}
 
 
 def _is_hf(model: Any) -> bool:
@@ -237,11 +254,12 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
     with Progress(f"fit: the largest {'sequence length' if sequence else 'batch size'}", unit="candidate") as bar:
         bar.total(None)  # doubling, then bisecting: the count is known only at the end
         found = search(candidates, limit, budget, bar)
+    dimension = "sequence length" if sequence else "batch size"
+    found.raise_if_nothing_evaluated(dimension, "fit")
     tried = [(value, est.process_bytes, est.process_bytes_high, within(est, budget))
              for value, est in found.estimates.items()]
-    answer = dict(dimension="sequence length" if sequence else "batch size", device_name=target.name,
-                  capacity=target.capacity_bytes, margin=kept, compared=compared_figure(target.kind),
-                  search=candidates.summary())
+    answer = dict(dimension=dimension, device_name=target.name, capacity=target.capacity_bytes, margin=kept,
+                  compared=compared_figure(target.kind), search=candidates.summary(), failed=sorted(found.failed.items()))
     if found.best is None:
         return FitResult(best=None, best_estimate=None, first_miss=1, miss_estimate=found.estimates[1], tried=tried,
                          remedies=remedies(model, setup, target, found.estimates[1], options), **answer)
@@ -251,9 +269,16 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
 
 @dataclasses.dataclass(frozen=True)
 class Found:
-    best: int | None  # the last value that fit (None: not even 1)
-    first_miss: int | None  # the first that did not (None: the limit fits)
-    estimates: dict[int, Estimate]  # every value tried, in the order tried
+    best: int | None  # the last value that fit (None: not even 1, or 1 failed)
+    first_miss: int | None  # the first that did not (None: the limit fits, or the search stopped at a failure)
+    estimates: dict[int, Estimate]  # every value evaluated, in the order tried
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)  # value -> why its estimate failed
+
+    def raise_if_nothing_evaluated(self, dimension: str, where: str) -> None:
+        """An error is no answer: when no candidate could be evaluated, say why in one line (exit 2)."""
+        if not self.estimates:
+            raise NothingEvaluated([(f"{dimension} {value:,}", why) for value, why in self.failed.items()],
+                                   "candidate", "candidates", where=where)
 
 
 def search(candidates: _Candidates, limit: int, budget: int, progress: Any = None) -> Found:
@@ -274,27 +299,37 @@ def search(candidates: _Candidates, limit: int, budget: int, progress: Any = Non
 
 
 def _search(estimate_at: Callable[[int], Estimate], limit: int, budget: int) -> Found:
-    """Double from 1 until a value does not fit (or the limit does), then bisect: (last fit, first miss)."""
+    """Double from 1 until a value does not fit (or the limit does), then bisect: (last fit, first miss). A value
+    whose estimate fails stops the search where it is (a failure is no verdict)."""
     estimates: dict[int, Estimate] = {}
+    failed: dict[int, str] = {}
 
-    def attempt(value: int) -> bool:
+    def attempt(value: int) -> bool | None:
         if value not in estimates:
-            estimates[value] = estimate_at(value)
+            try:
+                estimates[value] = estimate_at(value)
+            except Exception as error:  # noqa: BLE001 - listed with its reason, never taken for "does not fit"
+                failed[value] = failure_reason(error)
+                return None
         return within(estimates[value], budget)
 
-    if not attempt(1):
-        return Found(None, 1, estimates)
+    first = attempt(1)
+    if not first:
+        return Found(None, None if first is None else 1, estimates, failed)
     good, bad = 1, None
     while bad is None and good < limit:
         candidate = min(good * 2, limit)
-        if attempt(candidate):
-            good = candidate
-        else:
-            bad = candidate
+        verdict = attempt(candidate)
+        if verdict is None:
+            break
+        good, bad = (candidate, None) if verdict else (good, candidate)
     while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
-        good, bad = (middle, bad) if attempt(middle) else (good, middle)
-    return Found(good, bad, estimates)
+        verdict = attempt(middle)
+        if verdict is None:
+            break
+        good, bad = (middle, bad) if verdict else (good, middle)
+    return Found(good, bad, estimates, failed)
 
 
 class _Candidates:
@@ -396,11 +431,15 @@ class ScaledBatches(_Candidates):
         point = next((value for value in (best, first_miss) if value in self.predicted), None)
         if point is None:
             return True
-        if self.scaling.matches(point, self._real(point)):
+        try:
+            real = self._real(point)
+        except Exception:  # noqa: BLE001 - the search runs again on real traces, where this failure is listed
+            real = None
+        if real is not None and self.scaling.matches(point, real):
             self.confirmed_at = point  # its estimate is the prediction's: the same trace, replayed alike
             self.assembled[point] = self.predicted.pop(point)
             return True
-        self.why_traced = f"the real trace at batch {point} differs from its prediction"
+        self.why_traced = f"the real trace at batch {point} {'failed' if real is None else 'differs from its prediction'}"
         self.scaling, self.predicted = None, {}
         return False
 
@@ -420,15 +459,13 @@ def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate
     out: list[Remedy] = []
     one = dataclasses.replace(setup, batch_size=1)
     if not setup.checkpointing:
-        est = estimate(model, setup=dataclasses.replace(one, checkpointing=True), device=device, **options)
-        out.append(Remedy("activation checkpointing (--checkpointing)", est.process_bytes, "traced again",
-                          est.process_bytes_high))
+        out.append(_traced_again("activation checkpointing (--checkpointing)", model,
+                                 dataclasses.replace(one, checkpointing=True), device, options))
     if setup.precision == Precision.FP32:
         gpu = base.device.gpu
         mixed = Precision.BF16_MIXED if gpu is None or gpu.bf16 else Precision.FP16_MIXED
-        est = estimate(model, setup=dataclasses.replace(one, precision=mixed), device=device, **options)
-        out.append(Remedy(f"mixed precision (--precision {mixed})", est.process_bytes, "traced again",
-                          est.process_bytes_high))
+        out.append(_traced_again(f"mixed precision (--precision {mixed})", model,
+                                 dataclasses.replace(one, precision=mixed), device, options))
     state = base.breakdown.get("optimizer_state", 0)
     if setup.optimizer in ADAM_FAMILY and state:
         # bitsandbytes 8-bit Adam: each of the two moments in 1 byte per element instead of 4 (plus one
@@ -444,3 +481,12 @@ def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate
                           "gathered layers and communication buffers not counted", base.process_bytes_high - saved))
     return out
 
+
+
+def _traced_again(what: str, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict) -> Remedy:
+    """A remedy estimated by tracing with it; one whose trace fails says so (its figures are unknown)."""
+    try:
+        est = estimate(model, setup=setup, device=device, **options)
+    except Exception as error:  # noqa: BLE001 - the other remedies and the answer stand
+        return Remedy(what, 0, "traced again", 0, failure_reason(error))
+    return Remedy(what, est.process_bytes, "traced again", est.process_bytes_high)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
-from trainmem.errors import SetupError, TrainmemError, quote, unknown_key
+from trainmem.errors import NothingEvaluated, SetupError, TrainmemError, failure_reason, quote, unknown_key
 from trainmem.setup import SETUP_KEYS, TrainingSetup
 from trainmem.sweep_result import DeviceBudget, LargestBatch, SweepResult, SweepRow
 
@@ -203,9 +203,9 @@ class _Largest:
             if key not in self.answers:
                 try:
                     self.answers[key] = self._search(config, source, setup_key, budget, target_options)
-                except TrainmemError as error:  # this device cannot run the configuration (bf16 on a T4): the
-                    # configuration's own figures and the other devices' answers stand
-                    self.answers[key] = LargestBatch(None, None, "", str(error))
+                except Exception as error:  # noqa: BLE001 - this device cannot run the configuration (bf16 on a
+                    # T4), or its search failed: the configuration's own figures and the other devices' answers stand
+                    self.answers[key] = LargestBatch(None, None, "", failure_reason(error))
             out[budget.name] = self.answers[key]
         return out
 
@@ -216,13 +216,15 @@ class _Largest:
         if config.setup.parallel.distributed:  # per-rank estimates: fit's own path (every candidate traced)
             found = fit(source, config.setup, budget.device, margin=budget.margin, limit=self.limit,
                         **target_options)
-            return LargestBatch(found.best, found.first_miss, found.search.get("how", ""))
+            return LargestBatch(found.best, found.first_miss, found.search.get("how", ""), failed=tuple(found.failed))
         candidates = ScaledBatches(source, config.setup, budget.device, {"depth": 2, **target_options}, self.limit)
         target = candidates.plan.target
         trace_key = (setup_key, id(source), type(target).__name__, target.kernel_ops(), target.trace_semantics())
         candidates.real = self.traces.setdefault(trace_key, {})  # the traces this device shares with others
         found = search(candidates, self.limit, budget.budget_bytes)
-        return LargestBatch(found.best, found.first_miss, candidates.summary()["how"])
+        found.raise_if_nothing_evaluated("batch size", "--devices")
+        return LargestBatch(found.best, found.first_miss, candidates.summary()["how"],
+                            failed=tuple(sorted(found.failed.items())))
 
 
 def device_budgets(devices: Any, margin: float | None) -> tuple[DeviceBudget, ...]:
@@ -245,7 +247,8 @@ def device_budgets(devices: Any, margin: float | None) -> tuple[DeviceBudget, ..
 def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets: Sequence[DeviceBudget] = (),
         time_limit: float | None = None, progress: Any = None, warnings: Sequence[str] = ()) -> SweepResult:
     """Estimate each configuration in order (and its largest batch per device); past `time_limit` seconds the
-    rest are listed as not evaluated. A configuration whose trace fails is listed with its one-line error."""
+    rest are listed as not evaluated. A configuration whose trace fails is listed as failed with its one-line
+    reason; when every configuration reached failed, NothingEvaluated says why (an error is no answer)."""
     from trainmem.estimate import estimate
     from trainmem.progress import Progress
 
@@ -269,12 +272,17 @@ def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets
                 est = estimate(source, setup=config.setup, device=config.device, **config.options)
                 found = largest.of(config, source) if budgets else {}
                 rows.append(SweepRow(config.label, model_name(config.model), est.device.name, config.setup, est, found))
-            except TrainmemError as error:
+            except Exception as error:  # noqa: BLE001 - listed as failed with why, never as not fitting
                 rows.append(SweepRow(config.label, model_name(config.model), config.device, config.setup, None, {},
-                                     "failed", str(error)))
+                                     "failed", failure_reason(error)))
             bar.advance()
-    return SweepResult(tuple(columns), tuple(rows), tuple(budgets), time.perf_counter() - started, time_limit,
-                       tuple(warnings))
+    result = SweepResult(tuple(columns), tuple(rows), tuple(budgets), time.perf_counter() - started, time_limit,
+                         tuple(warnings))
+    if result.failed and not result.estimated:
+        waiting = len(rows) - len(result.failed)
+        raise NothingEvaluated(result.failures, "configuration", "configurations",
+                               also=f"{waiting:,} not evaluated within the time limit" if waiting else "")
+    return result
 
 
 # ---- the Python API ----------------------------------------------------------------------------------------

@@ -32,8 +32,10 @@ Two comparisons, told apart by what is given:
 --sweep keys are the flags' names (batch_size or batch, precision, loop, optimizer, optimizer_impl,
 checkpointing=off,on, grad_accum, seq_len, zero_grad, activation, dropout, max_grad_norm, strategy,
 world_size, …, device, alloc_conf, …); values are read as the flags read them. A key is swept or given as a
-flag, not both. At most 64 configurations. Exit codes: 0 when a configuration fits its device, 1 when none
-does, 2 on bad input or when a configuration's trace failed (the table still lists the others)."""
+flag, not both. At most 64 configurations. A configuration whose trace fails is listed as failed with its
+reason, never as not fitting. Exit codes: 0 when a configuration fits its device, 1 when configurations were
+estimated and none fits, 2 on bad input or when none could be estimated (every one failed: the reasons in one
+line)."""
 
 
 def add_compare_flags(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +169,8 @@ def run_compare(options: Any):
         result.write_plot(options.plot, where=options.origins.get("plot", "--plot"))
         written.append(f"trainmem: wrote the plot of peaks to {options.plot}")
     text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
+    # an error is no answer: 1 only when a configuration was estimated and none fits (sweep.run raises when every
+    # one failed; none estimated within the time limit is no verdict either)
     fits = any(row.estimate.fits for row in result.estimated)
-    code = EXIT_BAD_INPUT if result.failed else EXIT_OK if fits else EXIT_DOES_NOT_FIT
+    code = EXIT_OK if fits else EXIT_DOES_NOT_FIT if result.estimated else EXIT_BAD_INPUT
     return Outcome(text, code, tuple(warnings) + tuple(written))

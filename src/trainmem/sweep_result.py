@@ -7,6 +7,7 @@ import dataclasses
 import html
 from typing import Any
 
+from trainmem.errors import failure_groups, grouped_failures
 from trainmem.units import format_bytes
 
 
@@ -34,17 +35,20 @@ class LargestBatch:
     first_miss: int | None  # the smallest found not to fit (None: the search's limit fits)
     how: str  # fit's words: which batch sizes were traced and which predicted
     error: str = ""  # why this device could not be searched (e.g. bf16 on a card without it); the row stands
+    failed: tuple[tuple[int, str], ...] = ()  # (batch, why) of candidates whose estimate failed: the search
+    # stopped there, so `best` is the largest that fits of those evaluated
 
     def text(self) -> str:
         if self.error:
             return "n/a"
         if self.best is None:
             return "none"
-        return f"{self.best:,}" + ("+" if self.first_miss is None else "")
+        return f"{self.best:,}" + ("+" if self.first_miss is None or self.failed else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best, "first_miss": self.first_miss, "how": self.how,
-                **({"error": self.error} if self.error else {})}
+                **({"error": self.error} if self.error else {}),
+                **({"failed": [{"value": v, "error": why} for v, why in self.failed]} if self.failed else {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,7 @@ class SweepRow:
     estimate: Any  # Estimate, None when not evaluated or failed
     largest: dict[str, LargestBatch]  # device name -> the largest batch that fits it
     status: str = "estimated"  # estimated | not evaluated | failed
-    error: str | None = None
+    error: str | None = None  # why it failed, in one line
 
     @property
     def text_label(self) -> str:
@@ -101,7 +105,13 @@ class SweepResult:
 
     @property
     def failed(self) -> tuple[SweepRow, ...]:
+        """The configurations that could not be evaluated, each with its reason in `error`."""
         return tuple(row for row in self.rows if row.status == "failed")
+
+    @property
+    def failures(self) -> list[tuple[str, str]]:
+        """(configuration label, reason) of each failed configuration."""
+        return [(row.text_label or row.model, row.error or "") for row in self.failed]
 
     def table(self) -> list[list[str]]:
         """The rows as text cells, the headings first."""
@@ -146,9 +156,12 @@ class SweepResult:
         if skipped:
             notes.append(f"{skipped} configuration{'s' * (skipped != 1)} not evaluated: the time limit "
                          f"({self.time_limit:g} s) was reached")
-        notes += [f"failed: {row.text_label or row.model}: {row.error}" for row in self.failed]
+        notes += grouped_failures(self.failures, "configurations", limit=10)
         notes += [f"n/a: {row.text_label or row.model}, {name}: {found.error}" for row in self.rows
                   for name, found in row.largest.items() if found.error]
+        notes += [f"largest batch {row.text_label or row.model}, {name}: batch {value:,} failed: {why} (the answer, "
+                  f"{found.best:,}+, is the largest that fits of those evaluated)" for row in self.rows
+                  for name, found in row.largest.items() for value, why in found.failed if found.best is not None]
         return notes
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,7 +171,7 @@ class SweepResult:
                 "devices": [budget.to_dict() for budget in self.devices],
                 "configurations": len(self.rows), "estimated": len(self.estimated),
                 "not_evaluated": sum(row.status == "not evaluated" for row in self.rows),
-                "failed": len(self.failed), "time_limit_s": self.time_limit,
+                "failed": len(self.failed), "failures": failure_groups(self.failures), "time_limit_s": self.time_limit,
                 "rows": [row.to_dict() for row in self.rows], "warnings": list(self.warnings)}
 
     def _repr_html_(self) -> str:

@@ -459,17 +459,18 @@ def _build_remote(resolved: HfConfig, overrides: dict[str, Any], task: str, opti
 def max_sequence_length(text: str) -> int | None:
     """The longest sequence an hf: reference takes, or None: what its learned position table holds (the
     model built on meta, as --seq-len is checked), else the config's position limit."""
-    import torch
-
     from trainmem.errors import TrainmemError
     from trainmem.setup import TrainingSetup
+    from trainmem.trace.meta_build import building_on_meta
 
     resolved = resolve_config(text)
     limit = _max_positions(resolved.values)
     if _model_code(resolved.auto_map):  # the repository's code runs only for an estimate the user trusts
         return limit
     try:
-        with torch.device("meta"):
+        # as the trace builds (torch 2.8: transformers' first import of GenerationMixin under the meta device
+        # imports torch._dynamo, whose import-time tensors fail there; building_on_meta imports it first)
+        with building_on_meta():
             model = from_hf_ref(f"hf:{text}", TrainingSetup(seq_len=1)).build()
     except TrainmemError:
         return limit

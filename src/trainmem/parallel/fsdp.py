@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainmem.errors import SetupError
+from trainmem.errors import SetupError, TorchVersionError
 from trainmem.parallel.layout import FsdpWrap, Offload, ParallelLayout, Strategy
 
 SHARDED_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
@@ -74,8 +74,10 @@ def shard(model: nn.Module, ctx: Any, *, reshard_after_forward: bool | None, pre
 
     layout = ctx.layout
     mp_policy, mp_note = mixed_precision(ctx.setup)
-    kwargs = dict(mesh=ctx.world.dp_mesh(), mp_policy=mp_policy, offload_policy=offload_policy(layout),
-                  ignored_params=ignored_params or None)
+    kwargs = dict(mesh=ctx.world.dp_mesh(), mp_policy=mp_policy, offload_policy=offload_policy(layout))
+    if ignored_params:  # passed only when there are some: torch 2.6's fully_shard has no such keyword
+        _takes_ignored_params(fully_shard)
+        kwargs["ignored_params"] = ignored_params
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
     units = wrap_units(model, layout.fsdp_wrap) if units is None else units
@@ -142,6 +144,18 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 def _has_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
+
+
+def _takes_ignored_params(fully_shard: Any) -> None:
+    """fully_shard(ignored_params=…) exists from torch 2.7 (torch/distributed/fsdp/_fully_shard/_fully_shard.py);
+    on 2.6, ZeRO-3's persistent parameters cannot be left whole: refused in one line."""
+    import inspect
+
+    if "ignored_params" not in inspect.signature(fully_shard).parameters:
+        raise TorchVersionError(f"--strategy zero3 with a persistence threshold needs torch >= 2.7, whose fully_shard "
+                                f"takes ignored_params (this is torch {torch.__version__}); "
+                                "--zero3-persistence-threshold 0 keeps no parameter whole",
+                                where="--zero3-persistence-threshold")
 
 
 def set_prefetch(units: list[nn.Module], count: int) -> None:

@@ -78,7 +78,7 @@ def fake_world(layout: ParallelLayout, rank: int) -> Iterator[World]:
     if dist.is_initialized():
         raise SetupError("expected no process group in this process (trainmem starts a fake one per traced "
                          "rank), got one already initialized", where="torch.distributed")
-    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=layout.world_size)
+    dist.init_process_group("fake", store=fake_store(layout), rank=rank, world_size=layout.world_size)
     try:
         shape, names = mesh_shape(layout)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)

@@ -24,8 +24,10 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     """Every layout of `gpus` (COUNTxDEVICE) for `model` and the setup (a TrainingSetup, or its values as
     keywords as estimate() takes them; its layout keys are the planner's to choose and are refused here).
     The other keywords narrow what is enumerated (enumerate.py's defaults otherwise); past `time_limit` seconds
-    the layouts not yet reached are listed as not evaluated."""
-    from trainmem.errors import SetupError
+    the layouts not yet reached are listed as not evaluated. A layout that cannot be traced is listed as failed
+    with its reason (PlanResult.failed); when no layout could be evaluated at all, NothingEvaluated is raised
+    with every failure (an error is no answer, and never "no layout fits")."""
+    from trainmem.errors import NothingEvaluated, SetupError
     from trainmem.estimate.orchestrate import setup_of
     from trainmem.fit import resolve_margin
     from trainmem.frontends import resolve
@@ -56,9 +58,14 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     with (progress or Progress("planning")) as bar:
         rows = core.run(tracer, candidates, budget, bar, time_limit, started)
     notes = [] if facts.blocks else ["no repeated blocks found: every layout traced with the whole model"]
-    return PlanResult(source.name, facts.parameters, chosen, gpus_per_node, budget, kept.fraction, kept.source,
-                      tuple(rows), core.REUSE_WORDS, tracer.traces, time.perf_counter() - started, tuple(notes), top,
-                      tracer.predicted)
+    result = PlanResult(source.name, facts.parameters, chosen, gpus_per_node, budget, kept.fraction, kept.source,
+                        tuple(rows), core.REUSE_WORDS, tracer.traces, time.perf_counter() - started, tuple(notes), top,
+                        tracer.predicted)
+    if result.failed and not result.evaluated:  # an error is no answer: never "no layout fits"
+        waiting = result.counts().get("not evaluated", 0)
+        raise NothingEvaluated(result.failures, "layout", "layouts", where="plan",
+                               also=f"{waiting:,} not evaluated within the time limit" if waiting else "")
+    return result
 
 
 def _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps) -> dict[str, Any]:

@@ -5,7 +5,9 @@
     _COMMANDS["plan"] = run_plan                       # estimate / measure / fit / compare / plan
 
 Setup flags fix what they name (--precision, --checkpointing, --batch-size as the micro-batch); the lists below
-widen or narrow what is enumerated. Exit 0 when a layout fits, 1 when none does, 2 on bad input.
+widen or narrow what is enumerated. Exit 0 when a layout fits, 1 when none of those evaluated does, 2 on bad
+input or when no layout could be evaluated (every one failed, with the reasons in one line, or the time limit
+passed before any): a layout that fails is listed as failed with its reason, never counted as not fitting.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def add_plan_command(commands: Any, add_setup_flags) -> argparse.ArgumentParser:
 
 def run_plan(options: Any, setup: Any):
     """What cli.py's command functions return: an Outcome (text, exit code, warnings)."""
-    from trainmem.cli import EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+    from trainmem.cli import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
     from trainmem.errors import SetupError
     from trainmem.plan import plan
 
@@ -69,4 +71,4 @@ def run_plan(options: Any, setup: Any):
                   checkpointing=values.get("checkpointing_options") or (("on",) if given.get("checkpointing") else None),
                   offloads=values.get("offloads"), tps=values.get("tps"), pps=values.get("pps"), top=top or 20, time_limit=limit)
     text = json.dumps(result.to_dict(), indent=2) if values.get("format") == "json" else str(result)
-    return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
+    return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT if result.evaluated else EXIT_BAD_INPUT)

@@ -8,7 +8,7 @@ import functools
 import math
 import time
 
-from trainmem.errors import TrainmemError, one_line
+from trainmem.errors import failure_reason
 from trainmem.parallel.layout import Offload, Strategy
 from trainmem.plan import enumerate as layouts
 from trainmem.plan.blocks import ModelFacts
@@ -63,15 +63,14 @@ def figures_for(tracer: Tracer, candidate: layouts.Candidate) -> Figures:
 
 
 def assess(tracer: Tracer, candidate: layouts.Candidate, budget: int) -> PlanRow:
-    """One candidate's row: its figure against the budget, or why it could not be traced."""
+    """One candidate's row: its figure against the budget, or why it could not be traced (status "failed")."""
     try:
         figures = figures_for(tracer, candidate)
     except PastTimeLimit:
         return PlanRow(candidate, "not evaluated", why="past the time limit")
-    except TrainmemError as error:
-        return PlanRow(candidate, "refused", why=error_line(error))
-    except ImportError as error:  # a strategy module or the engine this version lacks
-        return PlanRow(candidate, "refused", why=f"this version cannot trace it ({one_line(error)})")
+    except Exception as error:  # noqa: BLE001 - a layout that cannot be traced (a strategy this torch lacks, a
+        # model the layout cannot split) has no figure: it is listed as failed with why, never as not fitting
+        return PlanRow(candidate, "failed", why=failure_reason(error))
     nccl = nccl_bytes(candidate.layout(tracer.gpus_per_node, tracer.setup.parallel), tracer.device)
     peak = figures.peak() + nccl
     _, phase, dominant = figures.bound()
@@ -102,14 +101,15 @@ def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, p
     """Rows for the candidates of one (kind, dp, tp, pp, precision). Per micro-batch, from the smallest, the
     knobs are tried least intrusive first (least_first) and the first that fits is kept: the costlier ones at
     that micro-batch are skipped (they are not needed). When nothing fits at a micro-batch, the larger ones are
-    skipped (more samples never need less memory)."""
+    skipped (more samples never need less memory); when every one at a micro-batch failed, so are the larger
+    ones (a failure is no verdict, and the same failure would repeat)."""
     rows: list[PlanRow] = []
     by_batch: dict[int, list[layouts.Candidate]] = {}
     for candidate in candidates:
         by_batch.setdefault(candidate.micro_batch, []).append(candidate)
     none_fit = None
     for batch in sorted(by_batch):
-        fitted = None
+        fitted, statuses = None, set()
         for candidate in sorted(by_batch[batch], key=least_first):
             if none_fit is not None or fitted is not None:
                 rows.append(PlanRow(candidate, "skipped", why=none_fit or f"{fitted} fits with less"))
@@ -119,21 +119,28 @@ def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, p
                 continue
             row = assess(tracer, candidate, budget)
             rows.append(row)
+            statuses.add(row.status)
             if row.status == "fits":
                 fitted = _knobs(candidate)
         if fitted is None and none_fit is None:
-            none_fit = f"nothing fits at micro-batch {batch} (more samples never need less memory)"
+            none_fit = _none_fit(batch, statuses)
     return rows
+
+
+def _none_fit(batch: int, statuses: set[str]) -> str | None:
+    """Why the larger micro-batches are skipped, from what happened at `batch` (None: they are still tried)."""
+    if "does not fit" in statuses:
+        failed = " of those evaluated" if "failed" in statuses else ""
+        return f"nothing{failed} fits at micro-batch {batch} (more samples never need less memory)"
+    if "failed" in statuses:
+        return f"every layout at micro-batch {batch} failed (larger ones not tried)"
+    return None  # nothing assessed (the time limit): the larger ones are listed as not evaluated
 
 
 def _knobs(candidate: layouts.Candidate) -> str:
     words = ["checkpointing" if candidate.checkpointing else "no checkpointing",
              "no offload" if candidate.offload == Offload.NONE else f"offload {candidate.offload}"]
     return " and ".join(words)
-
-
-def error_line(error: TrainmemError) -> str:
-    return f"{error.where}: {error.message}" if error.where else error.message
 
 
 def screen(candidates: list[layouts.Candidate], facts: ModelFacts, tracer: Tracer, budget: int):

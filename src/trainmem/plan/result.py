@@ -5,22 +5,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trainmem.errors import failure_groups, grouped_failures
 from trainmem.plan.enumerate import Candidate
 from trainmem.plan.gpus import Gpus
 from trainmem.units import format_bytes
+
+EVALUATED = ("fits", "does not fit", "ruled out")  # statuses that are a verdict (ruled out: by model states alone)
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanRow:
     candidate: Candidate
-    status: str  # "fits" | "does not fit" | "ruled out" (model states alone) | "refused" |
+    status: str  # "fits" | "does not fit" | "ruled out" (model states alone) | "failed" (could not be traced) |
     # "skipped" (fits with fewer knobs, or a smaller micro-batch already does not fit) | "not evaluated" (time limit)
     peak_bytes: int | None = None  # the most loaded rank's high process figure (reuse.py: never below a full estimate)
     phase: str = ""  # where that peak is
     dominant: str = ""  # the largest category there
     breakdown: dict[str, int] = dataclasses.field(default_factory=dict)
     rank: str = ""  # which rank role ("all ranks", "pp stage 3")
-    why: str = ""  # for ruled out / refused / skipped: the reason; else how the figure was made
+    why: str = ""  # for ruled out / failed / skipped: the reason; else how the figure was made
 
     def headroom(self, capacity: int) -> int | None:
         return None if self.peak_bytes is None else capacity - self.peak_bytes
@@ -60,6 +63,21 @@ class PlanResult:
         rows = self.fitting
         return rows[0] if rows else None
 
+    @property
+    def failed(self) -> list[PlanRow]:
+        """The layouts that could not be evaluated, each with its reason in `why`."""
+        return [r for r in self.rows if r.status == "failed"]
+
+    @property
+    def failures(self) -> list[tuple[str, str]]:
+        """(layout label, reason) of each failed layout."""
+        return [(r.candidate.label(), r.why) for r in self.failed]
+
+    @property
+    def evaluated(self) -> int:
+        """How many layouts got a verdict (fits, does not fit, ruled out): "no layout fits" needs at least one."""
+        return sum(r.status in EVALUATED for r in self.rows)
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for row in self.rows:
@@ -75,7 +93,7 @@ class PlanResult:
                 "margin": self.margin, "margin_source": self.margin_source, "counts": self.counts(),
                 "fits": [row.to_dict(capacity) for row in self.fitting],
                 "not_fitting": [row.to_dict(capacity) for row in self.rows if row.status != "fits"],
-                "reuse": self.reuse, "traces": self.traces, "predicted_traces": self.predicted, "seconds": round(self.seconds, 2),
+                "failures": failure_groups(self.failures), "reuse": self.reuse, "traces": self.traces, "predicted_traces": self.predicted, "seconds": round(self.seconds, 2),
                 "notes": list(self.notes)}
 
     def __str__(self) -> str:
@@ -90,7 +108,11 @@ class PlanResult:
                  f"  reuse: {self.reuse}", ""]
         fitting = self.fitting
         waiting = self.counts().get("not evaluated", 0)
-        if not fitting:
+        failed = len(self.failed)
+        if not fitting and failed:
+            lines.append(f"No layout evaluated fits ({self.evaluated:,} evaluated; {failed:,} failed, below)."
+                         + (f" {waiting:,} not evaluated within the time limit." if waiting else ""))
+        elif not fitting:
             lines.append("No layout fits." if not waiting else
                          f"No layout evaluated fits; {waiting:,} not evaluated within the time limit.")
         else:
@@ -102,7 +124,6 @@ class PlanResult:
                              + (f" ({row.rank})" if row.rank not in ("", "all ranks") else ""))
         if fitting and waiting:
             lines.append(f"({waiting:,} layouts not evaluated within the time limit: their figures are unknown)")
-        reasons = sorted({row.why for row in self.rows if row.status == "refused"})
-        lines += [f"refused: {why}" for why in reasons[:5]]
+        lines += grouped_failures(self.failures, "layouts")
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)

@@ -1,12 +1,32 @@
-"""Every private PyTorch API trainmem uses, imported here and nowhere else (torch 2.13), so that a
-torch upgrade that moves one breaks in one place."""
+"""Every private PyTorch API trainmem uses, imported here and nowhere else, so that a torch upgrade that
+moves one breaks in one place.
+
+Checked against the sources of torch 2.6.0, 2.7.0, 2.8.0, 2.9.0, 2.10.0, 2.11.0, 2.12.0, 2.13.0 and 2.15.0:
+every name imported at the top of this module is in all of them (FakeStore moved to C++ in 2.15 and is
+re-exported where it was). Two DTensor internals moved within that range; each is probed once, on first use
+(importing torch.distributed.tensor costs seconds, so not at trainmem's import), and served by the first way
+this torch has, named in `private_api_ways()`:
+
+- clearing DTensor's sharding-decision cache (`clear_dtensor_caches`): torch.distributed.tensor.debug.
+  _clear_sharding_prop_cache from 2.11; before it (2.6-2.10) the propagator's own lru cache,
+  `DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding` (`.cache_clear()` from 2.10,
+  `.cache.cache_clear()` of its thread-local LocalLRUCache before), and the C++ fast path's cache where
+  torch._C has `_clear_DTensor_sharding_propagator_cache` (2.10 on);
+- muting DTensor's global-shape fake ops (`dtensor_shape_propagation_muted`): `ShardingPropagator.
+  _fake_mode_lock` from 2.12; before it (2.6-2.11) `_propagate_tensor_meta_non_cached` itself is wrapped.
+
+A torch with neither way refuses in one line (TorchVersionError), before any rank is traced; so does a layout
+this torch cannot trace for other reasons (require_torch_for: FSDP, ZeRO, DDP and pipelines need torch 2.7, HSDP
+2.8, found by tracing each strategy on 2.6.0, 2.7.0, 2.8.0 and 2.13.0)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
+import re
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch._subclasses.fake_tensor import (  # noqa: F401 - re-exported
@@ -18,6 +38,8 @@ from torch._subclasses.fake_tensor import (  # noqa: F401 - re-exported
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401 - re-exported
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes  # noqa: F401 - parallel/ddp.py
 from torch.utils._pytree import tree_leaves  # noqa: F401 - re-exported
+
+from trainmem.errors import TorchVersionError, TrainmemError
 
 FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 # an op on fake tensors whose answer needs values (.item(), nonzero, an op without a meta kernel)
@@ -121,9 +143,15 @@ def device_constructors() -> set:
 
 
 # ---- the fake process group (parallel/world.py) ----
-def fake_store():
+def fake_store(layout=None):
     """The in-memory store of the "fake" process-group backend: every collective returns at once without
-    touching data (torch.testing._internal.distributed.fake_pg, which also registers the backend)."""
+    touching data (torch.testing._internal.distributed.fake_pg, which also registers the backend). A fake
+    world starts here, so what its traces need of this torch is checked here too (the DTensor internals, the
+    layout's strategy: require_torch_for): a torch without it refuses before any rank is traced."""
+    _sharding_cache_clearing()
+    _shape_propagation_muting()
+    if layout is not None:
+        require_torch_for(layout)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     return FakeStore()
@@ -172,28 +200,61 @@ def storage_resizes_reported(callback):
 @contextlib.contextmanager
 def dtensor_shape_propagation_muted(recorder):
     """DTensor works out an op's global output shape by running the op on throw-away fake tensors of the
-    global shapes (torch/distributed/tensor/_sharding_prop.py _propagate_tensor_meta_non_cached), inside
-    `ShardingPropagator._fake_mode_lock` (a nullcontext by default). Those tensors are no rank's memory:
-    the lock is replaced by a context that mutes the recorder while it is held. Undone at exit."""
+    global shapes (torch/distributed/tensor/_sharding_prop.py _propagate_tensor_meta_non_cached). Those
+    tensors are no rank's memory: the recorder is muted while that runs (the way this torch allows,
+    _shape_propagation_muting). Undone at exit."""
+    _, mute = _shape_propagation_muting()
+    with mute(recorder):
+        yield
+
+
+class _Muted:
+    """A context that mutes the recorder while open, re-entrant."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.before: list[bool] = []
+
+    def __enter__(self):
+        self.before.append(self.recorder.muted)
+        self.recorder.muted = True
+
+    def __exit__(self, *exc):
+        self.recorder.muted = self.before.pop()
+
+
+@contextlib.contextmanager
+def _mute_by_lock(recorder):
+    """torch 2.12 on: the propagation runs inside `ShardingPropagator._fake_mode_lock` (a nullcontext by
+    default, meant for a threading.Lock), which is replaced by a context that mutes the recorder."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-    class _Muted:
-        def __init__(self):
-            self.before: list[bool] = []
-
-        def __enter__(self):
-            self.before.append(recorder.muted)
-            recorder.muted = True
-
-        def __exit__(self, *exc):
-            recorder.muted = self.before.pop()
-
     original = ShardingPropagator._fake_mode_lock
-    ShardingPropagator._fake_mode_lock = _Muted()
+    ShardingPropagator._fake_mode_lock = _Muted(recorder)
     try:
         yield
     finally:
         ShardingPropagator._fake_mode_lock = original
+
+
+@contextlib.contextmanager
+def _mute_by_wrapping(recorder):
+    """torch 2.6-2.11 (no lock): `_propagate_tensor_meta_non_cached` itself is wrapped; its cached callers look
+    it up on the instance, so they reach the wrapper."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator.__dict__["_propagate_tensor_meta_non_cached"]
+
+    @functools.wraps(original)
+    def muted(self, *args, **kwargs):
+        with _Muted(recorder):
+            return original(self, *args, **kwargs)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = muted
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 def is_wrapper_subclass(tensor: torch.Tensor) -> bool:
@@ -207,7 +268,104 @@ def clear_dtensor_caches() -> None:
     """DTensor caches each op's sharding decision, keyed by specs that compare meshes by shape and names, and the
     decision keeps the mesh it was made on (with that world's process-group names). A later fake world builds an
     equal mesh over new groups: the cached decision would name groups that no longer exist. Cleared when a fake
-    world ends (torch.distributed.tensor.debug._clear_sharding_prop_cache, 'the recommended way')."""
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    world ends, the way this torch allows (_sharding_cache_clearing)."""
+    _, clear = _sharding_cache_clearing()
+    clear()
 
-    _clear_sharding_prop_cache()
+
+def _clear_propagator_cache() -> None:
+    """torch 2.6-2.10: what _clear_sharding_prop_cache does from 2.11, by hand. The Python cache is an lru_cache
+    behind a thread-local LocalLRUCache (`.cache_clear()` from 2.10, `.cache.cache_clear()` before); 2.10 adds
+    a C++ fast path with a cache of its own."""
+    from torch.distributed.tensor import DTensor
+
+    cache = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+    (cache.cache_clear if hasattr(cache, "cache_clear") else cache.cache.cache_clear)()
+    fast = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if fast is not None:
+        fast()
+
+
+# ---- probes: which way each moved private use takes on this torch, decided once ----
+MULTI_RANK = "tracing the ranks of a multi-GPU layout (--strategy, --dp, --tp, --pp, plan)"
+OLDEST_TORCH = (2, 6)  # the oldest torch whose sources were checked (module docstring), pyproject's floor
+
+
+def torch_release(version: str | None = None) -> tuple[int, ...]:
+    """(2, 8, 0) for "2.8.0+cu128" (this torch's when no version is given)."""
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or torch.__version__)
+    return tuple(int(part) for part in found.groups(default="0")) if found else (0, 0, 0)
+
+
+def torch_refusal(feature: str, lacking: str) -> TorchVersionError:
+    """'… needs torch >= 2.6 (this is torch 2.4.1: …)' below the oldest checked torch; on a newer torch than any
+    checked, the way it lacks is named instead."""
+    oldest = ".".join(map(str, OLDEST_TORCH))
+    if torch_release()[:2] < OLDEST_TORCH:
+        return TorchVersionError(f"{feature} needs torch >= {oldest} (this is torch {torch.__version__}: {lacking})")
+    return TorchVersionError(f"{feature} needs a torch with {lacking}, as torch {oldest} to 2.15 have "
+                             f"(this is torch {torch.__version__})")
+
+
+@functools.cache
+def _sharding_cache_clearing() -> tuple[str, Callable[[], None]]:
+    """(the way's name, the function) that clears DTensor's sharding caches on this torch."""
+    import torch.distributed.tensor.debug as debug
+
+    if hasattr(debug, "_clear_sharding_prop_cache"):
+        return "torch.distributed.tensor.debug._clear_sharding_prop_cache", debug._clear_sharding_prop_cache
+    from torch.distributed.tensor import DTensor
+
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    cache = getattr(propagator, "propagate_op_sharding", None)
+    if hasattr(cache, "cache_clear") or hasattr(getattr(cache, "cache", None), "cache_clear"):
+        return "DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding (cleared by hand)", \
+            _clear_propagator_cache
+    raise torch_refusal(MULTI_RANK, "a way to clear DTensor's sharding cache "
+                        "(torch.distributed.tensor.debug._clear_sharding_prop_cache)")
+
+
+@functools.cache
+def _shape_propagation_muting() -> tuple[str, Callable]:
+    """(the way's name, a context manager taking the recorder) that mutes DTensor's global-shape fake ops."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    if hasattr(ShardingPropagator, "_fake_mode_lock"):
+        return "ShardingPropagator._fake_mode_lock", _mute_by_lock
+    if callable(ShardingPropagator.__dict__.get("_propagate_tensor_meta_non_cached")):
+        return "ShardingPropagator._propagate_tensor_meta_non_cached (wrapped)", _mute_by_wrapping
+    raise torch_refusal(MULTI_RANK, "DTensor's ShardingPropagator._propagate_tensor_meta_non_cached")
+
+
+# Layouts whose per-rank trace needs a later torch than the oldest supported one, found by tracing every strategy
+# on torch 2.6.0, 2.7.0, 2.8.0 and 2.13.0 (2.8 and 2.13 give the same figures to the byte): torch 2.6's fake
+# tensors have no kernel for c10d's collectives (c10d._allgather_base_, c10d.send: UnsupportedOperatorException)
+# and its DistributedDataParallel takes no init_sync (parallel/ddp.py); on 2.7, HSDP's backward fails inside
+# FSDP2 (an AssertionError). Tensor parallelism alone runs on 2.6.
+LATER_TORCH = {"ddp": (2, 7), "zero1": (2, 7), "zero2": (2, 7), "zero3": (2, 7), "fsdp": (2, 7), "hsdp": (2, 8),
+               "pp": (2, 7)}
+LATER_WHY = {(2, 7): "its fake tensors have no kernels for c10d's collectives", (2, 8): "HSDP's backward fails there"}
+
+
+def require_torch_for(layout) -> None:
+    """Refuse, in one line, a layout this torch cannot trace (LATER_TORCH): "--strategy fsdp needs torch >= 2.7
+    (this is torch 2.6.0: …)"."""
+    here, strategy = torch_release()[:2], str(layout.strategy)
+    needs = [(f"--strategy {strategy}", LATER_TORCH[strategy])] if strategy in LATER_TORCH and strategy != "pp" else []
+    needs += [("--pp", LATER_TORCH["pp"])] if layout.pp > 1 else []
+    for flag, version in needs:
+        if here < version:
+            raise TorchVersionError(f"{flag} needs torch >= {'.'.join(map(str, version))} (this is torch "
+                                    f"{torch.__version__}: {LATER_WHY[version]})")
+
+
+def private_api_ways() -> dict[str, str]:
+    """Each probed private use and the way this torch serves it (a refusal's message where none does)."""
+    out = {}
+    for name, probe in (("clear_dtensor_caches", _sharding_cache_clearing),
+                        ("dtensor_shape_propagation_muted", _shape_propagation_muting)):
+        try:
+            out[name] = probe()[0]
+        except TrainmemError as refusal:
+            out[name] = f"refused: {refusal}"
+    return out

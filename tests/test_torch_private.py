@@ -1,0 +1,148 @@
+"""trace/torch_private.py: the private torch names that moved between torch 2.6 and 2.15 are probed once, each
+with a named fallback that does the same on the older torches, and a one-line refusal (exit 2) where a torch has
+none. Only one torch is installed here, so the older ones are simulated by removing the newer name (monkeypatch);
+the fallbacks are the code paths torch 2.6-2.11 take (checked there by hand: identical per-rank figures)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from trainmem.cli import main
+from trainmem.errors import TorchVersionError
+from trainmem.trace import torch_private
+
+MLP = "mlp:256-512-512-10"
+MULTI_RANK = "tracing the ranks of a multi-GPU layout (--strategy, --dp, --tp, --pp, plan)"
+
+
+@pytest.fixture(autouse=True)
+def fresh_probes():
+    """Each test probes again (the probes are cached once per process); the cache is left clean afterwards."""
+    probes = (torch_private._sharding_cache_clearing, torch_private._shape_propagation_muting)
+    for probe in probes:
+        probe.cache_clear()
+    yield
+    for probe in probes:
+        probe.cache_clear()
+
+
+def _without_newer_names(monkeypatch) -> None:
+    """What torch 2.6-2.10 lack: the debug module's one-call clearing, and the propagator's fake-mode lock (2.12)."""
+    import torch.distributed.tensor.debug as debug
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    monkeypatch.delattr(debug, "_clear_sharding_prop_cache")
+    monkeypatch.delattr(ShardingPropagator, "_fake_mode_lock")
+
+
+def _without_any_way(monkeypatch) -> None:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    _without_newer_names(monkeypatch)
+    monkeypatch.delattr(ShardingPropagator, "_propagate_tensor_meta_non_cached")
+    monkeypatch.setattr(DTensor._op_dispatcher.sharding_propagator, "propagate_op_sharding", object())
+
+
+def test_this_torch_takes_the_recommended_ways():
+    ways = torch_private.private_api_ways()
+    assert ways == {"clear_dtensor_caches": "torch.distributed.tensor.debug._clear_sharding_prop_cache",
+                    "dtensor_shape_propagation_muted": "ShardingPropagator._fake_mode_lock"}
+
+
+def test_older_torch_clears_the_propagator_cache_by_hand(monkeypatch):
+    """torch 2.6-2.10: no _clear_sharding_prop_cache; the propagator's lru cache is cleared itself — through
+    LocalLRUCache.cache_clear (2.10) or its `.cache` (2.6-2.9, simulated with an object that has only that)."""
+    import functools
+
+    from torch.distributed.tensor import DTensor
+
+    _without_newer_names(monkeypatch)
+    ways = torch_private.private_api_ways()
+    assert ways["clear_dtensor_caches"].startswith("DTensor._op_dispatcher.sharding_propagator")
+    assert ways["dtensor_shape_propagation_muted"] == "ShardingPropagator._propagate_tensor_meta_non_cached (wrapped)"
+
+    class OldLocalLRUCache:  # torch 2.6-2.9: no cache_clear of its own
+        def __init__(self):
+            self.cache = functools.lru_cache(None)(lambda key: key)
+
+    old = OldLocalLRUCache()
+    old.cache("a decision")
+    monkeypatch.setattr(DTensor._op_dispatcher.sharding_propagator, "propagate_op_sharding", old)
+    torch_private.clear_dtensor_caches()
+    assert old.cache.cache_info().currsize == 0
+
+
+def test_the_wrapping_fallback_mutes_as_the_lock_does(monkeypatch):
+    """The same per-rank figures with the fallback of torch 2.6-2.11 as with 2.12's lock (without muting, the
+    global-shape fake tensors would add about 5 MB to this tensor-parallel MLP's peak)."""
+    import trainmem
+
+    def figures():
+        est = trainmem.estimate(MLP, input_shape="256", tp=2, device="h100-80gb")
+        return est.tensor_bytes, est.allocated_bytes, est.reserved_bytes, est.process_bytes
+
+    with_lock = figures()
+    # 2.13's own propagation takes the lock (nullcontext unless replaced), so the lock stays and the wrapper is
+    # chosen in its place: then only the wrapper mutes
+    monkeypatch.setattr(torch_private, "_shape_propagation_muting",
+                        lambda: ("wrapped", torch_private._mute_by_wrapping))
+    monkeypatch.setattr(torch_private, "_sharding_cache_clearing",
+                        lambda: ("by hand", torch_private._clear_propagator_cache))
+    assert figures() == with_lock
+    monkeypatch.setattr(torch_private, "_shape_propagation_muting", lambda: ("none", lambda _: contextlib.nullcontext()))
+    assert figures()[0] > with_lock[0]  # what the muting keeps out
+
+
+def test_a_torch_with_no_way_is_refused_in_one_line(monkeypatch, capsys):
+    _without_any_way(monkeypatch)
+    with pytest.raises(TorchVersionError) as caught:
+        torch_private.fake_store()
+    assert f"(this is torch {torch.__version__})" in str(caught.value)
+    code = main(["estimate", MLP, "--input-shape", "256", "--tp", "2", "--device", "h100-80gb"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"trainmem: error: {MULTI_RANK} needs a torch with")
+    code = main(["plan", MLP, "--input-shape", "256", "--gpus", "2xh100-80gb", "--micro-batches", "1",
+                 "--precisions", "fp32", "--offloads", "none"])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == "" and "no layout could be evaluated: " in out.err
+    assert f"layouts failed: {MULTI_RANK} needs a torch with" in out.err
+
+
+def test_below_the_oldest_checked_torch_the_refusal_names_the_version(monkeypatch):
+    _without_any_way(monkeypatch)
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cu121")
+    with pytest.raises(TorchVersionError) as caught:
+        torch_private.fake_store()
+    assert str(caught.value).startswith(f"{MULTI_RANK} needs torch >= 2.6 (this is torch 2.4.1+cu121: ")
+
+
+@pytest.mark.parametrize("version, release", [("2.8.0+cu128", (2, 8, 0)), ("2.13.0+cpu", (2, 13, 0)),
+                                              ("2.10.0a0+git1234", (2, 10, 0)), ("2.6", (2, 6, 0)), ("weird", (0, 0, 0))])
+def test_torch_release(version, release):
+    assert torch_private.torch_release(version) == release
+
+
+@pytest.mark.parametrize("version, argv, line", [
+    ("2.6.0+cu124", ["--strategy", "fsdp", "--world-size", "2"], "--strategy fsdp needs torch >= 2.7 (this is torch "
+     "2.6.0+cu124: its fake tensors have no kernels for c10d's collectives)"),
+    ("2.6.0+cu124", ["--pp", "2", "--batch-size", "2"], "--pp needs torch >= 2.7 (this is torch 2.6.0+cu124: "),
+    ("2.7.0+cu126", ["--strategy", "hsdp", "--world-size", "4", "--gpus-per-node", "2"],
+     "--strategy hsdp needs torch >= 2.8 (this is torch 2.7.0+cu126: HSDP's backward fails there)")])
+def test_a_layout_an_older_torch_cannot_trace_is_refused_in_one_line(monkeypatch, capsys, version, argv, line):
+    """What tracing each strategy on torch 2.6.0 and 2.7.0 showed (LATER_TORCH), simulated by the version."""
+    monkeypatch.setattr(torch, "__version__", version)
+    code = main(["estimate", MLP, "--input-shape", "256", "--device", "h100-80gb", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"trainmem: error: {line}") and err.count("\n") == 1
+
+
+def test_tensor_parallelism_alone_runs_on_the_oldest_torch(monkeypatch):
+    from trainmem.parallel.layout import ParallelLayout, Strategy
+
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    torch_private.require_torch_for(ParallelLayout(strategy=Strategy.TP, world_size=2, tp=2).resolve())
