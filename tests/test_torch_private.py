@@ -129,10 +129,12 @@ def test_torch_release(version, release):
 
 @pytest.mark.parametrize("version, argv, line", [
     ("2.6.0+cu124", ["--strategy", "fsdp", "--world-size", "2"], "--strategy fsdp needs torch >= 2.7 (this is torch "
-     "2.6.0+cu124: its fake tensors have no kernels for c10d's collectives)"),
-    ("2.6.0+cu124", ["--pp", "2", "--batch-size", "2"], "--pp needs torch >= 2.7 (this is torch 2.6.0+cu124: "),
+     "2.6.0+cu124; fake tensors have kernels for c10d's collectives from torch 2.7)"),
+    ("2.6.0+cu124", ["--strategy", "ddp", "--world-size", "2"], "--strategy ddp needs torch >= 2.7 (this is torch "
+     "2.6.0+cu124; DistributedDataParallel takes init_sync from torch 2.7)"),
+    ("2.6.0+cu124", ["--pp", "2", "--batch-size", "2"], "--pp needs torch >= 2.7 (this is torch 2.6.0+cu124; "),
     ("2.7.0+cu126", ["--strategy", "hsdp", "--world-size", "4", "--gpus-per-node", "2"],
-     "--strategy hsdp needs torch >= 2.8 (this is torch 2.7.0+cu126: HSDP's backward fails there)")])
+     "--strategy hsdp needs torch >= 2.8 (this is torch 2.7.0+cu126; on torch 2.7 HSDP's backward fails")])
 def test_a_layout_an_older_torch_cannot_trace_is_refused_in_one_line(monkeypatch, capsys, version, argv, line):
     """What tracing each strategy on torch 2.6.0 and 2.7.0 showed (LATER_TORCH), simulated by the version."""
     monkeypatch.setattr(torch, "__version__", version)

@@ -342,21 +342,23 @@ def _shape_propagation_muting() -> tuple[str, Callable]:
 # tensors have no kernel for c10d's collectives (c10d._allgather_base_, c10d.send: UnsupportedOperatorException)
 # and its DistributedDataParallel takes no init_sync (parallel/ddp.py); on 2.7, HSDP's backward fails inside
 # FSDP2 (an AssertionError). Tensor parallelism alone runs on 2.6.
-LATER_TORCH = {"ddp": (2, 7), "zero1": (2, 7), "zero2": (2, 7), "zero3": (2, 7), "fsdp": (2, 7), "hsdp": (2, 8),
-               "pp": (2, 7)}
-LATER_WHY = {(2, 7): "its fake tensors have no kernels for c10d's collectives", (2, 8): "HSDP's backward fails there"}
+_C10D = "fake tensors have kernels for c10d's collectives from torch 2.7"
+_DDP = "DistributedDataParallel takes init_sync from torch 2.7"
+LATER_TORCH = {"ddp": ((2, 7), _DDP), "zero1": ((2, 7), _DDP), "zero2": ((2, 7), _C10D), "zero3": ((2, 7), _C10D),
+               "fsdp": ((2, 7), _C10D), "pp": ((2, 7), _C10D),
+               "hsdp": ((2, 8), "on torch 2.7 HSDP's backward fails inside FSDP2, on 2.6 c10d's collectives")}
 
 
 def require_torch_for(layout) -> None:
     """Refuse, in one line, a layout this torch cannot trace (LATER_TORCH): "--strategy fsdp needs torch >= 2.7
-    (this is torch 2.6.0: …)"."""
+    (this is torch 2.6.0; …)"."""
     here, strategy = torch_release()[:2], str(layout.strategy)
-    needs = [(f"--strategy {strategy}", LATER_TORCH[strategy])] if strategy in LATER_TORCH and strategy != "pp" else []
-    needs += [("--pp", LATER_TORCH["pp"])] if layout.pp > 1 else []
-    for flag, version in needs:
+    needs = [(f"--strategy {strategy}", *LATER_TORCH[strategy])] if strategy in LATER_TORCH and strategy != "pp" else []
+    needs += [("--pp", *LATER_TORCH["pp"])] if layout.pp > 1 else []
+    for flag, version, why in needs:
         if here < version:
             raise TorchVersionError(f"{flag} needs torch >= {'.'.join(map(str, version))} (this is torch "
-                                    f"{torch.__version__}: {LATER_WHY[version]})")
+                                    f"{torch.__version__}; {why})")
 
 
 def private_api_ways() -> dict[str, str]:
