@@ -580,7 +580,8 @@ def test_help_lists_references_optimizers_and_real_defaults():
                  "dropout", "loop"):
         assert f"(default: {defaults[name]})" in by_flag["--" + name.replace("_", "-")], name
     for flag, action in by_flag.items():
-        assert action is None or "(default:" in action or flag in ("-h", "--setup", "--debug", "--steps"), flag
+        assert action is None or "(default:" in action or flag in ("-h", "--setup", "--debug", "--trace-steps"), flag
+    assert "(default: a long run" in by_flag["--steps"]
     assert "(default: cpu)" in by_flag["--device"] and "(default: 2)" in by_flag["--depth"]
 
 
