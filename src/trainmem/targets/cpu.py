@@ -11,7 +11,7 @@ from collections.abc import Callable
 from trainmem.targets import DeviceEvent, KernelEffect
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn import conv as onednn_conv
-from trainmem.targets.onednn import rnn_transients, rnn_workspace
+from trainmem.targets.onednn import matmul_cache, rnn_transients, rnn_workspace
 from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace
 
@@ -133,6 +133,16 @@ kernel_rule("smooth_l1_loss")(_structured_loss)
 
 
 _REDUCED = ("bfloat16", "float16")
+
+
+def _matmul_seen(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
+    """Nothing below the dispatcher per call: the calls are recorded so that the process can count the distinct
+    problems oneDNN compiles for reduced-precision matmuls (targets/onednn/matmul_cache.py)."""
+    return KernelEffect()
+
+
+for _op in matmul_cache.MATMUL_OPS:
+    kernel_rule(_op)(_matmul_seen)
 
 
 @kernel_rule("native_batch_norm")

@@ -14,6 +14,7 @@ from trainmem.errors import SetupError
 from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime, keras_torch_runtime
 from trainmem.targets import cpu as cpu_kernels
 from trainmem.targets.cpu_info import CpuInfo
+from trainmem.targets.onednn import matmul_cache
 from trainmem.targets.onednn.rnn_layout import rnn_layout
 from trainmem.trace.events import Trace
 
@@ -65,13 +66,20 @@ class CpuTarget:
             keras_parts, keras_spread, keras_said = keras_torch_runtime.keras_parts()
             libraries -= {"keras"}
         runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries, self.cpu)
+        matmuls, problems, path = matmul_cache.resident_bytes(traced.trace.kernel_calls, self.cpu)
+        if matmuls:
+            runtime.parts["runtime_onednn_matmul_shapes"] = matmuls
         heap = steady_heap(stream.events, glibc_heap, setup.run_steps)
         floor = sum(runtime.parts.values()) + sum(keras_parts.values())
         spread = heap.table["spread"]
         # runtime.spread: the bundled machines' floors differ by that much when this one is not calibrated
         high = (max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"]))) + keras_spread
                 + runtime.spread)
-        warnings = runtime.assumptions + keras_said + _heap_assumptions(heap, high) + [
+        matmul_said = [f"{problems} distinct reduced-precision matmul problems run on oneDNN ({path} kernels): "
+                       f"{matmuls / 2**20:.1f} MiB of compiled code and cache entries kept for the run, as measured "
+                       "per new shape (targets/onednn/matmul_cache.py); shapes that change from step to step "
+                       "(routing) add one each time"] if matmuls else []
+        warnings = runtime.assumptions + keras_said + matmul_said + _heap_assumptions(heap, high) + [
             f"CPU kernel rule '{rule}' applied ×{count} (buffers below the dispatcher, {self.cpu.capability})"
             for rule, count in sorted(stream.rules.items())] + list(stream.gaps)
         parts = {**runtime.parts, **keras_parts, "tensor_heap_resident": heap.resident}
