@@ -96,6 +96,23 @@ def run_rows(runs: int, only: str | None, optimizers=OPTIMIZERS) -> list[dict]:
     return rows
 
 
+def re_estimate(row: dict) -> dict:
+    """The row's estimate again with this checkout; the measurements stay. A run length that moved is refused:
+    the measured runs ran the old one."""
+    name, ref, extra, _, _ = next(entry for entry in ZOO if entry[0] == row["model"])
+    est = estimate(ref, setup=TrainingSetup.from_mapping(
+        {"batch_size": row["batch"], "optimizer": row["optimizer"], "loop": "inline", **extra}))
+    steps = int(est.coverage.get("heap_steps", 2))
+    if steps != row.get("steps", 2):
+        raise SystemExit(f"{name} batch {row['batch']}: the estimate now stands for {steps} steps, the runs ran "
+                         f"{row.get('steps', 2)}: measure again")
+    row = {**row, "est_tensor": est.tensor_bytes, "est_rss": est.process_bytes, "est_rss_high": est.process_bytes_high}
+    row["err_tensor"] = (row["est_tensor"] - row["meas_tensor"]) / row["meas_tensor"]
+    row["err_rss"] = (row["est_rss"] - row["meas_rss"]) / row["meas_rss"]
+    print(_line(row), flush=True)
+    return row
+
+
 def _cpu_name() -> str:
     from trainmem.calibrate import _cpu_name as name
 
@@ -194,6 +211,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated (default: both)")
+    parser.add_argument("--re-estimate", action="store_true", help="estimate the rows of the data file again with "
+                        "this checkout and keep their measurements (the run length must not change)")
     parser.add_argument("--tag", default="", help="results and data under accuracy_cpu_TAG.md/.jsonl (another "
                         "machine's table is kept)")
     parser.add_argument("--load", action="store_true", help="re-render from benchmarks/data/accuracy_cpu.jsonl")
@@ -201,8 +220,11 @@ def main() -> None:
     name = "accuracy_cpu" + (f"_{args.tag}" if args.tag else "")
     data = ROOT / f"benchmarks/data/{name}.jsonl"
     result = ROOT / f"benchmarks/results/{name}.md"
-    if args.load:
+    if args.load or args.re_estimate:
         rows = [json.loads(line) for line in data.read_text().splitlines()]
+        if args.re_estimate:
+            rows = [re_estimate(row) for row in rows]
+            data.write_text("".join(json.dumps(row) + "\n" for row in rows))
         result.write_text(write_markdown(rows, len(rows[0]["rss_runs"])))
         return
     rows = run_rows(args.runs, args.only, tuple(args.optimizers.split(",")))
