@@ -17,6 +17,7 @@ from trainmem.errors import TraceError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import keras_torch_step
+from trainmem.trace.autocast_cache import cast_cache_freed_in_order
 from trainmem.trace import step as training
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
@@ -201,7 +202,8 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     try:
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
         # SameDtypeKernels sits right above fake_mode, so it sees each op as its kernel would (dtype_checks.py)
-        with fake_mode, SameDtypeKernels(), tracker, recorder, checkpoint_rng_states(recorder), switched as notes:
+        with fake_mode, SameDtypeKernels(), tracker, recorder, checkpoint_rng_states(recorder), \
+                cast_cache_freed_in_order(recorder), switched as notes:
             if keras:
                 prepared = keras_torch_step.trace_run(model, setup, source, recorder, observer, layers)
                 facts = keras_torch_step.model_facts(model)
