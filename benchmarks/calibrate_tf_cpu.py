@@ -19,9 +19,14 @@ that are not in the accuracy table:
    differences between 1 and 64 steps give `setup_factor` and `train_factor` (times the dataset's bytes
    held at each point, the user's arrays included); 2048 × 8 against 256 × 64 (the same dataset) gives
    the batches tf.data holds at the end of a step (the next one gathered while the step ran), and `setup_base` is what fit's set-up adds besides the data.
-Writes src/trainmem/targets/data/tf_cpu_floor.json with the versions, CPU, load and this command.
+   With oneDNN on, the MklCPUAllocator's pool keeps the pages of the step's tensors (the batch it consumed
+   included) at the end of a step, and the estimate replays those itself (targets/tf_cpu.py): the batches held
+   are then what the rise leaves beyond the replayed pool's own difference between the two points.
+Each path (--onednn on|off: TF_ENABLE_ONEDNN_OPTS=1/0 in every measured process) has its own constants: the
+run replaces the entry of this CPU class (targets/tf_cpu.py isa_class) and path in
+src/trainmem/targets/data/tf_cpu_floor.json, with the versions, CPU, load and this command, and keeps the others.
 
-    python benchmarks/calibrate_tf_cpu.py [--runs 5]
+    python benchmarks/calibrate_tf_cpu.py [--runs 5] [--onednn on|off]
 """
 
 from __future__ import annotations
@@ -83,8 +88,28 @@ def increment(run: dict) -> int:
     return run["peak"] - run["import_rss"]
 
 
-def data_factors(data: dict) -> dict:
-    """setup_factor, train_factor, setup_base and batches_held from the data sweep's stage RSS."""
+def pool_rise(onednn: bool) -> float:
+    """With oneDNN on: the estimate's replayed tensor pages (the pool's, without batches held ahead) at the
+    data sweep's batch-2048 point over its batch-256 point; 0 with oneDNN off (glibc gives those back)."""
+    if not onednn:
+        return 0.0
+    sys.path.insert(0, str(MODELS.parent))
+    import keras_models
+
+    from trainmem.setup import TrainingSetup
+    from trainmem.targets.tf_cpu import tensor_heap
+    from trainmem.trace.keras_graph import trace_keras
+
+    heaps = []
+    for name, batch, steps in DATA_POINTS[1:]:
+        traced = trace_keras(getattr(keras_models, name), TrainingSetup(batch_size=batch, steps=steps), name=name)
+        heaps.append(tensor_heap(traced, steps, onednn=True, threads=len(os.sched_getaffinity(0))))
+    return float(heaps[1] - heaps[0])
+
+
+def data_factors(data: dict, replayed: float = 0.0) -> dict:
+    """setup_factor, train_factor, setup_base and batches_held from the data sweep's stage RSS; `replayed`: what
+    the estimate replays itself of the batch-end rise (pool_rise)."""
     def rise(point, stage) -> float:  # RSS at `stage` over RSS after compile, median over runs
         return statistics.median(r["stages"][stage] - r["stages"]["compile"] for r in data[point])
 
@@ -96,7 +121,7 @@ def data_factors(data: dict) -> dict:
     batch_extra = sample_bytes * (big_batch[1] - large[1])
     # at the end of a step its own tensors are freed; what grows with the batch is what tf.data holds (the
     # next batch gathered and prefetched while the step ran)
-    batches = (rise(big_batch, "batch_end_max") - rise(large, "batch_end_max")) / batch_extra
+    batches = (rise(big_batch, "batch_end_max") - rise(large, "batch_end_max") - replayed) / batch_extra
     return {"setup_factor": round(setup_factor, 3), "train_factor": round(train_factor, 3),
             "setup_base_bytes": int(rise(small, "train_begin") - setup_factor * sample_bytes * small[1] * small[2]),
             "batches_held": round(max(0.0, batches), 2), "sample_bytes": sample_bytes}
@@ -113,20 +138,32 @@ def graph_sweep(runs: int, ops: dict) -> tuple[list[dict], list[dict]]:
     return rows, [run["environment"] for runs_ in sweep.values() for run in runs_]
 
 
+def _flag(args) -> str:
+    return f" --onednn {args.onednn}" if args.onednn else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--reuse-sweep", action="store_true",
-                        help="keep the graph sweep already in the JSON (its own command is kept with it)")
+                        help="keep the graph sweep already in this CPU class and path's entry (its own command is kept)")
+    parser.add_argument("--onednn", choices=("on", "off"), help="TF_ENABLE_ONEDNN_OPTS=1/0 in every measured "
+                        "process (default: TensorFlow's own choice here)")
     args = parser.parse_args()
+    from trainmem.targets.tf_cpu import isa_class, onednn_choice
+
+    if args.onednn:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if args.onednn == "on" else "0"
+    onednn, isa = onednn_choice().on, isa_class()
     ops = step_op_counts([*SWEEP, "wide_input"])
-    old = json.loads(OUT.read_text()) if OUT.exists() else {}
+    doc = json.loads(OUT.read_text()) if OUT.exists() else {"entries": []}
+    old = next((e for e in doc["entries"] if e["isa"] == isa and bool(e["onednn"]) == onednn), {})
     if args.reuse_sweep and old.get("sweep"):
         sweep, environments = old["sweep"], [old]
         sweep_command = old.get("sweep_command", old.get("command"))
     else:
         sweep, environments = graph_sweep(args.runs, ops)
-        sweep_command = f"python benchmarks/calibrate_tf_cpu.py --runs {args.runs}"
+        sweep_command = f"python benchmarks/calibrate_tf_cpu.py --runs {args.runs}" + _flag(args)
     for row in sweep:  # the tracer's count now, whatever count the sweep was stored with
         row["step_ops"] = ops[row["model"]]
     xs = [row["step_ops"] for row in sweep for _ in row["increments"]]
@@ -135,28 +172,33 @@ def main() -> None:
     runs = max(3, args.runs - 2)
     data = {point: measure(*point, runs, timeline=True) for point in DATA_POINTS}
     env = data[DATA_POINTS[0]][0]["environment"]
+    if bool(env["onednn"]) != onednn:
+        raise SystemExit(f"expected the measured processes to run with oneDNN {'on' if onednn else 'off'}, "
+                         f"TensorFlow reported IsMklEnabled() {env['onednn']}")
     every_import = [r for rows in data.values() for r in rows]
     anon = [v for row in sweep for v in row.get("import_anon", [])] + [r["import_anon"] for r in every_import]
     files = [v for row in sweep for v in row.get("import_file", [])] + [r["import_file"] for r in every_import]
     result = {
-        "tensorflow": env["tensorflow"], "keras": env["keras"], "numpy": env["numpy"], "python": env["python"],
+        "isa": isa, "tensorflow": env["tensorflow"], "keras": env["keras"], "numpy": env["numpy"], "python": env["python"],
         "cpu_model": env["cpu_model"], "nproc": env["nproc"], "onednn": env["onednn"],
         "inter_op_threads": env["inter_op_threads"], "intra_op_threads": env["intra_op_threads"],
         "date": datetime.date.today().isoformat(),
-        "command": f"python benchmarks/calibrate_tf_cpu.py --runs {args.runs}" + (" --reuse-sweep" if args.reuse_sweep else ""),
+        "command": f"python benchmarks/calibrate_tf_cpu.py --runs {args.runs}" + _flag(args)
+                   + (" --reuse-sweep" if args.reuse_sweep else ""),
         "sweep_command": sweep_command,
         "load_average_median": statistics.median(r["load"] for r in every_import),
         "import_anon_bytes": int(statistics.median(anon)), "import_file_bytes": int(statistics.median(files)),
         "import_file_min": min(files), "import_file_max": max(files),
         "fit_machinery_bytes": int(machinery), "per_op_bytes": int(round(per_op)),
-        **data_factors(data),
+        **data_factors(data, pool_rise(onednn)),
         "sweep": sweep,
         "data_sweep": [{"model": name, "batch": batch, "steps": steps, "step_ops": ops[name],
                         "stages_rss": [r["stages"] for r in data[(name, batch, steps)]],
                         "increments": [increment(r) for r in data[(name, batch, steps)]]}
                        for name, batch, steps in DATA_POINTS],
     }
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    others = [e for e in doc["entries"] if not (e["isa"] == isa and bool(e["onednn"]) == onednn)]
+    OUT.write_text(json.dumps({**doc, "entries": others + [result]}, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("sweep", "data_sweep")}, indent=1))
 
 

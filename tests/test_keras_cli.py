@@ -94,6 +94,10 @@ def test_compare_on_a_gpu_explains_the_floor(tensorflow, capsys):
     (["estimate", SEED, "--tf-memory", "growth", "--device", "a100-40gb"], "--tf-memory", "a Keras model on TensorFlow"),
     (["estimate", SEED, "--tf-memory", "lots", "--device", "a100-40gb", "--framework", "keras"], "--tf-memory",
      "expected a TensorFlow GPU memory mode"),
+    (["estimate", SEED, "--tf-onednn", "maybe", "--framework", "keras"], "--tf-onednn", "expected auto|on|off"),
+    (["estimate", SEED, "--tf-onednn", "on", "--framework", "keras", "--device", "a100-40gb"], "--tf-onednn",
+     "--device cpu"),
+    (["estimate", SEED, "--tf-onednn", "on"], "--tf-onednn", "a Keras model on TensorFlow"),
     (["estimate", "hf:gpt2", "--framework", "keras"], "--framework", "a Keras model reference"),
     (["compare", SEED, "--framework", "keras"], "--framework", "no --framework with compare"),
     (["compare", "hf:gpt2"], "MODEL", "expected mlp:… or a layer spec"),
@@ -200,3 +204,26 @@ def test_measure_under_auto_reads_a_factory_files_imports(tmp_path):
 def test_measure_keras_on_a_gpu_device_is_one_line(capsys):
     code, out, err = run(["measure", "model.keras", "--device", "a100-40gb"], capsys)
     assert code == 2 and "expected --device cpu with a Keras model" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode, on", [("on", True), ("off", False)])
+def test_tf_onednn_picks_the_cpu_path_and_says_so(tensorflow, capsys, mode, on):
+    if not _floor_committed():
+        pytest.skip("targets/data/tf_cpu_floor.json is not in this tree")
+    code, out, err = run(["estimate", "mlp:200-100-10", "--framework", "keras", "--batch-size", "64",
+                          "--tf-onednn", mode, "--format", "json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["keras"]["tensorflow"]["onednn"] is on
+    said = f"oneDNN {mode} (--tf-onednn {mode}"
+    assert any(w.startswith(said) for w in data["warnings"])
+    assert any(f"allocator path: oneDNN {mode}" in w for w in data["keras"]["explanation"])
+
+
+def test_tf_onednn_auto_follows_the_environment(tensorflow, capsys, monkeypatch):
+    if not _floor_committed():
+        pytest.skip("targets/data/tf_cpu_floor.json is not in this tree")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    code, out, err = run(["estimate", "mlp:200-100-10", "--framework", "keras", "--batch-size", "64"], capsys)
+    assert code == 0, err
+    assert "oneDNN off (TF_ENABLE_ONEDNN_OPTS=0 in this environment)" in out

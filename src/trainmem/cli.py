@@ -32,7 +32,7 @@ INTERRUPTED_LINE = b"trainmem: interrupted\n"
 RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
                                 "max_seq": False, "margin": None, "framework": "auto", "keras_backend": None,
                                 "tf_memory": None, "plot": None, "html": None, "memory_snapshot": None,
-                                "snapshot_max_entries": None, "quiet": False}
+                                "snapshot_max_entries": None, "quiet": False, "tf_onednn": None}
 _NOT_OPTIONS = {"command", "model", "setup", "debug"}
 # measure --runs starts one fresh process per run (seconds each, the model's memory each): the median
 # of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
@@ -176,6 +176,9 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tf-memory", metavar="MODE", help="Keras on TensorFlow, GPU devices: default (TensorFlow "
                         "maps almost all GPU memory at start) | growth (allow_growth) | limit:SIZE (a logical "
                         "device's memory_limit) | fraction:F (per_process_gpu_memory_fraction) (default: default)")
+    parser.add_argument("--tf-onednn", metavar="auto|on|off", help="Keras on TensorFlow, CPU: whether the run has "
+                        "oneDNN and its MklCPUAllocator (on/off: TF_ENABLE_ONEDNN_OPTS=1/0; auto: as TensorFlow "
+                        "decides, from TF_ENABLE_ONEDNN_OPTS here and this CPU's features) (default: auto)")
     parser.add_argument("--format", choices=["table", "json"], help="report format" + _run_default("format"))
     parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + _run_default("depth"))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -349,6 +352,8 @@ def _check_framework_options(options: Options, where) -> None:
         value = options.values[key]
         if value is not None and value not in choices:
             raise TrainmemError(f"expected {'|'.join(choices)}, got {quote(value)}", where=where(key))
+    if options.tf_onednn is not None and options.tf_onednn not in ("auto", "on", "off"):
+        raise TrainmemError(f"expected auto|on|off, got {quote(options.tf_onednn)}", where=where("tf_onednn"))
     if options.tf_memory is not None:
         from trainmem.targets.tf_gpu import parse_mode
 
@@ -466,7 +471,8 @@ def _fit(options: Options, setup: Any) -> Outcome:
 
 
 def _framework_options(options: Options) -> dict[str, Any]:
-    return {"framework": options.framework, "keras_backend": options.keras_backend, "tf_memory": options.tf_memory}
+    return {"framework": options.framework, "keras_backend": options.keras_backend, "tf_memory": options.tf_memory,
+            "tf_onednn": options.tf_onednn}
 
 
 def _compare(options: Options, setup: Any) -> Outcome:

@@ -105,6 +105,12 @@ RULES: tuple[FlagRule, ...] = (
              "memory)", lambda run: f"--device {run.device}"),
     FlagRule("tf_memory", lambda run: _keras_on_tensorflow(run) or run.command == "compare", REFUSE,
              "a Keras model on TensorFlow (--tf-memory is TensorFlow's GPU memory mode; PyTorch's is --alloc-conf)"),
+    FlagRule("tf_onednn", lambda run: not run.on_gpu, REFUSE, "--device cpu (--tf-onednn sets TensorFlow's CPU "
+             "path: oneDNN and its MklCPUAllocator)", _DEVICE_CPU),
+    FlagRule("tf_onednn", _keras_on_tensorflow, REFUSE, "a Keras model on TensorFlow (--tf-onednn is TensorFlow's "
+             "oneDNN switch, TF_ENABLE_ONEDNN_OPTS)"),
+    FlagRule("tf_onednn", lambda run: run.command == "estimate", REFUSE, "trainmem estimate (a measured run follows "
+             "TF_ENABLE_ONEDNN_OPTS in its environment)", lambda run: run.command),
     FlagRule("seq_len", _HF, REFUSE, "an hf: model (--seq-len sets its tokens per sample; for other models "
              "the sequence length is part of --input-shape)"),
     FlagRule("task", _HF, REFUSE, "an hf: model (--task chooses its head and loss)"),

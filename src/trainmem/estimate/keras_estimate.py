@@ -5,7 +5,8 @@ keys as PyTorch's, plus a "keras" section (the Keras-style layer table, the Tens
 What the common keys hold for TensorFlow:
     peak.tensor_bytes     live tensor bytes at their peak, as requested
     peak.allocated_bytes  GPU: tf.config.experimental.get_memory_info("GPU:0")["peak"] (BFC chunks in use);
-                          CPU: the tensor peak (TensorFlow's CPU allocator is malloc, it caches nothing)
+                          CPU: the tensor peak with oneDNN off (the default CPUAllocator is malloc, it caches
+                          nothing); with oneDNN on, the MklCPUAllocator pool's chunks in use at their peak
     peak.reserved_bytes   GPU: what the BFC regions hold (cuMemAlloc); CPU: null
     peak.process_bytes    GPU: nvidia-smi per process (context + regions); CPU: peak RSS of the fit process
 No TensorFlow import here: the trace and the targets import it lazily.
@@ -63,11 +64,13 @@ def _shape_list(shape: Any) -> Any:
 
 
 def estimate_keras(ref: Any, setup: TrainingSetup, device: DeviceRef = "cpu", *, depth: int = 2,
-                   memory_mode: str | None = None, cuda_context: int | None = None, **options: Any) -> KerasEstimate:
+                   memory_mode: str | None = None, cuda_context: int | None = None, onednn: str | None = None,
+                   **options: Any) -> KerasEstimate:
     """Estimate `ref` (a Keras reference, a keras.Model, or a frontends.keras_ref.KerasSource) training with
     `setup` on `device`: "cpu" or a GPU of the catalog. `memory_mode` is TensorFlow's GPU memory mode
     ("default", "growth", "limit:8GiB", "fraction:0.5"; targets/tf_gpu.py); `cuda_context` overrides the
-    CUDA context bytes. Options of PyTorch's CUDA stack are refused."""
+    CUDA context bytes; `onednn` (auto|on|off, CPU only) whether the run has oneDNN and its MklCPUAllocator
+    (alloc/tf_mkl_cpu.py onednn_choice; auto: as TensorFlow decides). Options of PyTorch's CUDA stack are refused."""
     from trainmem.frontends.keras_ref import KerasSource, resolve_keras
     from trainmem.trace.keras_graph import trace_keras
 
@@ -84,6 +87,11 @@ def estimate_keras(ref: Any, setup: TrainingSetup, device: DeviceRef = "cpu", *,
         from trainmem.estimate.orchestrate import estimate
 
         return estimate(source, setup=setup, device=target, depth=depth)
+    if target.kind == "cuda" and onednn is not None:
+        from trainmem.errors import SetupError
+
+        raise SetupError(f"expected --device cpu with --tf-onednn, got --device {target.name} (oneDNN and its "
+                         "MklCPUAllocator are TensorFlow's CPU path)", where="--tf-onednn")
     traced = trace_keras(source.build, setup, name=source.name)
     if target.kind == "cuda":
         return _on_gpu(source, setup, target, traced, memory_mode or DEFAULT_MEMORY_MODE, cuda_context)
@@ -91,14 +99,14 @@ def estimate_keras(ref: Any, setup: TrainingSetup, device: DeviceRef = "cpu", *,
         from trainmem.errors import SetupError
 
         raise SetupError(f"expected a GPU --device with --tf-memory, got --device {target.name}", where="--tf-memory")
-    return _on_cpu(source, setup, target, traced)
+    return _on_cpu(source, setup, target, traced, onednn or "auto")
 
 
-def _on_cpu(source, setup: TrainingSetup, device: Device, traced) -> KerasEstimate:
+def _on_cpu(source, setup: TrainingSetup, device: Device, traced, onednn: str = "auto") -> KerasEstimate:
     from trainmem.alloc.cpu import aligned, replay_tensors
     from trainmem.targets.tf_cpu import device_events, tf_cpu_figures
 
-    figures = tf_cpu_figures(traced, setup)
+    figures = tf_cpu_figures(traced, setup, onednn=onednn)
     events = device_events(traced.trace)
     replay = replay_tensors(events)
     breakdown = _by_category(replay.live_at_peak, aligned)  # as replay_tensors charges each (64-B alignment)
@@ -108,10 +116,13 @@ def _on_cpu(source, setup: TrainingSetup, device: Device, traced) -> KerasEstima
              "tf_import_file is the file-backed part (TensorFlow's shared libraries' pages, page-cache dependent); "
              "tf_import_anon, fit_machinery and graph_ops are anonymous memory of the runtime; dataset and "
              "prefetch_batches the data model.fit holds; tensor_heap_resident the tensors as glibc keeps them",
-             f"high end {figures.process_high:,} B: library pages at their measured most and freed heap chunks pinned"]
+             f"high end {figures.process_high:,} B: library pages at their measured most and freed heap chunks pinned",
+             "allocator path: oneDNN " + ("on, the MklCPUAllocator" if figures.onednn else "off, the default "
+                                          "CPUAllocator") + f" ({figures.onednn_reason})"]
     return _estimate(source, setup, device, traced, breakdown, peak, replay.live_at_peak, figures.tensor_peak,
                      figures.process_bytes, figures.process_high, dict(figures.parts), list(figures.warnings), words,
-                     {"tensor_peak": figures.tensor_peak, "allocator_peak": figures.allocator_peak}, None, None, None)
+                     {"tensor_peak": figures.tensor_peak, "allocator_peak": figures.allocator_peak,
+                      "onednn": figures.onednn, "onednn_reason": figures.onednn_reason}, None, None, None)
 
 
 def _on_gpu(source, setup: TrainingSetup, device: Device, traced, mode: str, context: int | None) -> KerasEstimate:

@@ -43,7 +43,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
              cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
              module_loading: str | None = None, cudnn_benchmark: bool | None = None,
              compare_loop: bool = False, framework: str = "auto", keras_backend: str | None = None,
-             tf_memory: str | None = None, **setup_values: Any) -> Estimate:
+             tf_memory: str | None = None, tf_onednn: str | None = None, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
@@ -56,7 +56,8 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
     deleting the loop's references early would save (`lean_loop`). Both traces share one plan: the model
     reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
-    target, as batch sizes do not in fit's ScaledBatches)."""
+    target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
+    on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off."""
     setup = setup_of(setup, setup_values, "estimate()")
     options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
                    module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
@@ -68,7 +69,10 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
             raise SetupError("expected a PyTorch model with --strategy (many ranks are traced with torch.distributed), "
                              f"got a Keras model {model.name!r}", where="--strategy")
 
-        return estimate_keras(model, setup, device, depth=depth, memory_mode=tf_memory, **options)
+        return estimate_keras(model, setup, device, depth=depth, memory_mode=tf_memory, onednn=tf_onednn, **options)
+    if tf_onednn is not None:
+        raise SetupError(f"expected a Keras model on TensorFlow with --tf-onednn, got a PyTorch model {model.name!r}",
+                         where="--tf-onednn")
     if tf_memory is not None:
         raise SetupError(f"expected a Keras model on TensorFlow with --tf-memory, got a PyTorch model {model.name!r}",
                          where="--tf-memory")

@@ -4,9 +4,11 @@ A TensorFlow kernel allocates its outputs, then its temporaries, through the dev
 the temporaries are freed when Compute returns, before the executor drops the inputs. The graph never
 sees them, so the Keras trace (trace/keras_graph.py) cannot: each rule here sizes them from the call's
 shapes with the formula of the kernel that runs on tensorflow-cpu 2.21 for x86-64. There oneDNN is off
-unless the CPU has AVX512_VNNI/AVX512_BF16/AVX_VNNI/AMX (util.cc DefaultOneDnnPolicy, see targets/tf_cpu.py),
-so the Eigen/"custom" kernels run; with oneDNN on, the _Mkl* kernels run instead and no rule here applies
-(`tf_cpu_stream(..., onednn=True)` reports every call as a gap rather than guess).
+unless the CPU has AVX512_VNNI/AVX512_BF16/AVX_VNNI/AMX or TF_ENABLE_ONEDNN_OPTS says so (util.cc, see
+alloc/tf_mkl_cpu.py onednn_choice), and the Eigen/"custom" kernels run. With oneDNN on, MklLayoutRewritePass
+(mkl_layout_pass.cc) gives the ops of ONEDNN_KERNELS an _Mkl* kernel: their Eigen rules no longer apply and
+their own scratch (oneDNN scratchpads through allocate_temp; reorders in oneDNN's own malloc) is not sized,
+so `tf_cpu_stream(..., onednn=True)` reports them as gaps; every other op keeps its Eigen kernel and rule.
 
 Checked against TensorFlow's own allocation records (RunMetadata FULL_TRACE, default allocator: requested
 bytes) by benchmarks/tf_kernel_scratch.py, results in benchmarks/results/tf_kernel_scratch.md.
@@ -89,6 +91,17 @@ NO_TEMPORARIES = {
     "Conv3D": "conv_ops_3d.cc LaunchConvOp<CPUDevice>: Eigen CuboidConvolution (measured: none)",
     "FusedBatchNormV3": "fused_batch_norm_op.cc FusedBatchNorm<CPUDevice> NHWC: outputs only (measured: none)",
 }
+
+
+# ops MklLayoutRewritePass rewrites to a oneDNN kernel in tensorflow-cpu 2.21: those it rewrote in this
+# project's models with TF_ENABLE_ONEDNN_OPTS=1 (TF_CPP_VMODULE=mkl_layout_pass=1: "rewrote node … with op"),
+# and the convolutions mkl_layout_pass.cc registers with AlwaysRewrite outside its ENABLE_ONEDNN_V3 guard.
+# FusedBatchNormV3 and its gradient stayed Eigen kernels (their rewrite is inside that guard).
+ONEDNN_KERNELS = frozenset({
+    "MatMul", "_FusedMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "_FusedConv2D",
+    "Conv2DBackpropFilter", "Conv2DBackpropInput", "Conv3D", "Conv3DBackpropFilterV2", "Conv3DBackpropInputV2",
+    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropFilter", "DepthwiseConv2dNativeBackpropInput",
+    "MaxPool", "MaxPoolGrad", "Softmax", "Transpose"})
 
 
 def rule(*ops: str) -> Callable[[Rule], Rule]:
@@ -329,7 +342,11 @@ def _call_events(trace: Trace, cpu: CpuFacts, onednn: bool):
     gaps: dict[str, int] = {}
     keys = iter(range(-1, -(1 << 62), -1))
     for index, call in enumerate(trace.kernel_calls):
-        effect = None if onednn else kernel_scratch(call, cpu)
+        if onednn and call.op in ONEDNN_KERNELS:
+            name = f"{call.op} as a oneDNN kernel (its scratchpad and reorders)"
+            gaps[name] = gaps.get(name, 0) + 1
+            continue
+        effect = kernel_scratch(call, cpu)
         if effect is None:
             gaps[call.op] = gaps.get(call.op, 0) + 1
             continue
