@@ -98,10 +98,11 @@ def run_rows(runs: int, only: str | None, optimizers=OPTIMIZERS) -> list[dict]:
 
 def re_estimate(row: dict) -> dict:
     """The row's estimate again with this checkout; the measurements stay. A run length that moved is refused:
-    the measured runs ran the old one."""
+    the measured runs ran the old one. A row measured before run lengths existed ran two steps."""
     name, ref, extra, _, _ = next(entry for entry in ZOO if entry[0] == row["model"])
     est = estimate(ref, setup=TrainingSetup.from_mapping(
-        {"batch_size": row["batch"], "optimizer": row["optimizer"], "loop": "inline", **extra}))
+        {"batch_size": row["batch"], "optimizer": row["optimizer"], "loop": "inline", **extra,
+         **({} if "steps" in row else {"run_steps": 2})}))
     steps = int(est.coverage.get("heap_steps", 2))
     if steps != row.get("steps", 2):
         raise SystemExit(f"{name} batch {row['batch']}: the estimate now stands for {steps} steps, the runs ran "
@@ -171,6 +172,8 @@ def write_markdown(rows: list[dict], runs: int) -> str:
     rss_ok = sum(abs(r["err_rss"]) <= RSS_TARGET and r["err_rss"] >= -RSS_LOW_TARGET for r in rows)
     low = [r for r in rows if r["err_rss"] < 0]
     high_ok = sum(r["est_rss_high"] >= r["meas_rss"] for r in rows)
+    high_all = sum(r["est_rss_high"] >= max(r["rss_runs"]) for r in rows)
+    within = sum(abs(r["err_rss"]) <= RSS_TARGET for r in rows)
     worst_tensor = max(rows, key=lambda r: abs(r["err_tensor"]))
     worst_rss = max(rows, key=lambda r: abs(r["err_rss"]))
     spread = max((max(r["rss_runs"]) - min(r["rss_runs"])) / r["meas_rss"] for r in rows)
@@ -190,7 +193,9 @@ def write_markdown(rows: list[dict], runs: int) -> str:
         f"({worst_tensor['model']}, batch {worst_tensor['batch']}, {worst_tensor['optimizer']})",
         f"- peak RSS within 5% and at most 3% low: **{rss_ok}/{len(rows)}**; worst {worst_rss['err_rss']:+.2%} "
         f"({worst_rss['model']}, batch {worst_rss['batch']}, {worst_rss['optimizer']}); rows low: {len(low)}",
-        f"- process_bytes_high at or above the measured median: **{high_ok}/{len(rows)}**",
+        f"- peak RSS within 5% either way (issue 21's target): **{within}/{len(rows)}**",
+        f"- process_bytes_high at or above the measured median: **{high_ok}/{len(rows)}**; at or above every measured "
+        f"run: **{high_all}/{len(rows)}**",
         f"- largest run-to-run RSS spread (max − min over the median): {spread:.1%}",
         "",
         "| model | batch | optimizer | est. tensors MiB | meas. tensors MiB | error | est. RSS MiB | high MiB "
@@ -213,6 +218,9 @@ def main() -> None:
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated (default: both)")
     parser.add_argument("--re-estimate", action="store_true", help="estimate the rows of the data file again with "
                         "this checkout and keep their measurements (the run length must not change)")
+    parser.add_argument("--as-cpu", metavar="VENDOR,CAPABILITY,THREADS",
+                        help="with --re-estimate: estimate as for the CPU the rows were measured on (another "
+                        "machine's recorded rows), e.g. AuthenticAMD,AVX2,2; writes accuracy_cpu_TAG_here.md")
     parser.add_argument("--tag", default="", help="results and data under accuracy_cpu_TAG.md/.jsonl (another "
                         "machine's table is kept)")
     parser.add_argument("--load", action="store_true", help="re-render from benchmarks/data/accuracy_cpu.jsonl")
@@ -222,6 +230,20 @@ def main() -> None:
     result = ROOT / f"benchmarks/results/{name}.md"
     if args.load or args.re_estimate:
         rows = [json.loads(line) for line in data.read_text().splitlines()]
+        if args.re_estimate and args.as_cpu:  # another machine's rows: estimated as for that CPU, results apart
+            vendor, capability, threads = args.as_cpu.split(",")
+            from trainmem.targets.cpu_info import CpuInfo
+
+            other = CpuInfo(capability, int(threads), avx512_bf16=False, amx=False, avx512_vnni=False, vendor=vendor)
+            CpuInfo.this_machine = classmethod(lambda cls: other)
+            rows = [re_estimate(row) for row in rows]
+            (ROOT / f"benchmarks/results/{name}_estimated_here.md").write_text(
+                write_markdown(rows, len(rows[0]["rss_runs"])).replace(
+                    "# CPU accuracy: estimated vs measured",
+                    f"# CPU accuracy: {name}'s recorded rows (measured on {vendor} {capability}), estimated on "
+                    f"{_cpu_name()} as for that CPU by `python benchmarks/accuracy_cpu.py --re-estimate --as-cpu "
+                    f"{args.as_cpu}{' --tag ' + args.tag if args.tag else ''}`"))
+            return
         if args.re_estimate:
             rows = [re_estimate(row) for row in rows]
             data.write_text("".join(json.dumps(row) + "\n" for row in rows))
