@@ -94,3 +94,12 @@ def test_the_estimate_reports_the_run_length_and_steps_flag_is_checked():
     assert len(said) == 1 and f"after {long.coverage['heap_steps']} steps" in said[0]
     with pytest.raises(TrainmemError, match="--steps"):
         trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2, run_steps=0)
+
+
+def test_steps_on_a_gpu_is_warned_about_by_its_own_name(capsys):
+    from trainmem.cli import main
+
+    code = main(["estimate", "mlp:64-32-10", "--input-shape", "64", "--device", "a100-40gb", "--steps", "5",
+                 "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0 and "warning: --steps: ignored: only CPU peak RSS depends on the run's length" in err

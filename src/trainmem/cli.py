@@ -281,7 +281,7 @@ def _option_keys(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
-    from trainmem.flag_rules import explicit
+    from trainmem.flag_rules import explicit, flag_of
     from trainmem.setup import read_setup_file
 
     given: dict[str, Any] = {}
@@ -299,7 +299,7 @@ def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
         for key in ("input_shape", "input_dtype", "input_max"):
             given.pop(key, None)
     given.update(flags)
-    origins.update({key: f"--{key.replace('_', '-')}" for key in flags})
+    origins.update({key: flag_of(key) for key in flags})
     return Options({**RUN_DEFAULTS, **given}, given, origins)
 
 
@@ -316,10 +316,10 @@ def setup_from_options(options: Options):
 def _check_run_options(options: Options, command: str) -> list[str]:
     """The run options' own checks, then the table of which options apply (flag_rules.py)."""
     from trainmem.devices import get_device
-    from trainmem.flag_rules import Invocation, check
+    from trainmem.flag_rules import Invocation, check, flag_of
     from trainmem.frontends import reference_kind
 
-    where = lambda key: options.origins.get(key, f"--{key.replace('_', '-')}")  # noqa: E731
+    where = lambda key: options.origins.get(key, flag_of(key))  # noqa: E731
     for key in ("device", "format"):
         if not isinstance(options.values[key], str):
             raise TrainmemError(f"expected text, got {quote(options.values[key])}", where=where(key))
@@ -432,7 +432,9 @@ def _write_outputs(result: Any, options: Options) -> tuple[str, ...]:
 
 def _check_output_options(options: Options) -> None:
     """The output files' names and the snapshot's cap, checked before anything is traced."""
-    where = lambda key: options.origins.get(key, f"--{key.replace('_', '-')}")  # noqa: E731
+    from trainmem.flag_rules import flag_of
+
+    where = lambda key: options.origins.get(key, flag_of(key))  # noqa: E731
     for key, suffixes in (("plot", (".png", ".svg")), ("html", (".html", ".htm")), ("memory_snapshot", None)):
         path = options.values[key]
         if path is None:

@@ -18,6 +18,14 @@ from trainmem.errors import SetupError, quote
 from trainmem.frontends import Kind
 
 REFUSE, WARN = "refuse", "warn"
+# options whose flag is not their key with dashes: the run's length is --steps (key run_steps), the traced steps
+# the hidden --trace-steps (key steps, TrainingSetup.steps)
+FLAG_OF_KEY = {"run_steps": "--steps", "steps": "--trace-steps"}
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of an option key."""
+    return FLAG_OF_KEY.get(key, f"--{key.replace('_', '-')}")
 # The CUDA stack of the target run (targets/cuda_target.py): meaningless for a CPU estimate.
 CUDA_KEYS = ("cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark")
 _INTEGER_DTYPES = ("int64", "int32", "uint8")
@@ -146,6 +154,8 @@ RULES: tuple[FlagRule, ...] = (
     FlagRule("devices", lambda run: run.command == "compare", WARN, "only trainmem compare searches --devices"),
     FlagRule("max_seq", lambda run: run.command == "fit", WARN, "only trainmem fit searches"),
     FlagRule("runs", lambda run: run.command == "measure", WARN, "only trainmem measure runs the steps"),
+    FlagRule("run_steps", lambda run: not run.on_gpu, WARN, "only CPU peak RSS depends on the run's length "
+             "(the caching allocator's step repeats itself: a GPU estimate stands for any length)"),
     FlagRule("force", lambda run: run.command == "measure", WARN, "only trainmem measure runs the steps"),
     # the estimate's extra outputs (report/): they draw the allocator replay of a PyTorch trace
     FlagRule("plot", lambda run: run.command in ("estimate", "compare"), WARN,
@@ -174,7 +184,7 @@ def check(run: Invocation, rules: tuple[FlagRule, ...] = RULES) -> list[str]:
     for rule in rules:
         if not run.given(rule.key) or rule.applies(run):
             continue
-        where = run.origins.get(rule.key, f"--{rule.key.replace('_', '-')}")
+        where = run.origins.get(rule.key, flag_of(rule.key))
         if rule.action == REFUSE:
             raise SetupError(f"expected {rule.expected}, got {rule.got(run)}", where=where)
         line = f"warning: {where}: ignored: {rule.expected}"
