@@ -61,18 +61,21 @@ coverage: $(VENV)/.test-ready $(VISION)/.ready
 	$(VISION)/bin/python benchmarks/coverage.py
 	$(VISION)/bin/python benchmarks/onnx_coverage.py
 
-# The oldest and the newest supported torch (pyproject.toml's range), each in its own environment
-# .venv-compat-<version> with trainmem installed normally: benchmarks/compat.py runs the core tests and the
-# calibration estimates there and compares them with the dev pin's, in benchmarks/results/compat.md.
+# The supported torch releases (pyproject.toml's range: the oldest, the newest and every second minor between),
+# each in its own environment .venv-compat-<version> with trainmem installed normally: benchmarks/compat.py
+# runs there every feature's command line (estimate, fit, compare, each --strategy, plan, hf:, LoRA, Keras on
+# torch, measure), the core tests and the calibration estimates, and writes the features × torch matrix and the
+# comparison with the dev pin's estimates to benchmarks/results/compat.md; it fails when a feature failed.
 # pip on this machine caps torch below the newest release with a constraint file; an empty constraint file for
 # these commands lifts the cap (also for the tests: tests/test_install.py asks pip what it would install).
-# Each environment downloads a CUDA build of torch (several GB).
+# Each environment downloads a CUDA build of torch (5-7 GB installed, 2-6 min each here).
 COMPAT_OLDEST := 2.6.0
 COMPAT_NEWEST := 2.15.0
-COMPAT_VERSIONS := $(COMPAT_OLDEST) $(COMPAT_NEWEST)
-# pinned, the versions the dev environment uses, which install next to both: transformers builds the BERT rows;
-# pytest, pyyaml, peft and onnx let the core tests run (torchvision is left out: its wheels pair with one torch)
-COMPAT_PACKAGES := pytest==9.2.0 pyyaml==6.0.4 transformers==5.24.0 peft==0.21.2 onnx==1.23.2
+COMPAT_VERSIONS := $(COMPAT_OLDEST) 2.8.0 2.10.0 2.12.1 $(COMPAT_NEWEST)
+# pinned, the versions the dev environment uses, which install next to every one: transformers builds the BERT
+# rows; pytest, pyyaml, peft and onnx let the core tests run; keras (no TensorFlow) runs Keras on the torch
+# backend (torchvision is left out: its wheels pair with one torch)
+COMPAT_PACKAGES := pytest==9.2.0 pyyaml==6.0.4 transformers==5.24.0 peft==0.21.2 onnx==1.23.2 keras==3.15.1
 COMPAT_OUT := build/compat
 
 .venv-compat-%/.ready: pyproject.toml
@@ -84,5 +87,7 @@ COMPAT_OUT := build/compat
 compat: $(VENV)/.test-ready $(foreach version,$(COMPAT_VERSIONS),.venv-compat-$(version)/.ready)
 	mkdir -p $(COMPAT_OUT)
 	$(BIN)/python benchmarks/compat.py run --no-tests --out $(COMPAT_OUT)/baseline.json
+	$(BIN)/python benchmarks/compat.py features --out $(COMPAT_OUT)/baseline.features.json
+	$(foreach version,$(COMPAT_VERSIONS),PIP_CONSTRAINT=/dev/null .venv-compat-$(version)/bin/python benchmarks/compat.py features --out $(COMPAT_OUT)/$(version).features.json &&) true
 	$(foreach version,$(COMPAT_VERSIONS),PIP_CONSTRAINT=/dev/null .venv-compat-$(version)/bin/python benchmarks/compat.py run --out $(COMPAT_OUT)/$(version).json &&) true
-	$(BIN)/python benchmarks/compat.py report --baseline $(COMPAT_OUT)/baseline.json $(foreach version,$(COMPAT_VERSIONS),$(COMPAT_OUT)/$(version).json)
+	$(BIN)/python benchmarks/compat.py report --baseline $(COMPAT_OUT)/baseline.json $(foreach version,$(COMPAT_VERSIONS),$(COMPAT_OUT)/$(version).json) --features $(COMPAT_OUT)/baseline.features.json $(foreach version,$(COMPAT_VERSIONS),$(COMPAT_OUT)/$(version).features.json)

@@ -148,3 +148,49 @@ def test_tensor_parallelism_alone_runs_on_the_oldest_torch(monkeypatch):
 
     monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
     torch_private.require_torch_for(ParallelLayout(strategy=Strategy.TP, world_size=2, tp=2).resolve())
+
+
+@pytest.fixture
+def fresh_pipeline_probe():
+    torch_private._PIPELINE_FORWARD_CACHE_NAME.clear()
+    yield
+    torch_private._PIPELINE_FORWARD_CACHE_NAME.clear()
+
+
+@pytest.mark.parametrize("name", ["fwd_cache", "_forward_chunk_states"])
+def test_a_stages_micro_batches_in_flight_by_either_name(fresh_pipeline_probe, name):
+    """torch 2.6-2.14 keep a stage's forward chunks in `fwd_cache`, 2.15 in `_forward_chunk_states`: the first
+    stage seen decides which, once per stage class."""
+    stage_class = type(f"Stage{name}", (), {})
+    stage = stage_class()
+    setattr(stage, name, {0: "chunk 0", 1: "chunk 1"})
+    assert torch_private.pipeline_chunks_in_flight(stage) == 2
+    assert torch_private._PIPELINE_FORWARD_CACHE_NAME == {stage_class: name}
+    getattr(stage, name).pop(0)
+    assert torch_private.pipeline_chunks_in_flight(stage) == 1
+
+
+def test_a_stage_without_a_forward_cache_is_refused_in_one_line(fresh_pipeline_probe):
+    with pytest.raises(TorchVersionError) as caught:
+        torch_private.pipeline_chunks_in_flight(type("NewStage", (), {})())
+    assert str(caught.value).startswith("--pp needs a torch with a forward cache on PipelineStage")
+    assert "\n" not in str(caught.value)
+
+
+def test_this_torchs_pipeline_stage_has_a_forward_cache_the_probe_knows():
+    """The real PipelineStage of the installed torch: its forward cache is one of the names the probe tries."""
+    import inspect
+
+    from torch.distributed.pipelining import stage
+
+    source = inspect.getsource(stage._PipelineStageBase.__init__)
+    assert any(f"self.{name}" in source for name in torch_private._PIPELINE_FORWARD_CACHES)
+
+
+def test_fit_on_a_torch_that_cannot_trace_the_layout_says_so_once(monkeypatch, capsys):
+    """The refusal holds for every candidate: fit gives it as it is, not as a failed batch size 1."""
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    code = main(["fit", MLP, "--input-shape", "256", "--device", "a100-80gb", "--strategy", "ddp", "--world-size", "2"])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith("trainmem: error: --strategy ddp needs torch >= 2.7 (this is torch 2.6.0+cu124; ")

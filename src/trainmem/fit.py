@@ -29,7 +29,7 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-from trainmem.errors import NothingEvaluated, SetupError, failure_reason
+from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
 from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace
 from trainmem.devices import DeviceRef
 from trainmem.progress import Progress
@@ -308,6 +308,8 @@ def _search(estimate_at: Callable[[int], Estimate], limit: int, budget: int) -> 
         if value not in estimates:
             try:
                 estimates[value] = estimate_at(value)
+            except TorchVersionError:  # this torch cannot trace the setup at any value: its own one line
+                raise
             except Exception as error:  # noqa: BLE001 - listed with its reason, never taken for "does not fit"
                 failed[value] = failure_reason(error)
                 return None

@@ -1,7 +1,7 @@
 """Pipeline parallelism with torch.distributed.pipelining: the model is split into stages on meta
 (pp_split.py), this rank keeps its own stage(s), and the real schedule (ScheduleGPipe, Schedule1F1B,
 ScheduleInterleaved1F1B) drives forward and backward of every micro-batch, so the activations of in-flight
-micro-batches stay alive exactly as long as the schedule keeps them (its fwd_cache), and its receive buffers
+micro-batches stay alive exactly as long as the schedule keeps them (its forward cache), and its receive buffers
 are the ones it allocates.
 
 The loop is torchtitan's train_step (torchtitan/train.py): every pipeline rank takes the batch from its loader,

@@ -12,6 +12,7 @@ allocated at its first step.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -20,8 +21,9 @@ from torch import nn
 from trainmem.errors import SetupError
 from trainmem.parallel.apply import ParallelContext
 from trainmem.trace import step as training
+from trainmem.trace.cuda_composites import attention_uncounted
 from trainmem.trace.events import Phase
-from trainmem.trace.torch_private import disable_current_modes
+from trainmem.trace.torch_private import FakeTensorMode, disable_current_modes, pipeline_chunks_in_flight
 
 
 class _Vote:
@@ -46,9 +48,9 @@ def _fake_world_stage_class():
     return FakeWorldStage
 
 
-def _meta_like(tensor: torch.Tensor, rows: int, grad: bool) -> torch.Tensor:
-    meta = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype, device="meta")
-    return meta.requires_grad_(grad and tensor.is_floating_point())
+def _meta_like(shape: torch.Size, dtype: torch.dtype, rows: int, grad: bool) -> torch.Tensor:
+    meta = torch.empty((rows, *shape[1:]), dtype=dtype, device="meta")
+    return meta.requires_grad_(grad and meta.is_floating_point())
 
 
 class PipelineRunner:
@@ -61,25 +63,35 @@ class PipelineRunner:
 
     # ---- stage boundaries -------------------------------------------------------------------------------
     def _boundaries(self, first_inputs: tuple[torch.Tensor, ...], prepared: Any, setup: Any) -> list[tuple]:
-        """(inputs, outputs) meta tensors of one micro-batch for every stage, from the meta copy of the model
-        run stage by stage outside the fake mode and the recorder (meta tensors: shapes only)."""
+        """(inputs, outputs) meta tensors of one micro-batch for every stage, from a copy of the meta model run
+        stage by stage outside the trace's fake mode and the recorder. The copy runs on CPU fake tensors of its
+        own fake mode, not on meta: autocast casts only tensors of its device (a meta tensor never), and under
+        mixed precision a stage's output has the dtype autocast gives it (bf16 out of a Linear). torch checks
+        each output against its declared dtype up to 2.11 (PipeliningShapeError) and sizes the receive
+        buffers by it in every release."""
         from trainmem.parallel.pp_split import split_stages
 
         rows = setup.batch_size // self.plan.microbatches
         dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        metas = []  # (inputs, outputs) as (shape, dtype) pairs: the fake tensors stay inside their mode
         with disable_current_modes():
-            meta = self.plan.meta_model.to(dtype) if dtype != torch.float32 else self.plan.meta_model
-            stages = split_stages(meta, self.plan.num_stages)
-            inputs = tuple(_meta_like(t, rows, grad=False) for t in first_inputs)
-            shapes = []
-            with torch.no_grad(), training.autocast_region(prepared, setup):
-                for stage in stages[:max(self.plan.stage_indices) + 1]:  # later stages' shapes are not needed
-                    out = stage(*inputs)
-                    outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-                    outputs = tuple(_meta_like(o, rows, grad=True) for o in outputs)
-                    shapes.append((inputs, outputs))
-                    inputs = outputs
-        return shapes
+            model = copy.deepcopy(self.plan.meta_model)  # meta: no storage to copy
+            with FakeTensorMode(allow_non_fake_inputs=True):  # the model's small real buffers (meta_build.py)
+                model = model.to_empty(device="cpu")
+                model = model.to(dtype) if dtype != torch.float32 else model
+                stages = split_stages(model, self.plan.num_stages)
+                inputs = tuple(torch.empty((rows, *t.shape[1:]), dtype=t.dtype) for t in first_inputs)
+                with torch.no_grad(), training.autocast_region(prepared, setup), attention_uncounted():
+                    for stage in stages[:max(self.plan.stage_indices) + 1]:  # later stages' are not needed
+                        out = stage(*inputs)
+                        outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+                        metas.append(([(t.shape, t.dtype) for t in inputs], [(o.shape, o.dtype) for o in outputs]))
+                        inputs = outputs
+            # made outside the trace's fake mode too; a later stage's inputs are the earlier stage's outputs,
+            # which require grad (its backward sends them)
+            return [(tuple(_meta_like(shape, kind, rows, grad=index > 0) for shape, kind in ins),
+                     tuple(_meta_like(shape, kind, rows, grad=True) for shape, kind in outs))
+                    for index, (ins, outs) in enumerate(metas)]
 
     def _stage_modules(self) -> list[nn.Module]:
         inner = getattr(self.model, "module", self.model)
@@ -144,10 +156,10 @@ class PipelineRunner:
             observer.phase(Phase.FORWARD, self.step_index)
             with training.autocast_region(prepared, setup):
                 output = forward(*args, **kwargs)
-            # micro-batches whose forward ran and backward has not: the schedule's fwd_cache holds their
+            # micro-batches whose forward ran and backward has not: the stage's forward cache holds their
             # stage outputs and inputs (and, through autograd, their saved activations)
             self.most_in_flight[stage.stage_index] = max(self.most_in_flight.get(stage.stage_index, 0),
-                                                         len(stage.fwd_cache))
+                                                         pipeline_chunks_in_flight(stage))
             if not stage.is_last:
                 observer.phase(Phase.BACKWARD, self.step_index)  # settles this chunk's forward
             return output

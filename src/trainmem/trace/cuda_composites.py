@@ -20,6 +20,7 @@ choice (scaled_dot_product_attention is in autocast_mode.cpp's lower_precision_f
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 from collections import Counter
@@ -33,6 +34,20 @@ from trainmem.trace import torch_private
 FLASH = "flash"
 EFFICIENT = "memory-efficient"
 MATH = "math"
+
+
+# true inside a pass that is no part of the training step (parallel/pp_run.py runs the stages once to learn their
+# boundary shapes): its attention calls choose a backend as the step's do, but are not counted in the summary
+_UNCOUNTED = contextvars.ContextVar("trainmem_attention_uncounted", default=False)
+
+
+@contextlib.contextmanager
+def attention_uncounted():
+    token = _UNCOUNTED.set(True)
+    try:
+        yield
+    finally:
+        _UNCOUNTED.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,16 +133,20 @@ class CudaAttention:
         cc = self.facts.compute_capability
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         if _flash_ok(query, key, value, attn_mask, cc, enable_gqa, is_causal, dropout_p):
-            self.choices[FLASH] += 1
+            self._count(FLASH)
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale)[0]
         if _efficient_ok(query, key, value, cc, enable_gqa):
-            self.choices[EFFICIENT] += 1
+            self._count(EFFICIENT)
             bias = _efficient_bias(attn_mask, query, key)
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 query, key, value, bias, grad, dropout_p, is_causal, scale=scale)[0]
-        self.choices[MATH] += 1
+        self._count(MATH)
         return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def _count(self, backend: str) -> None:
+        if not _UNCOUNTED.get():
+            self.choices[backend] += 1
 
     def summary(self) -> list[str]:
         return [f"scaled_dot_product_attention ×{count}: CUDA's {backend} backend "

@@ -105,7 +105,8 @@ def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
     observer = _RankObserver(recorder, model)
     try:
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
-        with fake_mode, SameDtypeKernels(), tracker, recorder, switched as target_notes, \
+        quiet_while_muted = SameDtypeKernels(quiet=lambda: recorder.muted)  # DTensor's global-shape ops
+        with fake_mode, quiet_while_muted, tracker, recorder, switched as target_notes, \
                 storage_resizes_reported(recorder.storage_resized), dtensor_shape_propagation_muted(recorder):
             prepared, parallel, resolved = _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed,
                                                   recorder, observer)

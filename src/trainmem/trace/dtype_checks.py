@@ -15,10 +15,18 @@ as addmm or mm, matmul as mm or bmm). For the ops listed, the real kernels of ev
 tensor arguments to share one dtype; a call that does not is refused with the kernel's own wording,
 raising inside the user's forward where the real run would, so the trace's error names the module
 and the input (trace/run.py). Every other op passes through untouched: this mode changes no estimate.
+
+A multi-rank trace passes `quiet`, true while DTensor works out an op's global output shape on throw-away fake
+tensors (the recorder is muted then: torch_private.dtensor_shape_propagation_muted). Those tensors carry the
+dtypes of the DTensors' specs, not of the local tensors the kernel gets, and the two differ where FSDP2
+all-gathers a tensor-parallel parameter under autocast (torch 2.8-2.12: the unsharded weight's spec says fp32,
+its local tensor is the bf16 autocast made): the real run computes the same global shapes on fake tensors,
+which do not check, and its kernels then see one dtype. The local ops are checked as everywhere else.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,10 +43,14 @@ _SAME_DTYPE_OPS = frozenset({
 
 
 class SameDtypeKernels(TorchDispatchMode):
-    """Refuse what the real kernel refuses: mixed dtypes in the ops of _SAME_DTYPE_OPS."""
+    """Refuse what the real kernel refuses: mixed dtypes in the ops of _SAME_DTYPE_OPS (not while `quiet()`)."""
+
+    def __init__(self, quiet: Callable[[], bool] | None = None) -> None:
+        super().__init__()
+        self.quiet = quiet
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func.overloadpacket in _SAME_DTYPE_OPS:
+        if func.overloadpacket in _SAME_DTYPE_OPS and not (self.quiet is not None and self.quiet()):
             dtypes = [arg.dtype for arg in args if isinstance(arg, torch.Tensor)]
             if any(dtype != dtypes[0] for dtype in dtypes):
                 names = ", ".join(str(dtype).removeprefix("torch.") for dtype in dtypes)

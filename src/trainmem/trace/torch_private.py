@@ -3,7 +3,7 @@ moves one breaks in one place.
 
 Checked against the sources of torch 2.6.0, 2.7.0, 2.8.0, 2.9.0, 2.10.0, 2.11.0, 2.12.0, 2.13.0 and 2.15.0:
 every name imported at the top of this module is in all of them (FakeStore moved to C++ in 2.15 and is
-re-exported where it was). Two DTensor internals moved within that range; each is probed once, on first use
+re-exported where it was). Three internals moved within that range; each is probed once, on first use
 (importing torch.distributed.tensor costs seconds, so not at trainmem's import), and served by the first way
 this torch has, named in `private_api_ways()`:
 
@@ -13,7 +13,10 @@ this torch has, named in `private_api_ways()`:
   `.cache.cache_clear()` of its thread-local LocalLRUCache before), and the C++ fast path's cache where
   torch._C has `_clear_DTensor_sharding_propagator_cache` (2.10 on);
 - muting DTensor's global-shape fake ops (`dtensor_shape_propagation_muted`): `ShardingPropagator.
-  _fake_mode_lock` from 2.12; before it (2.6-2.11) `_propagate_tensor_meta_non_cached` itself is wrapped.
+  _fake_mode_lock` from 2.12; before it (2.6-2.11) `_propagate_tensor_meta_non_cached` itself is wrapped;
+- counting a pipeline stage's micro-batches in flight (`pipeline_chunks_in_flight`): PipelineStage.fwd_cache
+  up to 2.14, `_forward_chunk_states` from 2.15 (probed on the first stage, where the attribute lives, so
+  neither in `private_api_ways()` nor refused before the trace).
 
 A torch with neither way refuses in one line (TorchVersionError), before any rank is traced; so does a layout
 this torch cannot trace for other reasons (require_torch_for: FSDP, ZeRO, DDP and pipelines need torch 2.7, HSDP
@@ -286,6 +289,13 @@ def _clear_propagator_cache() -> None:
         fast()
 
 
+def pipeline_chunks_in_flight(stage) -> int:
+    """Micro-batches whose forward ran on this PipelineStage and whose backward has not: the entries of the
+    stage's forward cache (outputs and inputs kept for backward), named as this torch names it
+    (_pipeline_forward_cache)."""
+    return len(getattr(stage, _pipeline_forward_cache(stage)))
+
+
 # ---- probes: which way each moved private use takes on this torch, decided once ----
 MULTI_RANK = "tracing the ranks of a multi-GPU layout (--strategy, --dp, --tp, --pp, plan)"
 OLDEST_TORCH = (2, 6)  # the oldest torch whose sources were checked (module docstring), pyproject's floor
@@ -335,6 +345,26 @@ def _shape_propagation_muting() -> tuple[str, Callable]:
     if callable(ShardingPropagator.__dict__.get("_propagate_tensor_meta_non_cached")):
         return "ShardingPropagator._propagate_tensor_meta_non_cached (wrapped)", _mute_by_wrapping
     raise torch_refusal(MULTI_RANK, "DTensor's ShardingPropagator._propagate_tensor_meta_non_cached")
+
+
+# PipelineStage's per-micro-batch forward cache (torch/distributed/pipelining/stage.py), an instance attribute
+# set in __init__: `fwd_cache` (output tuple, flat inputs) up to 2.14, `_forward_chunk_states` (a state per
+# chunk) from 2.15; both dicts keyed by chunk id, filled by forward_one_chunk and popped by backward
+_PIPELINE_FORWARD_CACHES = ("fwd_cache", "_forward_chunk_states")
+_PIPELINE_FORWARD_CACHE_NAME: dict[type, str] = {}  # stage class -> the name found on its first stage
+
+
+def _pipeline_forward_cache(stage) -> str:
+    """The forward cache's attribute name on this torch's stages, decided once per stage class on the first
+    stage seen (an instance attribute: the class alone does not have it)."""
+    known = _PIPELINE_FORWARD_CACHE_NAME.get(type(stage))
+    if known is not None:
+        return known
+    for name in _PIPELINE_FORWARD_CACHES:
+        if isinstance(getattr(stage, name, None), dict):
+            _PIPELINE_FORWARD_CACHE_NAME[type(stage)] = name
+            return name
+    raise torch_refusal("--pp", "a forward cache on PipelineStage (fwd_cache; _forward_chunk_states from 2.15)")
 
 
 # Layouts whose per-rank trace needs a later torch than the oldest supported one, found by tracing every strategy
