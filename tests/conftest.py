@@ -35,3 +35,28 @@ def _no_user_calibration(tmp_path_factory):
         os.environ.pop(ENV_DIR, None)
     else:
         os.environ[ENV_DIR] = previous
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under `make compat`, a test of a feature that the installed torch refuses (TorchVersionError: '--strategy
+    fsdp needs torch >= 2.7 (this is torch 2.6.0 …') is skipped with that line, as the user gets it, rather than
+    failed: it cannot run there. Only when the installed torch really is older than the one named, so on the dev
+    pin an unexpected refusal still fails."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or not report.failed:
+        return
+    import re
+
+    from trainmem.errors import TorchVersionError
+
+    error = call.excinfo.value
+    needed = re.search(r"needs torch >= (\d+)\.(\d+)", str(error)) if isinstance(error, TorchVersionError) else None
+    if needed is None:
+        return
+    from trainmem.trace.torch_private import torch_release
+
+    if torch_release()[:2] < (int(needed.group(1)), int(needed.group(2))):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1], f"Skipped: refused on this torch: {error}")
