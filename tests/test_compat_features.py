@@ -1,5 +1,5 @@
-"""benchmarks/compat.py's feature matrix: what counts as a pass, a refusal and a failure of one feature's
-command line under one torch, and that `make compat` runs it on every torch it names."""
+"""benchmarks/compat_features.py, the feature matrix of `make compat`: what counts as a pass, a refusal and a
+failure of one feature's command line under one torch, and that `make compat` runs it on every torch it names."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 from conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("compat", ROOT / "benchmarks/compat.py")
+spec = importlib.util.spec_from_file_location("compat_features", ROOT / "benchmarks/compat_features.py")
 compat = importlib.util.module_from_spec(spec)
-sys.modules["compat"] = compat
+sys.modules["compat_features"] = compat
 spec.loader.exec_module(compat)
 
 ESTIMATE = compat.Feature("f", "f", ("estimate", "mlp:10-5"))
