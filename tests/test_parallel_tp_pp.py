@@ -49,8 +49,11 @@ class _LiveBytes(TorchDispatchMode):
 
 def _run(source, rank: int, setup: TrainingSetup):
     """Build on meta, apply the layout, materialize under fake tensors, run the steps: (model, result, live)."""
+    from trainmem.trace.meta_build import building_on_meta
+
     source = frontends.resolve(source, setup)
-    with torch.device("meta"):
+    # as the trace builds: torch 2.6-2.8 fail a first import of torch._dynamo under the meta device (meta_build.py)
+    with building_on_meta():
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
     with fake_world(setup.parallel, rank) as world:
         ctx = ParallelContext(setup.parallel, world, None, setup)
