@@ -37,6 +37,13 @@ _HAS_MKLDNN = torch.backends.mkldnn.is_available()
 _HAS_BF16 = _HAS_MKLDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 needs_mkldnn = pytest.mark.skipif(not _HAS_MKLDNN, reason="torch built without oneDNN")
+# the installed torch's oneDNN: a verified release (3.5, 3.12, 3.13) is matched exactly; any other (torch 2.10's
+# 3.7, 2.12's 3.11 under `make compat`) takes the larger known layout, a bound the real op must stay within
+_EXACT = rnn_layout().exact
+
+
+def _matches(estimated: int, real: int) -> bool:
+    return estimated == real if _EXACT else estimated >= real
 
 _LSTM_MODE = 2  # ideep::rnn_kind::LSTM
 
@@ -83,20 +90,20 @@ SHAPES = [
 @pytest.mark.parametrize("T,B,I,H,reverse,bidir", SHAPES)
 def test_f32_matches_real_op(T, B, I, H, reverse, bidir):
     real = _real_workspace(T, B, I, H, torch.float32, reverse, bidir)
-    assert lstm_workspace_bytes(T, B, I, H, bidirectional=bidir, dtype_bytes=4) == real
+    assert _matches(lstm_workspace_bytes(T, B, I, H, bidirectional=bidir, dtype_bytes=4), real)
 
 
 @pytest.mark.skipif(not _HAS_BF16, reason="oneDNN bf16 unsupported on this CPU")
 @pytest.mark.parametrize("T,B,I,H,reverse,bidir", SHAPES[::2])
 def test_bf16_matches_real_op(T, B, I, H, reverse, bidir):
     real = _real_workspace(T, B, I, H, torch.bfloat16, reverse, bidir)
-    assert lstm_workspace_bytes(T, B, I, H, bidirectional=bidir, dtype_bytes=2) == real
+    assert _matches(lstm_workspace_bytes(T, B, I, H, bidirectional=bidir, dtype_bytes=2), real)
 
 
 @pytest.mark.skipif(not _HAS_BF16, reason="oneDNN bf16 unsupported on this CPU")
 def test_bf16_with_f32_cell_state():
     real = _real_workspace(10, 4, 64, 64, torch.bfloat16, cell_dtype=torch.float32)
-    assert lstm_workspace_bytes(10, 4, 64, 64, dtype_bytes=2, cell_state_bytes=4) == real
+    assert _matches(lstm_workspace_bytes(10, 4, 64, 64, dtype_bytes=2, cell_state_bytes=4), real)
 
 
 @needs_mkldnn
@@ -120,7 +127,8 @@ def test_nn_lstm_calls_match_module_helper():
     rec = Rec()
     with torch.enable_grad(), rec:
         model(torch.randn(B, T, I))
-    assert rec.ws == lstm_module_workspace_bytes(T, B, I, H, num_layers=2, bidirectional=True)
+    estimated = lstm_module_workspace_bytes(T, B, I, H, num_layers=2, bidirectional=True)
+    assert len(rec.ws) == len(estimated) and all(map(_matches, estimated, rec.ws)), (rec.ws, estimated)
 
 
 def test_get_good_ld_rules():
@@ -398,7 +406,9 @@ def test_transients_match_real_in_oprunning_peak(T, B, I, H, dtype, reverse, gra
     ):
         assert sum(before) + sum(after) == 0
         real_peak, model_peak = running_peak(real), running_peak(before + outs + after)
-        assert abs(model_peak - real_peak) <= max(0.01 * real_peak, 8192), (real, before, after)
+        tolerance = max(0.01 * real_peak, 8192)
+        close = abs(model_peak - real_peak) <= tolerance if _EXACT else model_peak >= real_peak - tolerance
+        assert close, (real, before, after)
 
 
 def test_an_unverified_onednn_release_makes_the_lstm_estimate_say_it_is_a_bound():
@@ -411,7 +421,9 @@ def test_an_unverified_onednn_release_makes_the_lstm_estimate_say_it_is_a_bound(
     from trainmem.setup import TrainingSetup
 
     setup = TrainingSetup.from_mapping({"batch_size": 2})
-    verified = plan(str(Path(__file__).with_name("models.py")) + ":tiny_lstm", setup)
+    installed = plan(str(Path(__file__).with_name("models.py")) + ":tiny_lstm", setup)
+    verified = dataclasses.replace(installed, target=dataclasses.replace(
+        installed.target, cpu=dataclasses.replace(installed.target.cpu, onednn_version=(3, 12, 0))))
     unverified = dataclasses.replace(verified, target=dataclasses.replace(
         verified.target, cpu=dataclasses.replace(verified.target.cpu, onednn_version=(3, 9, 0))))
     traced = trace(verified, setup)
