@@ -72,6 +72,8 @@ FEATURES = (
     Feature("qlora", "--qlora (a100-40gb)", ("estimate", *LLAMA, "--qlora", "--device", "a100-40gb", "--quiet")),
     Feature("hf-fsdp", "hf: --strategy fsdp --world-size 2", ("estimate", *LLAMA, "--device", "a100-80gb",
                                                               "--strategy", "fsdp", "--world-size", "2", "--quiet")),
+    Feature("hf-fsdp-pp", "hf: --strategy fsdp --dp 2 --pp 2", ("estimate", *LLAMA, "--device", "a100-80gb",
+                                                                "--strategy", "fsdp", "--dp", "2", "--pp", "2", "--quiet")),
     Feature("hf-tp-pp", "hf: --tp 2 --pp 2 --precision bf16-mixed",
             ("estimate", *LLAMA, "--device", "a100-80gb", "--tp", "2", "--pp", "2", "--precision", "bf16-mixed",
              "--quiet")),

@@ -368,3 +368,40 @@ def test_dtype_checks_stay_quiet_while_dtensor_works_out_global_shapes():
             torch.mm(low, high)
         quiet["now"] = True
         assert torch.mm(low, high).shape == (2, 4)
+
+
+def test_fsdp_over_the_pipeline_stages_of_a_causal_lm_wraps_what_each_stage_calls():
+    """A stage of 1 decoder layer has no repeated block, and its top-level child `model` is a holder whose forward
+    never runs: FSDP's units are the decoder layers (auto, blocks) or what the stage calls (children), so every
+    parameter is all-gathered by a hook that runs (the embedding stayed sharded: 'mixed torch.Tensor and DTensor')."""
+    import trainmem
+    from trainmem.parallel.fsdp import wrap_units
+    from trainmem.parallel.pp_split import split_stages
+
+    from trainmem.trace.meta_build import building_on_meta
+
+    source = frontends.resolve(_tiny_llama(tie=False), TrainingSetup())
+    with building_on_meta():
+        first, last = split_stages(source.build(), 4)[0], split_stages(source.build(), 4)[3]
+    assert wrap_units(first, "auto") == wrap_units(first, "blocks") == list(first.model.layers)
+    assert wrap_units(first, "children") == [first.model.embed_tokens, *first.model.layers]
+    assert wrap_units(last, "children") == [*last.model.layers, last.model.norm, last.lm_head]
+    for kind in ("fsdp", "zero3"):
+        est = trainmem.estimate("hf:tests/data/tiny_llama", strategy=kind, dp=2, pp=2, batch_size=2, seq_len=64,
+                                device="a100-80gb")
+        assert {tuple(r["ranks"]) for r in est.to_dict()["ranks"]}
+
+
+def test_a_trace_failure_names_the_error_a_wrapper_with_an_empty_first_line_raised_from():
+    from trainmem.trace.modules import ModuleTracker
+    from trainmem.trace.recorder import TraceRecorder
+
+    recorder = TraceRecorder(ModuleTracker(nn.Linear(1, 1)))
+    try:
+        try:
+            raise RuntimeError("aten.embedding.default got mixed torch.Tensor and DTensor")
+        except RuntimeError as error:
+            raise RuntimeError("\n    [Stage 0] failed to run forward:\n    args: ...") from error
+    except RuntimeError as wrapper:
+        failed = recorder.fail(wrapper)
+    assert "(RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor)" in str(failed)

@@ -109,10 +109,13 @@ def wrap_units(model: nn.Module, policy: FsdpWrap | str) -> list[nn.Module]:
     policy = FsdpWrap(policy)
     if policy == FsdpWrap.ROOT:
         return []
-    blocks = repeated_blocks(model) if policy in (FsdpWrap.AUTO, FsdpWrap.BLOCKS) else []
+    blocks = []
+    if policy in (FsdpWrap.AUTO, FsdpWrap.BLOCKS):  # a pipeline stage of a causal LM names its own (pp_split.py)
+        blocks = repeated_blocks(model) or (model.fsdp_blocks() if hasattr(model, "fsdp_blocks") else [])
     if blocks or policy == FsdpWrap.BLOCKS:
         return blocks
-    return [child for child in model.children() if _has_parameters(child)]
+    children = model.fsdp_children() if hasattr(model, "fsdp_children") else list(model.children())
+    return [child for child in children if _has_parameters(child)]
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:

@@ -94,6 +94,18 @@ class CausalLMStage(nn.Module):
         self.tp_plan = dict(plan) if isinstance(plan, dict) else {}  # same names: the model's own plan applies
         self._loss_function = full.loss_function
 
+    def fsdp_blocks(self) -> list[nn.Module]:
+        """The decoder layers, FSDP's units under --fsdp-wrap auto/blocks however few a stage holds (one layer is
+        no repeated block, and the fallback's top-level child `self.model` is a holder of names whose forward
+        never runs, so its hooks would never all-gather the embedding inside it)."""
+        return list(self.model.layers)
+
+    def fsdp_children(self) -> list[nn.Module]:
+        """What this stage's forward calls itself, the units of --fsdp-wrap children."""
+        first = [self.model.embed_tokens] if self.first else []
+        last = [self.model.norm, self.lm_head] if self.last else []
+        return [*first, *self.model.layers, *last]
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.first:
             hidden = self.model.embed_tokens(hidden)

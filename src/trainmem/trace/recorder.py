@@ -303,6 +303,11 @@ class TraceRecorder(TorchDispatchMode):
 
     def fail(self, error: Exception) -> TraceError:
         where = self.modules.current() or "model"
+        # a wrapper whose first line is empty says nothing there (torch.distributed.pipelining's stage re-raises
+        # the model's error as `RuntimeError("\n  [Stage 0] failed to run forward: …") from e`): the error it
+        # wraps does
+        while not str(error).partition("\n")[0].strip() and isinstance(error.__cause__, Exception):
+            error = error.__cause__
         return TraceError(f"the training step failed in phase {self.phase} "
                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
                           where=where)
