@@ -111,7 +111,7 @@ def choose_machine(entries: list[dict], cpu: CpuInfo, torch_text: str,
     spread, seen_on = spread
     name = chosen.get("cpu", chosen.get("machine", "a bundled machine"))
     said = (f"process floor from the bundled calibration of {name} (torch {chosen['torch']}); this machine has no "
-            "calibration of its own (`trainmem calibrate` measures one in under a minute)")
+            "calibration of its own (`trainmem calibrate` measures one, in about a minute)")
     if spread:
         said += (f"; the high end allows {spread / 2**20:.1f} MiB more, how far the floor moved between the "
                  f"bundled machines that measured torch {seen_on}")
