@@ -405,3 +405,18 @@ def test_a_trace_failure_names_the_error_a_wrapper_with_an_empty_first_line_rais
     except RuntimeError as wrapper:
         failed = recorder.fail(wrapper)
     assert "(RuntimeError: aten.embedding.default got mixed torch.Tensor and DTensor)" in str(failed)
+
+
+def test_pp_boundaries_under_fsdps_mixed_precision_policy_and_fp16_refused():
+    """FSDP2's MixedPrecisionPolicy computes in bf16 without autocast (torchtitan): the stage outputs, and so the
+    receive buffers, are bf16 (torch 2.8-2.11 raised PipeliningShapeError on the fp32 ones declared before);
+    fp16-mixed is refused, its GradScaler seeing the loss on the last stage only."""
+    import trainmem
+
+    est = trainmem.estimate("mlp:64-128-128-10", strategy="fsdp", dp=2, pp=2, batch_size=8, precision="bf16-mixed",
+                            device="a100-40gb").to_dict()
+    # per rank, one receive buffer per micro-batch (2 of 4 rows x 128) in bf16
+    assert {r["breakdown"]["communication"] >= 2 * 4 * 128 * 2 for r in est["ranks"]} == {True}
+    with pytest.raises(SetupError, match="expected bf16-mixed, bf16 or fp32 with pipeline parallelism, got fp16-mixed"):
+        trainmem.estimate("mlp:64-128-128-10", strategy="pp", world_size=2, batch_size=8, precision="fp16-mixed",
+                          device="a100-40gb")

@@ -21,6 +21,7 @@ from torch import nn
 from trainmem.errors import SetupError
 from trainmem.parallel.apply import ParallelContext, Parallelized
 from trainmem.parallel.layout import Schedule
+from trainmem.setup import Precision
 from trainmem.parallel.pp_split import split_stages, stage_parameter_counts, total_stages  # noqa: F401 - re-exported
 
 
@@ -59,6 +60,12 @@ def _microbatches(ctx: ParallelContext) -> int:
     if getattr(setup, "grad_accum", 1) != 1:
         raise SetupError(f"expected --grad-accum 1 with pipeline parallelism (the schedule's micro-batches are the "
                          f"accumulation), got {setup.grad_accum}", where="--grad-accum")
+    if getattr(setup, "precision", None) == Precision.FP16_MIXED:
+        # GradScaler.scale(loss) runs where the loss is, the last stage; every other stage's scaler.step then
+        # finds no scale ("Attempted step but _scale is None"), in the trace as in the real run
+        raise SetupError("expected bf16-mixed, bf16 or fp32 with pipeline parallelism, got fp16-mixed: its "
+                         "GradScaler scales the loss, which only the last stage computes (torchtitan trains "
+                         "pipelines in bf16)", where="--precision")
     return count
 
 

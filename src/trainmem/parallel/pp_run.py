@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainmem.errors import SetupError
+from trainmem.setup import Precision
 from trainmem.parallel.apply import ParallelContext
 from trainmem.trace import step as training
 from trainmem.trace.cuda_composites import attention_uncounted
@@ -73,20 +74,27 @@ class PipelineRunner:
 
         rows = setup.batch_size // self.plan.microbatches
         dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        # FSDP2's MixedPrecisionPolicy computes in its param_dtype, the floating inputs cast to it too
+        # (cast_forward_inputs), without autocast (trace/distributed.py _fsdp_casts)
+        policy = None if prepared.autocast else {Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
+        dtype = policy or dtype
         metas = []  # (inputs, outputs) as (shape, dtype) pairs: the fake tensors stay inside their mode
         with disable_current_modes():
             model = copy.deepcopy(self.plan.meta_model)  # meta: no storage to copy
+            model = model.to(dtype) if dtype != torch.float32 else model  # on meta: fake tensors would be swapped
             with FakeTensorMode(allow_non_fake_inputs=True):  # the model's small real buffers (meta_build.py)
                 model = model.to_empty(device="cpu")
-                model = model.to(dtype) if dtype != torch.float32 else model
                 stages = split_stages(model, self.plan.num_stages)
                 inputs = tuple(torch.empty((rows, *t.shape[1:]), dtype=t.dtype) for t in first_inputs)
+                declared = [(t.shape, t.dtype) for t in inputs]  # what the schedule is given, before any cast
+                if policy is not None:
+                    inputs = tuple(t.to(policy) if t.is_floating_point() else t for t in inputs)
                 with torch.no_grad(), training.autocast_region(prepared, setup), attention_uncounted():
                     for stage in stages[:max(self.plan.stage_indices) + 1]:  # later stages' are not needed
                         out = stage(*inputs)
                         outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-                        metas.append(([(t.shape, t.dtype) for t in inputs], [(o.shape, o.dtype) for o in outputs]))
-                        inputs = outputs
+                        metas.append((declared, [(o.shape, o.dtype) for o in outputs]))
+                        inputs, declared = outputs, [(o.shape, o.dtype) for o in outputs]
             # made outside the trace's fake mode too; a later stage's inputs are the earlier stage's outputs,
             # which require grad (its backward sends them)
             return [(tuple(_meta_like(shape, kind, rows, grad=index > 0) for shape, kind in ins),
