@@ -208,3 +208,17 @@ def test_fit_on_a_torch_that_cannot_trace_the_layout_says_so_once(monkeypatch, c
     out = capsys.readouterr()
     assert code == 2 and out.out == "" and out.err.count("\n") == 1
     assert out.err.startswith("trainmem: error: --strategy ddp needs torch >= 2.7 (this is torch 2.6.0+cu124; ")
+
+
+def test_clearing_dtensor_caches_empties_the_redistribute_plans(monkeypatch):
+    """The plans keep the placements of the world they were made in (torch 2.8: an embedding's _MaskPartial with
+    its mask): a fake world's end empties them with the sharding decisions."""
+    import functools
+
+    from torch.distributed.tensor import _redistribute
+
+    plans = functools.cache(lambda source, target: (source, target))
+    monkeypatch.setattr(_redistribute, "_gen_transform_infos", plans)
+    plans("a spec", "another")
+    torch_private.clear_dtensor_caches()
+    assert plans.cache_info().currsize == 0

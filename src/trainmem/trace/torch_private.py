@@ -11,7 +11,8 @@ this torch has, named in `private_api_ways()`:
   _clear_sharding_prop_cache from 2.11; before it (2.6-2.10) the propagator's own lru cache,
   `DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding` (`.cache_clear()` from 2.10,
   `.cache.cache_clear()` of its thread-local LocalLRUCache before), and the C++ fast path's cache where
-  torch._C has `_clear_DTensor_sharding_propagator_cache` (2.10 on);
+  torch._C has `_clear_DTensor_sharding_propagator_cache` (2.10 on); and on every torch the redistribute
+  plans' cache, which none of those clears (`_clear_redistribute_plans`);
 - muting DTensor's global-shape fake ops (`dtensor_shape_propagation_muted`): `ShardingPropagator.
   _fake_mode_lock` from 2.12; before it (2.6-2.11) `_propagate_tensor_meta_non_cached` itself is wrapped;
 - counting a pipeline stage's micro-batches in flight (`pipeline_chunks_in_flight`): PipelineStage.fwd_cache
@@ -274,6 +275,20 @@ def clear_dtensor_caches() -> None:
     world ends, the way this torch allows (_sharding_cache_clearing)."""
     _, clear = _sharding_cache_clearing()
     clear()
+    _clear_redistribute_plans()
+
+
+def _clear_redistribute_plans() -> None:
+    """DTensor's redistribute plans (_redistribute._gen_transform_infos, a functools cache in torch 2.6-2.15 that
+    no clearing of torch's own empties) keep the placement objects of the world they were planned in. On torch
+    2.8 (and older) an embedding's _MaskPartial placement carries the mask its lookup fills: a later world's plan
+    from the cache reduces with the old placement, whose mask was never filled (AssertionError in _reduce_value:
+    every tensor-parallel Llama after the first trace of a process, plan's layouts)."""
+    from torch.distributed.tensor import _redistribute
+
+    plans = getattr(_redistribute, "_gen_transform_infos", None)
+    if hasattr(plans, "cache_clear"):
+        plans.cache_clear()
 
 
 def _clear_propagator_cache() -> None:
