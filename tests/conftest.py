@@ -40,8 +40,8 @@ def _no_user_calibration(tmp_path_factory):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under `make compat`, a test of a feature that the installed torch refuses (TorchVersionError: '--strategy
-    fsdp needs torch >= 2.7 (this is torch 2.6.0 …') is skipped with that line, as the user gets it, rather than
-    failed: it cannot run there. Only when the installed torch really is older than the one named, so on the dev
+    fsdp needs torch >= 2.7 (this is torch 2.6.0 …'; or a plan whose every layout it refused) is skipped with that
+    line, as the user gets it, rather than failed: it cannot run there. Only when the installed torch really is older than the one named, so on the dev
     pin an unexpected refusal still fails."""
     outcome = yield
     report = outcome.get_result()
@@ -49,10 +49,10 @@ def pytest_runtest_makereport(item, call):
         return
     import re
 
-    from trainmem.errors import TorchVersionError
+    from trainmem.errors import TrainmemError
 
-    error = call.excinfo.value
-    needed = re.search(r"needs torch >= (\d+)\.(\d+)", str(error)) if isinstance(error, TorchVersionError) else None
+    error = call.excinfo.value  # the refusal itself, or a plan/fit/compare that evaluated nothing because of it
+    needed = re.search(r"needs torch >= (\d+)\.(\d+)", str(error)) if isinstance(error, TrainmemError) else None
     if needed is None:
         return
     from trainmem.trace.torch_private import torch_release
