@@ -125,3 +125,15 @@ def test_settling_moves_a_workers_late_free_back():
                                               ("alloc", 500), ("free", 500)]
     assert c10_log.peaks(stream)["tensor_peak_bytes"] == 1024 + 512
     assert c10_log.peaks(moved)["tensor_peak_bytes"] == 1024 + 64
+
+
+def test_settling_never_moves_a_free_back_across_a_mark():
+    """A worker that drops a block after the loop ended (DDP's last bucket, held by its all-reduce's work at
+    teardown) freed it after the loop: the block stays in the loop's peak, and the free still counts."""
+    stream = [("mark:loop_start", 0, -1), ("alloc", 8, 8), ("free", 8, 0), ("alloc", 1000, 1000),
+              ("mark:loop_end", 0, -1), ("free", 1000, 0)]
+    profiled = [(1, 8, 2), (2, -8, 2), (3, 1000, 1)]  # the worker's -1000 free is missing
+    kept, count = c10_log.settled(stream, profiled, main=1)
+    assert count == 1
+    assert kept == stream
+    assert c10_log.peaks(kept)["loop_peak_bytes"] == 1024

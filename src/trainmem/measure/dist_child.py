@@ -86,13 +86,13 @@ def _measure_tensors(request: dict, layout: dict) -> dict:
     stream = c10_log.events(log_path)
     profiled = sorted(profiler_memory_events_threads(prof))
     main = profiled[0][2] if profiled else None  # the first allocation builds the model, on the main thread
-    settled, moved = c10_log.settled(stream, profiled, main)
+    settled, unpaired = c10_log.settled(stream, profiled, main)
     figures = c10_log.peaks(settled)
     figures["raw_peak_bytes"] = c10_log.peaks(stream)["tensor_peak_bytes"]
-    figures["late_frees"] = moved
+    figures["late_frees"] = unpaired
     figures.update(_profiler_figures(profiled, main))
-    # every free the profiler lacks was found and moved, no other: the pairing held
-    figures["pairing_exact"] = moved == figures["c10_frees"] - figures["profiler_frees"]
+    # every free the profiler lacks was found, no other: the pairing held
+    figures["pairing_exact"] = unpaired == figures["c10_frees"] - figures["profiler_frees"]
     return figures
 
 
