@@ -45,13 +45,22 @@ $(CHROMIUM_READY):
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 	touch $@
 
-.PHONY: demo test bench coverage compat
+.PHONY: demo test check lint bench coverage compat
 demo: $(VENV)/.demo-ready
 	$(BIN)/trainmem estimate mlp:1000-100-100-100-100-10 --input-shape 1000 --batch-size 256 --optimizer adam
 
-test: $(VENV)/.test-ready $(VISION)/.ready $(CHROMIUM_READY)
+test: $(VENV)/.test-ready $(VISION)/.ready $(CHROMIUM_READY) lint
 	$(BIN)/python -m pytest
 	$(VISION)/bin/python -m pytest tests/test_vision.py tests/test_install.py
+
+# the development loop: the fast tests only (no real measured runs, no Keras/TensorFlow), stopping at the first
+# failure; make test runs everything
+check: $(VENV)/.test-ready lint
+	$(BIN)/python -m pytest -m "not slow and not tf" -x
+
+# ruff with pyproject.toml's rules (make test runs it first)
+lint: $(VENV)/.test-ready
+	$(BIN)/ruff check src tests benchmarks
 
 bench: $(VENV)/.test-ready
 	$(BIN)/python benchmarks/accuracy_cpu.py

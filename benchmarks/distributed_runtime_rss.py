@@ -138,7 +138,7 @@ def main() -> None:
               f"plain {base / 2**20:.1f} MiB, increment {increment / 2**20:+.2f} MiB", flush=True)
     import torch
 
-    data = {"command": "python benchmarks/distributed_runtime_rss.py --runs %d" % args.runs, "runs": args.runs,
+    data = {"command": f"python benchmarks/distributed_runtime_rss.py --runs {args.runs}", "runs": args.runs,
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(), "cores": cores,
             "machine": f"{platform.machine()}, {platform.python_version()}", "date": time.strftime("%Y-%m-%d"),
             "seconds": round(time.time() - started, 1), "cases": cases}

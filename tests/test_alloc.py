@@ -2,7 +2,7 @@
 (c10's 64-byte posix_memalign; glibc's mmap threshold, heap growth, coalescing and trimming)."""
 
 from trainmem.alloc.cpu import MMAP_THRESHOLD_START, PAGE, GlibcModel, aligned, replay_tensors
-from trainmem.targets import DeviceEvent
+from trainmem.alloc.events import DeviceEvent
 from trainmem.trace.events import Category, Phase
 
 

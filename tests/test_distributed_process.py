@@ -8,7 +8,7 @@ import statistics
 
 import trainmem
 from trainmem.devices import get_device
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 from trainmem.targets.cuda_runtime import context_fact, resolve_runtime
 from trainmem.targets.distributed_runtime import DATA, PART, distributed_runtime_bytes
 from trainmem.targets.nccl import ONE_RANK_COMM_BYTES, nccl_process_bytes

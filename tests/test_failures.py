@@ -12,7 +12,7 @@ import pytest
 
 from trainmem.cli import main
 from trainmem.errors import NothingEvaluated, grouped_failures
-from trainmem.parallel.layout import Strategy
+from trainmem.setup.layout import Strategy
 
 fitmod = importlib.import_module("trainmem.fit")  # the module (trainmem.fit the attribute is the function)
 estimatemod = importlib.import_module("trainmem.estimate")

@@ -2,7 +2,7 @@
 
 from trainmem.alloc.cpu import MINSIZE, PAGE, TOP_PAD, GlibcModel, request_to_chunk
 from trainmem.alloc.glibc_arenas import MAIN, OpNode, assign_threads, replay_arenas, trace_nodes
-from trainmem.targets import DeviceEvent
+from trainmem.alloc.events import DeviceEvent
 from trainmem.trace.events import Category, Event, KernelCall, Phase, TensorMeta, Trace
 
 KIB = 1024

@@ -1,5 +1,5 @@
 """Golden report snapshot for the seed MLP. Rewrite on purpose only:
-    TRAINMEM_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py"""
+    TRAINMEM_UPDATE_GOLDENS=1 python -m pytest tests/test_golden.py"""
 
 import os
 from pathlib import Path
@@ -21,6 +21,6 @@ def _report() -> str:
 
 def test_seed_mlp_report_matches_golden():
     text = _report()
-    if os.environ.get("TRAINMEM_UPDATE_GOLDEN"):
+    if os.environ.get("TRAINMEM_UPDATE_GOLDENS"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()

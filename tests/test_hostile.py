@@ -376,7 +376,6 @@ def _onnx(content: Callable[[], bytes]) -> Callable[[Path], list[str]]:
 
 def _onnx_external_data(directory: Path) -> list[str]:
     """An initializer whose bytes live in an 'external' file outside the model's directory: a FIFO."""
-    import onnx
     from onnx import TensorProto, helper
 
     os.mkfifo(directory / "outside.fifo")

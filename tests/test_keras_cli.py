@@ -8,6 +8,8 @@ import pytest
 
 from trainmem.cli import main
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 SEED = "mlp:1000-100-100-100-100-10"
 SEED_ARGS = [SEED, "--batch-size", "256", "--optimizer", "adam"]
 SEED_PARAMETERS = 131_410

@@ -14,6 +14,8 @@ from trainmem.frontends.keras_ref import KerasSource, is_keras_reference, resolv
 from trainmem.frontends.keras_saved_model import MAX_PB_BYTES
 from trainmem.setup import TrainingSetup
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 SEED = "mlp:1000-100-100-100-100-10"
 SEED_PARAMETERS = 131_410  # 1000·100+100 + 3·(100·100+100) + 100·10+10
 SETUP = TrainingSetup(batch_size=4)

@@ -10,6 +10,8 @@ from trainmem.errors import ModelRefError
 from trainmem.measure.keras_cpu import KerasMeasurement, child_request, measure_keras
 from trainmem.setup import TrainingSetup
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 MODELS = Path(__file__).resolve().parents[1] / "benchmarks" / "keras_models.py"
 
 

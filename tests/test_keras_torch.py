@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 pytest.importorskip("keras")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,6 +14,8 @@ import pytest
 
 from trainmem.targets import keras_torch_runtime
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("keras_import_anon", "keras_import_file", "keras_fit_machinery")
 

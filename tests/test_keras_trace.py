@@ -11,6 +11,8 @@ from trainmem.trace.events import Category, Phase
 from trainmem.trace.tf_lifetimes import live_at, replay
 from trainmem.trace.tf_ops import GraphOp, StepGraph, TensorInfo, VariableInfo
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 F32 = "float32"
 
 

@@ -8,7 +8,7 @@ import pytest
 from trainmem.devices import get_device
 from trainmem.parallel.analytic import (activation_bytes_per_layer, cross_checks, deepspeed_zero2_model_states,
                                         deepspeed_zero3_model_states, megatron_activation_bytes, zero_model_states)
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 from trainmem.targets.nccl import FIRST_COMM_BYTES, RECV_BYTES, nccl_process_bytes
 
 MIB = 1 << 20

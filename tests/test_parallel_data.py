@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from trainmem.parallel import ddp, fsdp, zero
 from trainmem.parallel.apply import ParallelContext, apply_on_fake, apply_on_meta
-from trainmem.parallel.layout import FsdpWrap, ParallelLayout
+from trainmem.setup.layout import FsdpWrap, ParallelLayout
 from trainmem.parallel.world import fake_world
 from trainmem.setup import TrainingSetup
 from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, storage_resizes_reported

@@ -60,7 +60,7 @@ def test_fsdp_holds_a_quarter_in_padded_chunks(fsdp):
     from trainmem.estimate.orchestrate import plan, setup_of
     from trainmem.estimate.distributed import trace_role
     from trainmem.parallel.roles import rank_roles
-    from trainmem.trace.distributed import build_on_meta
+    from trainmem.parallel.rank_trace import build_on_meta
     from trainmem.trace.events import Category, Phase
 
     # ranks 0-2 hold full chunks; rank 3 holds 1 row of the 10-row layer: two roles

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainmem.errors import SetupError
-from trainmem.parallel.layout import ParallelLayout, Strategy
+from trainmem.setup.layout import ParallelLayout, Strategy
 from trainmem.setup import TrainingSetup
 
 

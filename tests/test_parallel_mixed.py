@@ -29,7 +29,7 @@ def _run(ref, rank: int, setup: TrainingSetup):
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             result = apply_on_fake(model, ctx)
-            # as trace/distributed.py builds it: the setup's optimizer over groups by tensor kind
+            # as parallel/rank_trace.py builds it: the setup's optimizer over groups by tensor kind
             grouped = lambda params, setup: training.make_optimizer(by_tensor_kind(params), setup)  # noqa: E731
             prepared = training.prepare(result.model, make_batch, loss_fn, setup, source,
                                         optimizer_factory=result.make_optimizer or grouped)

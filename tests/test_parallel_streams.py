@@ -18,10 +18,11 @@ from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CudaAllocator
 from trainmem.parallel import fsdp
 from trainmem.parallel.apply import ParallelContext
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 from trainmem.parallel.world import fake_world
 from trainmem.setup import TrainingSetup
-from trainmem.targets import DeviceEvent, cuda_target
+from trainmem.alloc.events import DeviceEvent
+from trainmem.targets import cuda_target
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.torch_private import FakeTensorMode
 

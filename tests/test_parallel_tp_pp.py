@@ -13,7 +13,7 @@ from trainmem import frontends
 from trainmem.errors import SetupError
 from trainmem.frontends import ModelSource
 from trainmem.parallel.apply import ParallelContext, apply_on_fake, apply_on_meta
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 from trainmem.parallel.pp import stage_parameter_counts
 from trainmem.parallel.world import fake_world
 from trainmem.setup import TrainingSetup
@@ -164,10 +164,10 @@ def test_tp_embedding_backward_makes_the_full_vocabulary_gradient():
 def test_tp_llama_sequence_parallel_shards_the_residual_stream():
     # torchtitan's default with TP: between the blocks each rank holds its half of the sequence (batch 2, seq
     # 16, hidden 64 -> local (2, 8, 64)); the norms' weights are replicated; the logits are gathered whole
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Shard
 
     from trainmem.parallel.roles import RankRole
-    from trainmem.trace.distributed import trace_rank
+    from trainmem.parallel.rank_trace import trace_rank
 
     seen = {}
 
@@ -301,7 +301,7 @@ def test_recorder_settles_each_chunk_of_an_interleaving_schedule():
     from trainmem.trace.events import Category, Phase
     from trainmem.trace.modules import ModuleTracker
     from trainmem.trace.recorder import TraceRecorder
-    from trainmem.trace.run import _RecordingObserver
+    from trainmem.trace.run import RecordingObserver
 
     setup = TrainingSetup.from_mapping({"strategy": "pp", "world_size": 2, "batch_size": 4096, "microbatches": 4})
     source = frontends.resolve("mlp:64-64-64-64-10", setup)
@@ -316,7 +316,7 @@ def test_recorder_settles_each_chunk_of_an_interleaving_schedule():
             model.to_empty(device="cpu")
             result = apply_on_fake(model, ctx)
             prepared = training.prepare(result.model, make_batch, loss_fn, setup, source)
-            result.run_steps(prepared, setup, _RecordingObserver(recorder, model))
+            result.run_steps(prepared, setup, RecordingObserver(recorder, model))
         recorder.closed = True
     forward = {}
     for record in recorder.trace.storages.values():

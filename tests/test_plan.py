@@ -9,7 +9,7 @@ import json
 import pytest
 
 from trainmem.errors import SetupError
-from trainmem.parallel.layout import Offload, Strategy
+from trainmem.setup.layout import Offload, Strategy
 from trainmem.plan import enumerate as layouts
 from trainmem.plan.gpus import parse_gpus
 from trainmem.plan.reuse import MiB, Figures, extrapolate, over_dp

@@ -208,10 +208,9 @@ def test_no_note_when_the_totals_agree(est):
 
 
 def test_other_renderers_keep_the_shared_table():
-    from trainmem.estimate import keras_report
-    from trainmem.report import text
+    from trainmem.report import keras_text, style, text
 
-    assert keras_report._table is text._table
+    assert keras_text.table is style.table and text._table is style.table
     assert text._table([["a", "1 B"], ["bb", "10 B"]], "lr") == ["  a    1 B", "  bb  10 B"]
 
 

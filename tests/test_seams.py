@@ -13,7 +13,7 @@ from trainmem.alloc.cuda_caching import SegmentSummary
 from trainmem.alloc.cuda_caching import replay as cuda_replay
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CpuTensorAllocator, CudaAllocator
-from trainmem.targets import DeviceEvent
+from trainmem.alloc.events import DeviceEvent
 from trainmem.trace.events import Category, Phase
 
 MiB = 2**20
@@ -29,7 +29,8 @@ def test_event_types_and_trace_import_without_torch():
     """A second framework's recorder can build the same Trace: the event types need no torch."""
     result = _run_without_torch(
         "from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace\n"
-        "from trainmem.targets import DeviceEvent, DeviceStream\n"
+        "from trainmem.alloc.events import DeviceEvent\n"
+        "from trainmem.targets import DeviceStream\n"
         "from trainmem.trace.traced import TraceResult\n"
         "trace = Trace()\n"
         "trace.storages[0] = StorageRecord(0, 64, Category.ACTIVATIONS, Phase.FORWARD, 'fc', 'mm', 0)\n"

@@ -10,6 +10,8 @@ from trainmem.setup import TrainingSetup
 from trainmem.targets import tf_cpu
 from trainmem.trace.events import Category, Event, Phase, StorageRecord, Trace
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 MIB = 2**20
 FLOOR = {"import_anon_bytes": 190 * MIB, "import_file_bytes": 330 * MIB, "import_file_min": 320 * MIB,
          "import_file_max": 345 * MIB, "fit_machinery_bytes": 30 * MIB, "per_op_bytes": 4096,

@@ -13,6 +13,8 @@ import pytest
 from trainmem.targets.tf_cpu_kernels import CpuFacts, cpu_facts, kernel_scratch, tf_cpu_device_stream
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 TWO = CpuFacts(num_threads=2, inter_op_threads=2)
 ATTRS = {"strides": [1, 1, 1, 1], "padding": "SAME", "data_format": "NHWC", "dilations": [1, 1, 1, 1]}
 

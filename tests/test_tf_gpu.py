@@ -11,6 +11,8 @@ from trainmem.errors import SetupError
 from trainmem.targets.tf_gpu import default_memory_limit, min_system_memory, parse_mode, tf_gpu_figures
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 
+pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
+
 MiB, GiB = 1 << 20, 1 << 30
 CONTEXT = 256 * MiB  # targets/cuda_runtime.py CONTEXT_FACTS: CUDA 12, lazy loading (TF 2.21 is built on 12.5)
 

@@ -158,7 +158,7 @@ def test_a_layout_an_older_torch_cannot_trace_is_refused_in_one_line(monkeypatch
 
 
 def test_tensor_parallelism_alone_runs_on_the_oldest_torch(monkeypatch):
-    from trainmem.parallel.layout import ParallelLayout, Strategy
+    from trainmem.setup.layout import ParallelLayout, Strategy
 
     monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
     torch_private.require_torch_for(ParallelLayout(strategy=Strategy.TP, world_size=2, tp=2).resolve())

@@ -1,17 +1,16 @@
 """trainmem: how much memory will training take — before you train."""
 
+from trainmem._version import __version__
 from trainmem.compare import Comparison, compare
 from trainmem.devices import Device
 from trainmem.errors import TrainmemError
 from trainmem.estimate import Estimate, estimate
 from trainmem.fit import FitResult, fit
-from trainmem.parallel.layout import ParallelLayout
 from trainmem.plan import PlanResult, plan
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
+from trainmem.setup.layout import ParallelLayout
 from trainmem.sweep_result import SweepResult
 from trainmem.sweep import compare_setups, sweep  # noqa: E402 - after the result type; `trainmem.sweep` is the function
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Comparison",

@@ -41,7 +41,7 @@ MAX_RUNS = 20
 
 
 def _version() -> str:
-    from trainmem import __version__
+    from trainmem._version import __version__
 
     return __version__
 
@@ -313,7 +313,7 @@ def setup_from_options(options: Options):
     return TrainingSetup.from_mapping(values, where="command line", origins=options.origins)
 
 
-def _check_run_options(options: Options, command: str) -> list[str]:
+def check_run_options(options: Options, command: str) -> list[str]:
     """The run options' own checks, then the table of which options apply (flag_rules.py)."""
     from trainmem.devices import get_device
     from trainmem.flag_rules import Invocation, check, flag_of
@@ -365,7 +365,7 @@ def _check_framework_options(options: Options, where) -> None:
             raise TrainmemError(error.message, where=where("tf_memory")) from None
 
 
-def _gpu_options(options: Options) -> dict[str, Any]:
+def gpu_options(options: Options) -> dict[str, Any]:
     from trainmem.flag_rules import CUDA_KEYS
     from trainmem.units import parse_bytes
 
@@ -389,7 +389,7 @@ def _estimate(options: Options, setup: Any) -> Outcome:
     from trainmem.estimate import estimate
 
     result = estimate(options.model, setup=setup, device=options.device, depth=options.depth,
-                      compare_loop=True, **_framework_options(options), **_gpu_options(options))
+                      compare_loop=True, **_framework_options(options), **gpu_options(options))
     written = _write_outputs(result, options)
     if options.quiet:
         from trainmem.report.text import render_quiet
@@ -467,7 +467,7 @@ def _fit(options: Options, setup: Any) -> Outcome:
                             f"the batch sizes you consider), got a Keras model {quote(options.model)}", where="MODEL")
 
     result = fit(options.model, setup, options.device, sequence=bool(options.max_seq), margin=options.margin,
-                 **_gpu_options(options))
+                 **gpu_options(options))
     text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
 
@@ -512,7 +512,7 @@ def _measure(options: Options, setup: Any) -> Outcome:
     if options.device != "cpu":  # one JSON line: measured on this machine's GPU, estimated for it
         from trainmem.measure.cuda import measure_on_gpu
 
-        return Outcome(json.dumps(measure_on_gpu(options.model, setup, options.device, **_gpu_options(options))),
+        return Outcome(json.dumps(measure_on_gpu(options.model, setup, options.device, **gpu_options(options))),
                        EXIT_OK)
     comparison = measure(options.model, setup, force=bool(options.force), runs=options.runs, depth=options.depth,
                          framework=options.framework, keras_backend=options.keras_backend)
@@ -589,7 +589,7 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ou
         return _calibrate(args)
     options = merge_options(args, _option_keys(parser))
     options.values["model"] = args.model
-    warnings = _check_run_options(options, args.command)
+    warnings = check_run_options(options, args.command)
     setup = setup_from_options(options)
     options.values["colour"] = _stdout_wants_colour()  # read before stdout is pointed at stderr below
     with _user_output_to_stderr():

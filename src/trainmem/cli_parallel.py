@@ -1,4 +1,4 @@
-"""The many-GPU flags of estimate, measure and fit (and plan): the layout of parallel/layout.py as options.
+"""The many-GPU flags of estimate, measure and fit (and plan): the layout of setup/layout.py as options.
 
 argparse's defaults are None ("not given"), as for every other flag (cli.py): the layout's own defaults apply
 when TrainingSetup builds it, and a --setup file's values are overridden only by flags the user typed.
@@ -21,7 +21,7 @@ def _bool(text: str) -> bool:
 def _default(name: str) -> str:
     import dataclasses
 
-    from trainmem.parallel.layout import ParallelLayout
+    from trainmem.setup.layout import ParallelLayout
 
     field = next(f for f in dataclasses.fields(ParallelLayout) if f.name == name)
     value = field.default

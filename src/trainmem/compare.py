@@ -43,12 +43,12 @@ class Comparison:
                 "torch": {"peak": self.torch_peak}, "keras": {"peak": self.keras_peak}}
 
     def __str__(self) -> str:
-        from trainmem.report.text import _table  # noqa: PLC2701 - the report's one table layout
+        from trainmem.report.style import table as aligned
 
         table = [["", "PyTorch", "Keras (TensorFlow)", "Keras − PyTorch"]]
         table += [[row.what, _value(row.what, row.torch), _value(row.what, row.keras),
                    _signed(row.what, row.difference)] for row in self.rows]
-        out = [f"trainmem compare — {self.model} on {self.device}: PyTorch vs Keras on TensorFlow", *_table(table, "lrrr"),
+        out = [f"trainmem compare — {self.model} on {self.device}: PyTorch vs Keras on TensorFlow", *aligned(table, "lrrr"),
                "", "Why they differ"]
         out += [f"  · {row.what}: {row.why}" for row in self.rows]
         out += ["", f"Peak: PyTorch in {self.torch_peak['phase']} at {self.torch_peak['op']}; Keras in "

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
 from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace

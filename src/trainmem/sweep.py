@@ -20,7 +20,8 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from trainmem.errors import NothingEvaluated, SetupError, TrainmemError, failure_reason, quote, unknown_key
 from trainmem.setup import SETUP_KEYS, TrainingSetup

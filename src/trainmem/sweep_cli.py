@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from trainmem.errors import SetupError, quote
 
@@ -130,7 +131,7 @@ def _time_limit(options: Any) -> float | None:
 def configurations(options: Any) -> tuple[list, list[str], list[str]]:
     """Every (model, swept values) as a sweep.Configuration, each checked as its flags would be; the table's
     configuration columns; the warnings the flag table gives beyond the command's own."""
-    from trainmem.cli import Options, _check_run_options, _gpu_options, setup_from_options
+    from trainmem.cli import Options, check_run_options, gpu_options, setup_from_options
     from trainmem.sweep import Configuration, check_count, grid, label_of, parse_sweep
 
     models = [options.model, *(options.values.get("more_models") or [])]
@@ -141,14 +142,14 @@ def configurations(options: Any) -> tuple[list, list[str], list[str]]:
             raise SetupError(f"expected --{axis.key.replace('_', '-')} or {where} {axis.shown}=…, got both",
                              where=options.origins.get(axis.key, where))
     check_count(models, axes, where=where)
-    known = set(_check_run_options(options, "compare"))
+    known = set(check_run_options(options, "compare"))
     configs, warnings = [], []
     for model, picked in grid(models, axes):
         chosen = {axis.key: axis.values[index] for axis, index in picked}
         origins = {**options.origins, **{axis.key: f"{where} {axis.shown}={axis.texts[i]}" for axis, i in picked}}
         here = Options({**options.values, **chosen, "model": model}, {**options.given, **chosen}, origins)
-        warnings += [line for line in _check_run_options(here, "compare") if line not in known | set(warnings)]
-        run = {**_gpu_options(here), **({"tf_memory": here.tf_memory} if here.tf_memory is not None else {})}
+        warnings += [line for line in check_run_options(here, "compare") if line not in known | set(warnings)]
+        run = {**gpu_options(here), **({"tf_memory": here.tf_memory} if here.tf_memory is not None else {})}
         configs.append(Configuration(model, label_of(model, len(models) > 1, picked), setup_from_options(here),
                                      here.device, run))
     columns = (["model"] if len(models) > 1 else []) + [axis.shown for axis in axes]

@@ -133,14 +133,14 @@ class SweepResult:
         return out
 
     def __str__(self) -> str:
-        from trainmem.report.text import _table  # noqa: PLC2701 - the report's one table layout
+        from trainmem.report.style import table as aligned
 
         table = self.table()
         align = "l" * len(self.columns) + "r" * (len(table[0]) - len(self.columns))
         models = list(dict.fromkeys(row.model for row in self.rows))
         devices = list(dict.fromkeys(row.device for row in self.rows))
         lines = [f"trainmem compare — {len(self.rows)} configuration{'s' * (len(self.rows) != 1)} of "
-                 f"{', '.join(models)} on {', '.join(devices)}", *_table(table, align), ""]
+                 f"{', '.join(models)} on {', '.join(devices)}", *aligned(table, align), ""]
         return "\n".join(lines + [f"  {note}" for note in self._notes()]).rstrip()
 
     def _notes(self) -> list[str]:

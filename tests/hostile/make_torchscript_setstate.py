@@ -1,7 +1,6 @@
 """Writes torchscript_setstate.pt beside this file: a TorchScript module whose __setstate__ prints and
 allocates a 1 GB tensor when torch.jit.load runs it (tests/test_hostile.py). Run with the dev venv."""
 from pathlib import Path
-from typing import Tuple
 
 import torch
 
@@ -16,11 +15,11 @@ class LoadsHeavily(torch.nn.Module):
         return x @ self.weight
 
     @torch.jit.export
-    def __getstate__(self) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+    def __getstate__(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
         return (self.weight, self.hoard, self.training)
 
     @torch.jit.export
-    def __setstate__(self, state: Tuple[torch.Tensor, torch.Tensor, bool]) -> None:
+    def __setstate__(self, state: tuple[torch.Tensor, torch.Tensor, bool]) -> None:
         print("hello from TorchScript __setstate__")
         self.weight = state[0]
         self.hoard = torch.ones(16000, 16000)

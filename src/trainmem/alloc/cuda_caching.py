@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from trainmem.alloc.cuda_config import (  # noqa: F401 - AllocatorConfig is part of this module's API
     K_MIN_LARGE_ALLOC,
@@ -48,7 +49,9 @@ from trainmem.alloc.cuda_config import (  # noqa: F401 - AllocatorConfig is part
 from trainmem.errors import TrainmemError
 
 if TYPE_CHECKING:
-    from trainmem.targets import DeviceEvent
+    from trainmem.alloc.events import DeviceEvent
+
+DEFAULTS = AllocatorConfig()  # PyTorch's defaults (no PYTORCH_CUDA_ALLOC_CONF); frozen, so one instance serves all
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
 K_SMALL_SIZE = MiB  # kSmallSize: largest small-pool request
@@ -75,7 +78,7 @@ def roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if size % step == 0 else size - size % step + step
 
 
-def round_size(size: int, config: AllocatorConfig = AllocatorConfig()) -> int:
+def round_size(size: int, config: AllocatorConfig = DEFAULTS) -> int:
     if size < K_MIN_BLOCK_SIZE:
         return K_MIN_BLOCK_SIZE
     divisions = config.divisions(size)
@@ -84,7 +87,7 @@ def round_size(size: int, config: AllocatorConfig = AllocatorConfig()) -> int:
     return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
 
 
-def get_allocation_size(size: int, config: AllocatorConfig = AllocatorConfig()) -> int:
+def get_allocation_size(size: int, config: AllocatorConfig = DEFAULTS) -> int:
     """The cudaMalloc size for a rounded request that no cached block serves."""
     if size <= K_SMALL_SIZE:
         return K_SMALL_BUFFER
@@ -217,7 +220,7 @@ class CudaCachingAllocator:
     """One device's DeviceCachingAllocator. `capacity_bytes` is the memory cudaMalloc / cuMemCreate
     may hand out (the card minus the CUDA context and other processes); None means unlimited."""
 
-    def __init__(self, config: AllocatorConfig = AllocatorConfig(), capacity_bytes: int | None = None,
+    def __init__(self, config: AllocatorConfig = DEFAULTS, capacity_bytes: int | None = None,
                  *, snapshot_at_peak: bool = False, history: list | None = None) -> None:
         if config.backend != "native":
             raise ValueError(f"allocator backend {config.backend!r} is not modelled (only native)")
@@ -701,7 +704,7 @@ def _expandable_size(block: _Block) -> int:
     return block.size + (block.next.size if block.next is not None and not block.next.mapped else 0)
 
 
-def replay(events: Iterable[DeviceEvent], config: AllocatorConfig = AllocatorConfig(),
+def replay(events: Iterable[DeviceEvent], config: AllocatorConfig = DEFAULTS,
            capacity_bytes: int | None = None, *, snapshot_at_peak: bool = False,
            history: list | None = None) -> CudaCachingAllocator:
     """Replay alloc/free events (an optional `stream` attribute picks the stream) and return the

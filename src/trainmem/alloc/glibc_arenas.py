@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 
 from trainmem.alloc.cpu import MMAP_THRESHOLD_START, GlibcModel
-from trainmem.targets import DeviceEvent
+from trainmem.alloc.events import DeviceEvent
 from trainmem.trace.events import Category, Phase, TensorMeta, Trace
 
 MAIN, DATA = 0, -1  # the Python thread (main_arena) and tf.data's threads

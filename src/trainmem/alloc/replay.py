@@ -19,7 +19,7 @@ from trainmem.alloc import small_objects
 from trainmem.alloc.cuda_caching import (CudaCachingAllocator, CudaOutOfMemoryError, Fragmentation, SegmentSummary,
                                          replay as cuda_replay, round_size)
 from trainmem.alloc.cuda_config import AllocatorConfig
-from trainmem.targets import DeviceEvent
+from trainmem.alloc.events import DeviceEvent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +74,7 @@ class CudaAllocator:
             return result
         # a run that fails still reports the whole run's figures, as if the card were large enough: those
         # come from a replay without the capacity (the failed replay stopped at the failing request)
-        whole = dataclasses.replace(self, config=_without_limit(self.config))._replay(events, None)
+        whole = dataclasses.replace(self, config=without_limit(self.config))._replay(events, None)
         return dataclasses.replace(whole, out_of_memory=result.out_of_memory)
 
     def _replay(self, events: Sequence[DeviceEvent], capacity: int | None) -> ReplayResult:
@@ -137,10 +137,10 @@ def _segments_without_capacity(events: Sequence[DeviceEvent], config: AllocatorC
     made the allocator release its cache before the peak (or a memory fraction limits it), the segments
     reported are the ones a card without that limit would show, replayed up to the peak. Everywhere
     else the two are the same state and the single replay's own figures are used."""
-    return SegmentSummary.of(cuda_replay(list(events[: index + 1]), _without_limit(config)).snapshot())
+    return SegmentSummary.of(cuda_replay(list(events[: index + 1]), without_limit(config)).snapshot())
 
 
-def _without_limit(config: AllocatorConfig) -> AllocatorConfig:
+def without_limit(config: AllocatorConfig) -> AllocatorConfig:
     """`config` on a card without limit. per_process_memory_fraction caps the allocator at fraction ×
     capacity (setMemoryFraction); without a capacity there is nothing to take a fraction of, so the
     unlimited replays (the whole run's figures after an OOM, the segments above) run at fraction 1."""

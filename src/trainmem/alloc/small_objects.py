@@ -30,7 +30,6 @@ An op the table lacks takes the average of its phase, and the estimate says so.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import json
 from collections import defaultdict

@@ -22,7 +22,7 @@ from trainmem.setup import TrainingSetup
 def estimate_distributed(chosen: Any, setup: TrainingSetup) -> Estimate:
     """Trace every distinct rank role of `setup.parallel` and assemble each; the most loaded one answers."""
     from trainmem.parallel.roles import rank_roles
-    from trainmem.trace.distributed import build_on_meta
+    from trainmem.parallel.rank_trace import build_on_meta
 
     model, _, _, _ = build_on_meta(chosen.source, setup)
     roles = rank_roles(setup.parallel, model)
@@ -66,7 +66,7 @@ def cross_checks(est: Estimate, setup: TrainingSetup, shape: dict | None) -> lis
 
 def trace_role(chosen: Any, setup: TrainingSetup, role: Any) -> Any:
     """The TraceResult of one role's rank (for the planner, which reuses traces across layouts)."""
-    from trainmem.trace.distributed import trace_rank
+    from trainmem.parallel.rank_trace import trace_rank
 
     return trace_rank(chosen.source, setup, role, kernel_ops(chosen.target), chosen.target.trace_semantics())
 

@@ -52,7 +52,7 @@ class KerasEstimate(Estimate):
         return out
 
     def __str__(self) -> str:
-        from trainmem.estimate.keras_report import render_keras
+        from trainmem.report.keras_text import render_keras
 
         return render_keras(self)
 
@@ -178,7 +178,7 @@ def _by_category(live: dict[int, Any], charged) -> dict[str, int]:
 
 def _estimate(source, setup, device, traced, breakdown, peak, live, tensor_bytes, process, high, parts, warnings, words,
               numbers, allocated, reserved, fits) -> KerasEstimate:
-    from trainmem.estimate.keras_report import module_rows
+    from trainmem.report.keras_text import module_rows
 
     said = " ".join(traced.warnings)  # the trace names its unsupported ops itself; said once
     unsupported = [f"TensorFlow op {op} ({count}×) has no memory rule: traced by its output sizes alone"

@@ -38,7 +38,7 @@ from typing import Any
 
 from trainmem.errors import ModelRefError, SetupError
 from trainmem.frontends import hf_hub
-from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, _clip
+from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, clip_text
 
 TABLE = Path(__file__).with_name("data") / "hf_configs.json"
 DEFAULT_SEQ_LEN = 512
@@ -127,7 +127,7 @@ def resolve_config(text: str) -> HfConfig:
     if repo is None and at and find_bundled(alias) is not None:  # gpt2@main: the hub id the table names
         repo = hf_hub.parse_repo_ref(f"{find_bundled(alias)[0]}@{revision}")
     if repo is None:
-        raise ModelRefError(f"expected {_kinds()}, got {_clip(text)!r}", where="MODEL")
+        raise ModelRefError(f"expected {_kinds()}, got {clip_text(text)!r}", where="MODEL")
     repo_id, revision = repo
     try:
         fetched = hf_hub.fetch_config(repo_id, revision)
@@ -171,9 +171,9 @@ def _local_path(text: str) -> Path | None:
                        or text.partition("@")[0].count("/") > 1)
     except (OSError, ValueError) as error:  # a name too long for the file system, a NUL byte
         reason = error.strerror if isinstance(error, OSError) else str(error)
-        raise ModelRefError(f"expected {_kinds()}, got {_clip(text)!r} ({reason})", where="MODEL") from None
+        raise ModelRefError(f"expected {_kinds()}, got {clip_text(text)!r} ({reason})", where="MODEL") from None
     if looks_local:
-        raise ModelRefError(f"expected an existing directory or config.json, got {_clip(text)!r} (no such file)",
+        raise ModelRefError(f"expected an existing directory or config.json, got {clip_text(text)!r} (no such file)",
                             where="MODEL")
     return None
 
@@ -184,7 +184,7 @@ def _from_file(name: str, path: Path, origin: str, origin_fields: dict[str, Any]
     model_type = config.pop("model_type")
     auto_map = config.pop("auto_map", None)
     dropped = {key: config.pop(key) for key in CHECKPOINT_FIELDS if key in config}
-    ignored = tuple(f"{key} {_clip(str(_summary(value)), 40)}" for key, value in dropped.items()
+    ignored = tuple(f"{key} {clip_text(str(_summary(value)), 40)}" for key, value in dropped.items()
                     if key in ("torch_dtype", "dtype", "quantization_config") and value is not None)
     return HfConfig(name, model_type, _default_task(model_type, config.get("architectures") or []), config, origin,
                     origin_fields, auto_map, code_at if auto_map else None, code_revision, ignored)
@@ -203,7 +203,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(data, parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as error:
-        raise ModelRefError(f"expected a JSON config.json, could not parse it: {_clip(str(error), 120)}",
+        raise ModelRefError(f"expected a JSON config.json, could not parse it: {clip_text(str(error), 120)}",
                             where=str(path)) from None
     except RecursionError:
         raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper",
@@ -217,20 +217,20 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
         raise ModelRefError(f"expected a JSON object in config.json, got a JSON {_json_kind(config)}", where=where)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():
-        got = "none" if "model_type" not in config else f"{_json_kind(model_type)} {_clip(repr(model_type), 40)}"
+        got = "none" if "model_type" not in config else f"{_json_kind(model_type)} {clip_text(repr(model_type), 40)}"
         raise ModelRefError(f"expected a config.json with a model_type string (e.g. \"llama\"), got {got}",
                             where=where)
     auto_map = config.get("auto_map")
     if auto_map is not None and not (isinstance(auto_map, dict)
                                      and all(isinstance(v, (str, list)) for v in auto_map.values())):
-        raise ModelRefError(f"expected auto_map as an object of class references, got {_clip(repr(auto_map), 60)}",
+        raise ModelRefError(f"expected auto_map as an object of class references, got {clip_text(repr(auto_map), 60)}",
                             where=where)
     stack: list[tuple[Any, str, int]] = [(config, "", 1)]
     while stack:  # iterative: a hostile nesting depth cannot exhaust the interpreter's stack here
         value, path, depth = stack.pop()
         if depth > MAX_CONFIG_DEPTH:
             raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper at "
-                                f"{_clip(path, 60)}", where=where)
+                                f"{clip_text(path, 60)}", where=where)
         if isinstance(value, dict):
             _check_heads(value, path, where)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
@@ -246,8 +246,8 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
     if isinstance(value, bool):
         return
     if isinstance(value, int) and abs(value) > INT64_MAX:
-        raise ModelRefError(f"expected whole numbers within int64, got {_clip(str(value), 30)}",
-                            where=f"{where}: {_clip(key_path, 60)}")
+        raise ModelRefError(f"expected whole numbers within int64, got {clip_text(str(value), 30)}",
+                            where=f"{where}: {clip_text(key_path, 60)}")
     if key in SIZE_KEYS:
         _check_size(key, value, key_path, where)
     # counts: num_hidden_layers, encoder_layers, n_layer …; not an index such as vision_feature_layer: -2
@@ -256,15 +256,15 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
     if is_layer_count and (isinstance(value, (float, str)) or any(not isinstance(count, int) or count < 0
                                                                   or isinstance(count, bool) for count in counts)):
         # a list of layer indices (mlp_only_layers, no_rope_layers …) is not a count and is not checked
-        raise ModelRefError(f"expected a whole number of layers from 0 to {MAX_LAYERS}, got {_clip(repr(value), 40)}",
-                            where=f"{where}: {_clip(key_path, 60)}")
+        raise ModelRefError(f"expected a whole number of layers from 0 to {MAX_LAYERS}, got {clip_text(repr(value), 40)}",
+                            where=f"{where}: {clip_text(key_path, 60)}")
     total = sum(counts)
     if is_layer_count and total > MAX_LAYERS:
         raise ModelRefError(f"expected at most {MAX_LAYERS:,} layers (trainmem's limit: the deepest released "
-                            f"models have 126), got {total:,}", where=f"{where}: {_clip(key_path, 60)}")
+                            f"models have 126), got {total:,}", where=f"{where}: {clip_text(key_path, 60)}")
     if "experts" in key and isinstance(value, int) and value > MAX_EXPERTS:
         raise ModelRefError(f"expected at most {MAX_EXPERTS:,} experts (trainmem's limit: released models have at "
-                            f"most 512), got {value:,}", where=f"{where}: {_clip(key_path, 60)}")
+                            f"most 512), got {value:,}", where=f"{where}: {clip_text(key_path, 60)}")
 
 
 def _check_size(key: str, value: Any, key_path: str, where: str) -> None:
@@ -273,8 +273,8 @@ def _check_size(key: str, value: Any, key_path: str, where: str) -> None:
     values = value if isinstance(value, list) else [value]
     if value is not None and not all(isinstance(item, int) and not isinstance(item, bool) and item > 0
                                      for item in values):
-        raise ModelRefError(f"expected a positive whole number, got {_clip(repr(value), 40)}",
-                            where=f"{where}: {_clip(key_path, 60)}")
+        raise ModelRefError(f"expected a positive whole number, got {clip_text(repr(value), 40)}",
+                            where=f"{where}: {clip_text(key_path, 60)}")
 
 
 def _check_heads(config: dict[str, Any], path: str, where: str) -> None:
@@ -286,7 +286,7 @@ def _check_heads(config: dict[str, Any], path: str, where: str) -> None:
                 and not any(key in config for key in ("head_dim", "d_kv", "kv_channels", "attention_head_size"))):
             key_path = f"{path}.{width_key}" if path else width_key
             raise ModelRefError(f"expected a multiple of {heads_key} ({heads:,}), got {width:,}",
-                                where=f"{where}: {_clip(key_path, 60)}")
+                                where=f"{where}: {clip_text(key_path, 60)}")
 
 
 def _no_constant(name: str) -> None:
@@ -331,13 +331,13 @@ def _uses_repository_code(transformers, resolved: HfConfig, trust_remote_code: b
     known = transformers.CONFIG_MAPPING
     version = transformers.__version__
     if code and not trust_remote_code:
-        classes = ", ".join(f"{key} → {_clip(str(value), 40)}" for key, value in list(code.items())[:2])
+        classes = ", ".join(f"{key} → {clip_text(str(value), 40)}" for key, value in list(code.items())[:2])
         if resolved.model_type in known:
             raise ModelRefError(f"expected a config without custom code, got auto_map naming the repository's own "
                                 f"({classes}); rerun with --trust-remote-code to download and run it, or give a copy of "
                                 f"config.json without auto_map for transformers' own {resolved.model_type}",
                                 where=f"hf:{resolved.name}")
-        raise ModelRefError(f"expected a model_type transformers {version} knows, got {_clip(resolved.model_type, 40)!r}, "
+        raise ModelRefError(f"expected a model_type transformers {version} knows, got {clip_text(resolved.model_type, 40)!r}, "
                             f"whose config.json names the repository's own code ({classes}); rerun with "
                             "--trust-remote-code to download and run that code", where=f"hf:{resolved.name}")
     if code:
@@ -345,7 +345,7 @@ def _uses_repository_code(transformers, resolved: HfConfig, trust_remote_code: b
     if resolved.model_type not in known:
         names = list(known.keys())
         near = difflib.get_close_matches(resolved.model_type.lower(), names, n=3, cutoff=0.6)
-        raise ModelRefError(f"expected a model_type transformers {version} knows, got {_clip(resolved.model_type, 40)!r} "
+        raise ModelRefError(f"expected a model_type transformers {version} knows, got {clip_text(resolved.model_type, 40)!r} "
                             f"({'nearest: ' + ', '.join(near) + '; ' if near else ''}all {len(names)}: python -c "
                             "\"import transformers; print(*transformers.CONFIG_MAPPING)\"; a newer transformers may "
                             "know it)", where=f"hf:{resolved.name}")
@@ -380,7 +380,7 @@ def from_hf_ref(ref: str, setup):
                             "auto_map names, got another name", where=f"hf:{name}")
     if not native and _AUTO_CLASS[task] not in resolved.auto_map:
         raise ModelRefError(f"expected config.json's auto_map to name {_AUTO_CLASS[task]} for --task {task}, got "
-                            f"{_clip(', '.join(sorted(map(str, resolved.auto_map))), 120)}", where=f"hf:{name}")
+                            f"{clip_text(', '.join(sorted(map(str, resolved.auto_map))), 120)}", where=f"hf:{name}")
     if setup.checkpointing:
         # transformers turns the key/value cache off under gradient checkpointing in training (a cache
         # would be appended to again when a checkpointed layer is recomputed); so do we
@@ -416,7 +416,7 @@ def _native_config(transformers, model_type: str, config: dict[str, Any], name: 
     except Exception as error:  # noqa: BLE001 - a config class rejecting a value: one line, the value named
         # transformers' validators put the reason on the lines after "Class validation error for …:"
         message = " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__
-        raise ModelRefError(f"expected a config transformers' {model_type} accepts, got: {_clip(message, 200)}",
+        raise ModelRefError(f"expected a config transformers' {model_type} accepts, got: {clip_text(message, 200)}",
                             where=f"hf:{name}") from None
 
 

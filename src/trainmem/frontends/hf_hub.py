@@ -71,7 +71,7 @@ def parse_repo_ref(text: str) -> tuple[str, str | None] | None:
     if at and not (REVISION.fullmatch(revision) and ".." not in revision and "//" not in revision
                    and not revision.endswith("/")):
         raise ModelRefError(f"expected a revision after @ (a branch, tag or commit such as main or v1.0), "
-                            f"got {_clip(revision)!r}", where="MODEL")
+                            f"got {clip_text(revision)!r}", where="MODEL")
     return repo_id, (revision if at else None)
 
 
@@ -107,7 +107,7 @@ def _fetch(hub, repo_id: str, revision: str, offline: bool) -> HubConfig:
         except errors.EntryNotFoundError:
             raise HubUnavailable(f"{repo_id} has no config.json at {revision} (not a transformers model?)") from None
         except Exception as error:  # noqa: BLE001 - the network down, a proxy, a timeout: try the cache
-            reason = f"the hub could not be reached ({_clip(type(error).__name__ + ': ' + str(error), 120)})"
+            reason = f"the hub could not be reached ({clip_text(type(error).__name__ + ': ' + str(error), 120)})"
             cached = _cached(hub, repo_id, revision)
             if cached is None:
                 raise HubUnavailable(f"{reason} and {name}'s config.json is not in the hub cache") from None
@@ -131,7 +131,7 @@ def _fetch(hub, repo_id: str, revision: str, offline: bool) -> HubConfig:
         raise HubUnavailable(f"no repository {repo_id} on the hub (or it is private: set HF_TOKEN)") from None
     except Exception as error:  # noqa: BLE001 - a download cut short: one line, not the library's traceback
         raise HubUnavailable(f"the download of {name}'s config.json failed "
-                             f"({_clip(type(error).__name__ + ': ' + str(error), 120)})") from None
+                             f"({clip_text(type(error).__name__ + ': ' + str(error), 120)})") from None
     return _checked(HubConfig(repo_id, revision, _commit_of(path) or commit, path, downloaded=not was_cached))
 
 
@@ -188,6 +188,6 @@ def _timeout(hub) -> float:
     return getattr(hub.constants, "HF_HUB_ETAG_TIMEOUT", None) or HUB_TIMEOUT_S
 
 
-def _clip(text: str, limit: int = 80) -> str:
+def clip_text(text: str, limit: int = 80) -> str:
     """Hostile input can be megabytes long: messages quote at most `limit` characters of it."""
     return text if len(text) <= limit else text[:limit] + f"… ({len(text):,} characters)"

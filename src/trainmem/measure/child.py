@@ -23,7 +23,7 @@ import sys
 import time
 
 
-def _status_bytes(field: str) -> int:
+def proc_status_bytes(field: str) -> int:
     with open("/proc/self/status") as handle:
         for line in handle:
             if line.startswith(field + ":"):
@@ -31,8 +31,8 @@ def _status_bytes(field: str) -> int:
     return 0
 
 
-def _rss_now() -> dict[str, int]:
-    return {"rss": _status_bytes("VmRSS"), "rss_anon": _status_bytes("RssAnon"), "rss_file": _status_bytes("RssFile")}
+def rss_now() -> dict[str, int]:
+    return {"rss": proc_status_bytes("VmRSS"), "rss_anon": proc_status_bytes("RssAnon"), "rss_file": proc_status_bytes("RssFile")}
 
 
 def _profile_peak(prof) -> tuple[int, int]:
@@ -48,14 +48,14 @@ def _profile_peak(prof) -> tuple[int, int]:
 
 
 def run(request: dict) -> dict:
-    after_import = _rss_now()
+    after_import = rss_now()
     if request.get("keras_backend"):  # before torch: Keras takes its backend at its first import
         from trainmem.frontends.keras_import import import_keras
 
         import_keras(request["keras_backend"])
     import torch
 
-    after_torch = _rss_now()
+    after_torch = rss_now()
     from trainmem.frontends import resolve
     from trainmem.setup import TrainingSetup
     from trainmem.trace import step as training
@@ -86,8 +86,8 @@ def run(request: dict) -> dict:
         result["tensor_peak_bytes"], result["memory_events"] = _profile_peak(prof)
     else:
         prepared = _train(source, setup, training)  # kept alive: RSS after the steps includes the model
-        result["rss_after_steps"] = _rss_now()
-        result["peak_rss_bytes"] = _status_bytes("VmHWM")
+        result["rss_after_steps"] = rss_now()
+        result["peak_rss_bytes"] = proc_status_bytes("VmHWM")
         result["parameters"] = sum(p.numel() for p in prepared.model.parameters())
     result["seconds"] = time.perf_counter() - started
     return result

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from trainmem.errors import MeasureError
 

@@ -38,9 +38,9 @@ SUPPORTED = ("ddp", "zero1") + SHARDED
 
 
 def run(request: dict) -> dict:
-    from trainmem.measure.child import _rss_now, _status_bytes
+    from trainmem.measure.child import rss_now, proc_status_bytes
 
-    after_import = _rss_now()
+    after_import = rss_now()
     import torch
     import torch.distributed as dist
 
@@ -62,8 +62,8 @@ def run(request: dict) -> dict:
         result.update(_measure_tensors(request, layout))
     else:
         prepared = _train(request, layout, lambda mark: None)  # kept alive: RSS after the steps includes the model
-        result["rss_after_steps"] = _rss_now()["rss"]
-        result["peak_rss_bytes"] = _status_bytes("VmHWM")
+        result["rss_after_steps"] = rss_now()["rss"]
+        result["peak_rss_bytes"] = proc_status_bytes("VmHWM")
         result["parameters"] = sum(p.numel() for p in prepared.model.parameters())
     result["seconds"] = time.perf_counter() - started
     dist.barrier()  # every rank is past its last collective before any leaves

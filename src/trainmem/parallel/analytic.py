@@ -22,7 +22,7 @@ import dataclasses
 import math
 from typing import Any
 
-from trainmem.parallel.layout import ParallelLayout, Strategy
+from trainmem.setup.layout import ParallelLayout, Strategy
 
 ADAM_K = 12  # ZeRO section 5.1: fp32 parameters, momentum and variance, 4 + 4 + 4 bytes per parameter
 RECOMPUTE = ("none", "selective", "full")

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.parallel.layout import ParallelLayout, Strategy
+from trainmem.setup.layout import ParallelLayout, Strategy
 
 # Which module carries each data-parallel kind: HSDP is fully_shard on a 2-D mesh; ZeRO 1/2/3 are torch's
 # ZeroRedundancyOptimizer and FSDP2 with ZeRO's knobs (zero.py says which mechanism each stage uses).

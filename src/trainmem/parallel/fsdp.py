@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from trainmem.errors import SetupError, TorchVersionError
-from trainmem.parallel.layout import FsdpWrap, Offload, ParallelLayout, Strategy
+from trainmem.setup.layout import FsdpWrap, Offload, ParallelLayout, Strategy
 
 SHARDED_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainmem.parallel.layout import Offload
+from trainmem.setup.layout import Offload
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

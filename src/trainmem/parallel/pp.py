@@ -15,12 +15,11 @@ import copy
 import dataclasses
 from typing import Any
 
-import torch
 from torch import nn
 
 from trainmem.errors import SetupError
 from trainmem.parallel.apply import ParallelContext, Parallelized
-from trainmem.parallel.layout import Schedule
+from trainmem.setup.layout import Schedule
 from trainmem.setup import Precision
 from trainmem.parallel.pp_split import split_stages, stage_parameter_counts, total_stages  # noqa: F401 - re-exported
 

@@ -75,7 +75,7 @@ class PipelineRunner:
         rows = setup.batch_size // self.plan.microbatches
         dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
         # FSDP2's MixedPrecisionPolicy computes in its param_dtype, the floating inputs cast to it too
-        # (cast_forward_inputs), without autocast (trace/distributed.py _fsdp_casts)
+        # (cast_forward_inputs), without autocast (parallel/rank_trace.py _fsdp_casts)
         policy = None if prepared.autocast else {Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
         dtype = policy or dtype
         metas = []  # (inputs, outputs) as (shape, dtype) pairs: the fake tensors stay inside their mode

@@ -143,7 +143,7 @@ class CausalLMStage(nn.Module):
         return self._loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
 
 
-def _is_llama_family(model: nn.Module) -> bool:
+def is_llama_family(model: nn.Module) -> bool:
     config = getattr(model, "config", None)
     base = getattr(model, "model", None)
     return (getattr(config, "model_type", None) in LLAMA_FAMILY and isinstance(getattr(model, "lm_head", None), nn.Linear)
@@ -175,7 +175,7 @@ def split_stages(model: nn.Module, num_stages: int) -> list[nn.Module]:
     """The model's stages, in order, on whatever device it is built on (meta here); refuses other models."""
     if isinstance(model, nn.Sequential):
         return _sequential_stages(model, num_stages)
-    if _is_llama_family(model):
+    if is_llama_family(model):
         return _causal_lm_stages(model, num_stages)
     raise SetupError(f"expected an nn.Sequential or a Llama-family Hugging Face causal LM ({', '.join(LLAMA_FAMILY)}) "
                      f"to split into pipeline stages, got {type(model).__name__}", where="--pp")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 
 
 @dataclasses.dataclass(frozen=True)

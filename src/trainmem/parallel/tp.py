@@ -36,7 +36,7 @@ _COLWISE_NAMES = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROWWISE_NAMES = ("o_proj", "down_proj")
 
 
-def _styles() -> dict[str, Any]:
+def tp_styles() -> dict[str, Any]:
     """Hugging Face style name -> a factory of the torch style with the same input/output layouts."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
@@ -161,7 +161,7 @@ _ROWWISE_STYLES = ("rowwise", "rowwise_split_input", "rowwise_rep")
 def check_plan(model: nn.Module, plan: dict[str, str], tp: int) -> None:
     """Refuse, naming the module and dimension, a style torch has no match for or a split that is uneven."""
     modules = dict(model.named_modules())
-    known = _styles()
+    known = tp_styles()
     for name, style in plan.items():
         module = modules[name]
         if style not in known:
@@ -239,7 +239,7 @@ def parallelize(model: nn.Module, tp_mesh: Any, tp: int, sequence_parallel: bool
     plan, source = choose_plan(model)
     check_plan(model, plan, tp)
     groups = _tied_groups(model)
-    styles = _styles()
+    styles = tp_styles()
     sequence = sequence_parallel_styles(model, plan) if sequence_parallel else None
     parallelize_module(model, tp_mesh, sequence or {name: styles[style]() for name, style in plan.items()})
     _retie(model, groups)

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from trainmem.parallel.pp_split import _is_llama_family
+from trainmem.parallel.pp_split import is_llama_family
 
 _COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROWWISE = ("o_proj", "down_proj")
@@ -33,7 +33,7 @@ def sequence_parallel_styles(model: nn.Module, plan: dict[str, str]) -> dict[str
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel)
 
-    if not _is_llama_family(model):
+    if not is_llama_family(model):
         return None
     styles: dict[str, Any] = {}
     for name, style in plan.items():
@@ -47,9 +47,9 @@ def sequence_parallel_styles(model: nn.Module, plan: dict[str, str]) -> dict[str
         elif leaf in _ROWWISE and style == "rowwise":
             styles[name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
         elif style == "replicated_with_grad_allreduce":  # inside the attention, on its local heads
-            from trainmem.parallel.tp import _styles
+            from trainmem.parallel.tp import tp_styles
 
-            styles[name] = _styles()[style]()
+            styles[name] = tp_styles()[style]()
         else:
             return None
     if not {"model.embed_tokens", "lm_head"} <= set(styles):

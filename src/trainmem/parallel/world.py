@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.parallel.layout import ParallelLayout, Strategy
+from trainmem.setup.layout import ParallelLayout, Strategy
 
 
 @dataclasses.dataclass

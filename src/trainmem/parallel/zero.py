@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from trainmem.parallel import fsdp
-from trainmem.parallel.layout import Offload, ParallelLayout, Strategy
+from trainmem.setup.layout import Offload, ParallelLayout, Strategy
 
 DEEPSPEED_NOTE = ("zero1/2/3 are traced through torch's own mechanisms (DeepSpeed is not installed): zero1 = DDP + "
                   "ZeroRedundancyOptimizer, zero2 = FSDP2 reshard_after_forward=False, zero3 = FSDP2 full "

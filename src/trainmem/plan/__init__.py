@@ -69,7 +69,7 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
 
 
 def _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps) -> dict[str, Any]:
-    from trainmem.parallel.layout import Offload, Strategy
+    from trainmem.setup.layout import Offload, Strategy
     from trainmem.plan import enumerate as layouts
     from trainmem.setup import Precision
 

@@ -9,7 +9,7 @@ import math
 import time
 
 from trainmem.errors import failure_reason
-from trainmem.parallel.layout import Offload, Strategy
+from trainmem.setup.layout import Offload, Strategy
 from trainmem.plan import enumerate as layouts
 from trainmem.plan.blocks import ModelFacts
 from trainmem.plan.reuse import PADDING_BYTES_PER_ELEMENT, Figures, extrapolate, over_dp

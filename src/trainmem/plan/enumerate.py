@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-from trainmem.parallel.layout import OFFLOAD_KINDS, Offload, ParallelLayout, Strategy
+from trainmem.setup.layout import OFFLOAD_KINDS, Offload, ParallelLayout, Strategy
 from trainmem.setup import Precision
 
 DEFAULT_KINDS = (Strategy.DDP, Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)

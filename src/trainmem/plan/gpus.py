@@ -7,7 +7,7 @@ import re
 
 from trainmem.devices import Device, get_device
 from trainmem.errors import SetupError, TrainmemError, quote
-from trainmem.parallel.layout import MAX_WORLD_SIZE
+from trainmem.setup.layout import MAX_WORLD_SIZE
 
 _FORM = re.compile(r"^\s*(\d+)\s*[x×]\s*(\S.*?)\s*$", re.IGNORECASE)
 

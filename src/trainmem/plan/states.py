@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from trainmem.parallel.layout import Offload, ParallelLayout, Strategy
+from trainmem.setup.layout import Offload, ParallelLayout, Strategy
 from trainmem.setup import Optimizer, Precision, TrainingSetup
 
 # Bytes of optimizer state per trainable element (torch.optim's state dicts; trace/optimizers.py for the rest):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 from trainmem.plan.blocks import ModelFacts, variant
 from trainmem.plan.enumerate import Candidate
 from trainmem.plan.reuse import Figures
@@ -204,7 +204,7 @@ class Tracer:
             return [RoleTrace(0, "all ranks", None, trace(chosen, setup))]
         from trainmem.estimate.distributed import trace_role  # the engine (estimate/distributed.py)
         from trainmem.parallel.roles import rank_roles
-        from trainmem.trace.distributed import build_on_meta
+        from trainmem.parallel.rank_trace import build_on_meta
 
         model = build_on_meta(chosen.source, setup)[0]
         out = []

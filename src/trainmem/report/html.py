@@ -23,7 +23,7 @@ from trainmem.estimate.result import module_label
 from trainmem.report.html_assets import CSS, JS
 from trainmem.report.html_assets.svg import COLOURS, geometry, timeline_svg
 from trainmem.report.style import PLAIN
-from trainmem.report.text import _alive_note, _header, _lean_loop, _ranks_section, _where, verdict
+from trainmem.report.text import alive_note, report_header, lean_loop_note, ranks_section, where_section, verdict
 from trainmem.units import format_bytes
 
 WHERE = "--html"
@@ -78,13 +78,13 @@ def _peak_rows(estimate: Any) -> list[tuple[str, int | None, str]]:
 
 
 def _summary(estimate: Any) -> str:
-    head = [line.strip() for line in _header(estimate, PLAIN)]  # the text report's header, same words
+    head = [line.strip() for line in report_header(estimate, PLAIN)]  # the text report's header, same words
     rows = "".join(f'<tr><td>{_e(name)}</td><td class="num">{_e(format_bytes(value))}</td>'
                    f'<td class="num muted">{"" if value is None else f"{value:,} B"}</td>'
                    f'<td class="muted">{_e(note)}</td></tr>' for name, value, note in _peak_rows(estimate))
-    where = f"Where: {_where(estimate)}"
-    lean = " ".join(line.strip() for line in _lean_loop(estimate))
-    ranks = [line for line in _ranks_section(estimate) if line]  # many ranks: the text report's table of roles
+    where = f"Where: {where_section(estimate)}"
+    lean = " ".join(line.strip() for line in lean_loop_note(estimate))
+    ranks = [line for line in ranks_section(estimate) if line]  # many ranks: the text report's table of roles
     return (f"<h1>{_e(head[0] if head else estimate.model_name)}</h1>"
             f'<div class="setup">{_e(chr(10).join(head[1:]))}</div>'
             f"{_verdict(estimate)}<table><tr><th>peak memory</th><th class='num'>IEC</th>"
@@ -203,7 +203,7 @@ def _breakdown_section(estimate: Any) -> str:
     out = ["<h2>Breakdown at the peak</h2>",
            _table(["category", "IEC", "bytes", "share"], rows, {1, 2, 3},
                   ["total", _e(format_bytes(total)), f"{total:,} B", ""]),
-           *(f"<p>{_e(line.strip())}</p>" for line in _alive_note(estimate)),
+           *(f"<p>{_e(line.strip())}</p>" for line in alive_note(estimate)),
            f"<h2>{process}</h2>", _table(["part", "IEC", "bytes"], parts, {1, 2})]
     if estimate.allocator:
         a = estimate.allocator
@@ -268,7 +268,7 @@ def render_html(estimate: Any) -> str:
 def notebook_html(estimate: Any) -> str:
     """A notebook cell's view: the summary and the timeline as SVG, no script (Jupyter may not run one)."""
     t, why = _timeline_or_none(estimate, NOTEBOOK_POINTS)
-    if t is None:  # a Keras estimate: its own text report (estimate/keras_report.py), whose figures are TensorFlow's
+    if t is None:  # a Keras estimate: its own text report (report/keras_text.py), whose figures are TensorFlow's
         return f'<div class="tm"><style>{CSS}</style><pre>{_e(str(estimate))}</pre><p class="muted">{_e(why)}</p></div>'
     return (f'<div class="tm"><style>{CSS}</style>{_summary(estimate)}'
             f"{_timeline_section(estimate, t, interactive=False)}</div>")

@@ -38,7 +38,6 @@ has neither. Keras estimates keep no allocator stream (Estimate.replay_input is 
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 from typing import Any
 

@@ -9,8 +9,7 @@ from trainmem.estimate.result import Estimate, module_label, step_label
 from trainmem.report.style import PLAIN, Style, table
 from trainmem.units import format_bytes
 
-# the report's one table layout, under the name estimate/keras_report.py and compare.py import
-_table = table
+_table = table  # the report's one table layout (report/style.py), shared by every text renderer
 
 
 def _quantized(est) -> str:
@@ -58,7 +57,7 @@ def _loop_line(est) -> str:
     return f"  loop {est.setup.loop}: {LOOP_WORDS[str(est.setup.loop)]}"
 
 
-def _lean_loop(est) -> list[str]:
+def lean_loop_note(est) -> list[str]:
     lean = est.lean_loop
     if not lean or lean.saving_bytes <= 0:
         return []
@@ -126,7 +125,7 @@ def _optimizer_words(est) -> str:
     return str(s.optimizer_impl)
 
 
-def _header(est, style: Style) -> list[str]:
+def report_header(est, style: Style) -> list[str]:
     s = est.setup
     adapters = f" + {est.adapter_parameters:,} in LoRA adapters" if est.adapter_parameters else ""
     return [style.heading(f"trainmem — {est.model_name}") + f": {est.parameters:,} parameters{adapters} "
@@ -159,7 +158,7 @@ def _peak_section(est, style: Style) -> list[str]:
     return [style.heading("Peak memory"), *table(rows, "lrrl")]
 
 
-def _where(est) -> str:
+def where_section(est) -> str:
     return (f"{step_label(est.peak_step, est.setup.steps)}, {est.peak_phase}, module "
             f"'{module_label(est.peak_module)}', op {est.peak_op}")
 
@@ -168,7 +167,7 @@ def _breakdown_section(est, style: Style) -> list[str]:
     rows = [_bytes_row(k, v)[:3] for k, v in est.breakdown.items() if v]
     total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
     lines = [style.heading("Breakdown at the peak"), *table(rows + [_bytes_row("total", total)[:3]], "lrr")]
-    return lines + _alive_note(est)
+    return lines + alive_note(est)
 
 
 # explain.saved_at_backward_start's key for the batch (Category.INPUTS) among the tensors kept for backward
@@ -178,7 +177,7 @@ _BATCH = "inputs (the batch)"
 _AFTER_BACKWARD = {"backward", "optimizer"}
 
 
-def _alive_note(est) -> list[str]:
+def alive_note(est) -> list[str]:
     """One sentence where the breakdown's activations (alive at the peak) differ from the explanation's
     (what forward saved for backward, alive when the last step's backward begins): which the breakdown counts."""
     saved = est.explanation.saved_activation_bytes - est.explanation.saved_by_op.get(_BATCH, 0)
@@ -259,13 +258,13 @@ def _baselines_section(est, style: Style) -> list[str]:
 
 def render_text(est, colour: bool = False) -> str:
     """The terminal report. Plain text unless `colour` (cli.py passes report.style.use_colour(sys.stdout)).
-    An estimate whose class has a report of its own (KerasEstimate: estimate/keras_report.py) gets that one,
+    An estimate whose class has a report of its own (KerasEstimate: report/keras_text.py) gets that one,
     plain."""
     if type(est).__str__ is not Estimate.__str__:
         return str(est)
     style = Style(colour)
-    out = [*_header(est, style), "", *_peak_section(est, style), *_ranks_section(est, style),
-           "", f"{style.heading('Where')}: {_where(est)}", *_lean_loop(est),
+    out = [*report_header(est, style), "", *_peak_section(est, style), *ranks_section(est, style),
+           "", f"{style.heading('Where')}: {where_section(est)}", *lean_loop_note(est),
            "", *_breakdown_section(est, style), "", *_process_section(est, style), *_allocator_section(est, style),
            "", *_modules_section(est, style), "", *_explanation_section(est, style), *_baselines_section(est, style)]
     if est.warnings:
@@ -279,7 +278,7 @@ def _layout_words(parallel: dict) -> str:
     return f"{layout['strategy']}: {layout['world_size']:,} ranks ({degrees}){extra}"
 
 
-def _ranks_section(est, style: Style = PLAIN) -> list[str]:
+def ranks_section(est, style: Style = PLAIN) -> list[str]:
     """Many ranks: one row per distinct rank role, the most loaded marked, the spread between them."""
     parallel = getattr(est, "parallel", None)
     if parallel is None:

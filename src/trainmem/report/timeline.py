@@ -124,12 +124,12 @@ def _replay_columns(events: Sequence[Any], allocator: Any, device: CudaCachingAl
 def _gpu_columns(events: Sequence[Any], allocator: Any) -> dict[str, Any]:
     """The columns from a fresh caching allocator as the estimate replayed it: on the card's capacity, or, where
     that replay runs out of memory, on a card large enough (the figures the estimate reports then; alloc/replay.py)."""
-    from trainmem.alloc.replay import _without_limit
+    from trainmem.alloc.replay import without_limit
 
     try:
         return _replay_columns(events, allocator, CudaCachingAllocator(allocator.config, allocator.capacity))
     except CudaOutOfMemoryError:
-        return _replay_columns(events, allocator, CudaCachingAllocator(_without_limit(allocator.config), None))
+        return _replay_columns(events, allocator, CudaCachingAllocator(without_limit(allocator.config), None))
 
 
 def _downsample(allocated: Sequence[int], max_points: int) -> list[int]:

@@ -17,20 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from trainmem.trace.events import Category, Phase, Trace
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceEvent:
-    action: str  # "alloc" or "free"
-    nbytes: int
-    key: int  # storage id; kernel-internal buffers get negative keys
-    category: Category
-    phase: Phase
-    module: str
-    op: str
-    step: int
-    trace_seq: int  # the trace event this came from, or the kernel call's position
+from trainmem.alloc.events import DeviceEvent
+from trainmem.trace.events import Trace
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainmem.targets import DeviceEvent, KernelEffect
+from trainmem.alloc.events import DeviceEvent
+
+from trainmem.targets import KernelEffect
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn import conv as onednn_conv
 from trainmem.targets.onednn import matmul_cache, rnn_transients, rnn_workspace

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainmem.targets import DeviceEvent, DeviceStream, cuda_reduce, cudnn
+from trainmem.alloc.events import DeviceEvent
+
+from trainmem.targets import DeviceStream, cuda_reduce, cudnn
 from trainmem.targets.rule_registry import RuleRegistry
 from trainmem.trace.events import Category, KernelCall, Phase, TensorMeta, Trace
 

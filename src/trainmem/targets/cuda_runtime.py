@@ -149,7 +149,7 @@ def library_image(name: str, cuda_version: tuple[int, int],
     return LibraryImage(name, point, sum(row["loaded_bytes"] for _r, row in rows), source)
 
 
-def library_bytes(used: dict[str, bool], runtime: "CudaRuntime",
+def library_bytes(used: dict[str, bool], runtime: CudaRuntime,
                   compute_capability: tuple[int, int]) -> tuple[int, int, list[str]]:
     """(point, high, notes): the kernel images the run's libraries add to nvidia-smi. Under eager loading,
     each used library's whole image for this GPU. Under lazy loading only the kernels launched load: at most

@@ -11,7 +11,8 @@ from typing import Any
 
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CudaAllocator
-from trainmem.targets import DeviceEvent, DeviceStream, ProcessMemory, cuda_runtime
+from trainmem.alloc.events import DeviceEvent
+from trainmem.targets import DeviceStream, ProcessMemory, cuda_runtime
 from trainmem.targets.cuda import device_stream, kernel_ops
 from trainmem.targets.cuda_reduce import GridFacts
 from trainmem.trace.events import Trace

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainmem.parallel.layout import ParallelLayout, Strategy
+from trainmem.setup.layout import ParallelLayout, Strategy
 
 MIB = 1 << 20
 GRANULE = 2 * MIB  # cuMem allocation granularity: the 10,485,760 / 2,097,152 B allocations of NVIDIA/nccl#1685

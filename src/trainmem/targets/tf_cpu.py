@@ -54,7 +54,7 @@ from trainmem.alloc.glibc_arenas import thread_arenas
 from trainmem.alloc.tf_mkl_cpu import (  # noqa: F401  (the oneDNN decision, re-exported)
     ONEDNN_FLAGS, PAGE, OneDnnChoice, cpu_flags, memory_limit, onednn_choice, onednn_default, pooled, replay_pool,
     small_events, uses_system_alloc)
-from trainmem.targets import DeviceEvent
+from trainmem.alloc.events import DeviceEvent
 from trainmem.trace.events import Category, Phase, Trace
 
 DATA = Path(__file__).parent / "data" / "tf_cpu_floor.json"

@@ -27,7 +27,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmem.targets import DeviceEvent, KernelEffect
+from trainmem.alloc.events import DeviceEvent
+
+from trainmem.targets import KernelEffect
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace
 
 WORKING_SET = 30 << 20  # conv_grad_*_ops: "30MB is from ivybridge" (target_working_set_size)

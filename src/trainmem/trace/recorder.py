@@ -129,7 +129,7 @@ class TraceRecorder(TorchDispatchMode):
         self._deaths: dict[int, weakref.ref] = {}  # sid -> the weak reference whose callback frees it
         self._facts: dict[Any, _OpFacts] = {}
         self.closed = False  # set when the recorded steps end: later deaths are not part of the run
-        # many ranks (trace/distributed.py): ops on wrapper subclasses (DTensor) are left to the subclass, whose
+        # many ranks (parallel/rank_trace.py): ops on wrapper subclasses (DTensor) are left to the subclass, whose
         # ops on the local tensors come back here; categories that outlive a storage's resize (FSDP frees and
         # re-allocates unsharded parameters by resizing one storage); `muted` while DTensor works out the
         # global shapes of an op's output on throw-away fake tensors

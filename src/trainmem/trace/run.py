@@ -63,7 +63,7 @@ def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = N
                 table[name] = replaced[id(tensor)]
 
 
-class _RecordingObserver(training.Observer):
+class RecordingObserver(training.Observer):
     def __init__(self, recorder: TraceRecorder, model: torch.nn.Module) -> None:
         self.recorder = recorder
         self.forward_start = 0
@@ -113,7 +113,7 @@ class _RecordingObserver(training.Observer):
             self.recorder.trace.host_storages |= set(self.recorder.storage_ids_of(steps))
 
 
-def _model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
+def traced_model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
     """Parameter counts as the model's authors count them: a 4-bit packed weight counts the values it
     holds, not its uint8 storage elements (finetune.quantized_facts)."""
     from trainmem.trace.finetune import quantized_facts
@@ -153,7 +153,7 @@ def _forward_failed_on_inputs(failure: TraceError, error: Exception, setup: Trai
 
 
 def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: TrainingSetup, source: ModelSource,
-                 semantics: TraceSemantics | None, recorder: TraceRecorder, observer: _RecordingObserver):
+                 semantics: TraceSemantics | None, recorder: TraceRecorder, observer: RecordingObserver):
     """A torch model's steps, inside the fake mode and recorder: fake parameters, torch.optim, the loop."""
     from trainmem.trace import finetune
     from trainmem.trace.resolved import BatchProbe, resolved_setup
@@ -166,7 +166,7 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
     training.run_steps(prepared, setup, observer)
-    facts = _model_facts(model)
+    facts = traced_model_facts(model)
     resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
                               prepared.optimizer, finetune.lora_used(model))
     counts = {"quantized_parameters": sum(finetune.quantized_facts(model).values()),
@@ -198,7 +198,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     layers = keras_torch_step.named_layers(model) if keras else None  # Keras layers by path, for the tracker
     tracker = ModuleTracker(layers if keras else model)
     recorder = TraceRecorder(tracker, kernel_ops)
-    observer = _RecordingObserver(recorder, model)
+    observer = RecordingObserver(recorder, model)
     try:
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
         # SameDtypeKernels sits right above fake_mode, so it sees each op as its kernel would (dtype_checks.py)

@@ -203,7 +203,7 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
             source: ModelSource, device_type: str = "cpu", cuda_semantics: bool = False,
             optimizer_factory: Any = None, checkpointed: list[str] | None = None) -> Prepared:
     """Freeze, wrap blocks for checkpointing, and make the optimizer and scaler for a built model. Many ranks
-    (trace/distributed.py) pass the strategy's `optimizer_factory(params, setup)` and the blocks already
+    (parallel/rank_trace.py) pass the strategy's `optimizer_factory(params, setup)` and the blocks already
     checkpointed on the meta model (before sharding, as torchtitan orders them)."""
     if setup.precision == Precision.BF16 and any(p.dtype != torch.bfloat16 for p in model.parameters()
                                                  if p.is_floating_point()):

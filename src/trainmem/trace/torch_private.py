@@ -166,7 +166,7 @@ def flatten_mesh(mesh, name: str):
     return mesh._flatten(name)
 
 
-# ---- wrapper subclasses (DTensor) and storage resizes, for the per-rank trace (trace/distributed.py) ----
+# ---- wrapper subclasses (DTensor) and storage resizes, for the per-rank trace (parallel/rank_trace.py) ----
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402,F401 - re-exported
 
 

@@ -225,7 +225,6 @@ def lstm_scratchpad_bytes(
         ), (scratch, size, 4))
         # The nested matmul scratchpad (key_nested_multiple) was 0 in every measured case.
         return space + pointers
-    threads = cpu.threads
     if not backward:
         # rnn_brgemm_t<forward>::configure_brgemm: the layer GEMM is merged over time only for
         # mb == 1 and n_iter >= 2; the layer and iter brgemms are fused when slc == sic.

@@ -24,7 +24,7 @@ import torch
 from trainmem.errors import SetupError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake, apply_on_meta
-from trainmem.parallel.layout import Offload
+from trainmem.setup.layout import Offload
 from trainmem.parallel.world import fake_world
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import keras_torch_step
@@ -35,7 +35,7 @@ from trainmem.trace.events import Category, Phase
 from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
-from trainmem.trace.run import TraceSemantics, _model_facts, _RecordingObserver, materialize_fake
+from trainmem.trace.run import TraceSemantics, traced_model_facts, RecordingObserver, materialize_fake
 from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, FakeTensorMode, dtensor_shape_propagation_muted,
                                           is_wrapper_subclass,
                                           storage_resizes_reported, storage_tensors)
@@ -77,7 +77,7 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
                 semantics: TraceSemantics | None, cuda: bool) -> TraceResult:
     with fake_world(setup.parallel, role.rank) as world:
         model, make_batch, loss_fn, notes = build_on_meta(source, setup)
-        facts = _model_facts(model)  # the whole model's counts, as its card gives them
+        facts = traced_model_facts(model)  # the whole model's counts, as its card gives them
         ctx = ParallelContext(setup.parallel, world, role, setup, cuda_semantics=cuda)
         checkpointed: list[str] = []
 
@@ -171,13 +171,13 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
 
 def _fsdp_casts(ctx: ParallelContext) -> bool:
     """FSDP2 with a MixedPrecisionPolicy casts parameters itself; torchtitan then runs without autocast."""
-    from trainmem.parallel.layout import Strategy
+    from trainmem.setup.layout import Strategy
 
     sharded = ctx.layout.data_parallel in (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
     return sharded and ctx.setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
 
 
-class _RankObserver(_RecordingObserver):
+class _RankObserver(RecordingObserver):
     """The recording observer, plus what the strategy names after each backward and optimizer step: DDP's
     buckets of that backward (rebuilt between steps, so asked each time) and the tensors in host RAM (gradients
     die at zero_grad, so asked while they live)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainmem.estimate.result import ModuleRow, module_label, step_label
-from trainmem.report.text import _table  # noqa: PLC2701 - the report's one table layout
+from trainmem.report.style import table
 from trainmem.units import format_bytes
 
 
@@ -32,7 +32,7 @@ def _peak_table(est) -> list[str]:
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
     figures = est.tf_figures
     if est.device.kind == "cuda":
-        return _table([
+        return table([
             ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B as requested"],
             ["in use (peak)", format_bytes(est.allocated_bytes), f"{est.allocated_bytes:,} B  "
              "tf.config.experimental.get_memory_info('GPU:0')['peak']"],
@@ -40,7 +40,7 @@ def _peak_table(est) -> list[str]:
              f"{figures.get('memory_mode')}, limit {format_bytes(figures.get('memory_limit', 0))}"],
             ["process (nvidia-smi)", format_bytes(est.process_bytes), verdict],
         ], "lrl")
-    return _table([
+    return table([
         ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
         ["allocated", format_bytes(est.allocated_bytes), "= tensors: TensorFlow's CPU allocator caches nothing"],
         ["process (peak RSS)", format_bytes(est.process_bytes), verdict],
@@ -55,7 +55,7 @@ def _layer_table(est) -> list[str]:
               format_bytes(row.activation_bytes), format_bytes(at_peak.get(row.name, 0))] for row in est.layers]
     rest = at_peak.get(module_label(""), 0)
     rows.append([f"{module_label('')}: loss, gradients' tape, optimizer", "", "", "", format_bytes(rest)])
-    return _table(rows, "llrrr")
+    return table(rows, "llrrr")
 
 
 def render_keras(est) -> str:
@@ -66,15 +66,15 @@ def render_keras(est) -> str:
            "  loop model.fit: one train_step per batch (forward, loss, GradientTape, optimizer.apply)", "",
            "Peak memory (TensorFlow)", *_peak_table(est)]
     if est.process_bytes_high > est.process_bytes:
-        out += _table([["process, high end", format_bytes(est.process_bytes_high),
+        out += table([["process, high end", format_bytes(est.process_bytes_high),
                         "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")
     out += ["", f"Where: {step_label(est.peak_step, s.steps)}, {est.peak_phase}, layer "
                 f"'{module_label(est.peak_module)}', op {est.peak_op}", "", "Breakdown at the peak"]
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
     total = est.allocated_bytes
-    out += _table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
+    out += table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
     out += ["", "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"]
-    out += _table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
+    out += table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
     out += ["", "What TensorFlow's numbers are"] + [f"  · {line}" for line in est.tf_explanation]
     out += ["", "Layers (as model.summary() lists them)", *_layer_table(est)]
     out += ["", "How this adds up (by hand → traced)"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainmem.errors import SetupError, expected, one_line, unknown_key
 from trainmem.files import regular_file
-from trainmem.parallel.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout
 from trainmem.trainer_defaults import trainer_optimizer_impl
 
 
@@ -187,7 +187,7 @@ class TrainingSetup:
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
-    parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (parallel/layout.py); resolved here
+    parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelLayout):
