@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainmem.measure.cpu import run_child  # noqa: E402
+from trainmem.measure.single_process import run_child  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 
 MODEL = "mlp:8-8-2"

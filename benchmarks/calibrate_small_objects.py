@@ -56,7 +56,7 @@ MIN_RATE = 0.002  # templates rarer than this per tensor allocation are dropped 
 def estimate_stream(ref: str, values: dict):
     from trainmem.frontends import resolve
     from trainmem.setup import TrainingSetup
-    from trainmem.targets import cpu as cpu_target
+    from trainmem.targets import cpu_kernels as cpu_target
     from trainmem.targets.cpu_info import CpuInfo
     from trainmem.trace.run import trace_training
 

@@ -8,7 +8,7 @@ median VmHWM of its ranks less the plain case's median: the tensors of this mode
 difference is gloo's process group (worker threads, socket pairs per peer, the TCP store) and whatever the wrapper
 imports that the plain loop does not (the plain loop's optimizer step already imports torch._dynamo and sympy,
 so that import is in the single-process floor and not counted again here). Threads per rank: cores // world size
-(at least 1), as the measuring harness (measure/distributed.py) sets them; the plain case runs with the same count.
+(at least 1), as the measuring harness (measure/gloo_ranks.py) sets them; the plain case runs with the same count.
 
     .venv/bin/python benchmarks/distributed_runtime_rss.py [--runs 3]
         [--out src/trainmem/targets/data/distributed_runtime_rss.json]

@@ -44,13 +44,13 @@ def run_one(case: list[str], way: str, batch: int | None) -> dict:
     """One way of one case in this process: the answer, its estimates' digests and the seconds it took."""
     import dataclasses
 
-    from trainmem.cli import _option_keys, build_parser, merge_options, setup_from_options
+    from trainmem.cli import build_parser, merge_options, option_keys, setup_from_options
     from trainmem.estimate import estimate
     from trainmem.fit import fit
 
     parser = build_parser()
     args = parser.parse_args(["fit", *case])
-    options = merge_options(args, _option_keys(parser))  # flags over the run defaults, as the CLI merges them
+    options = merge_options(args, option_keys(parser))  # flags over the run defaults, as the CLI merges them
     args.device, args.margin = options.device, options.margin
     setup = setup_from_options(options)
     spent = _clock_the_steps()

@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from trainmem.alloc import small_objects  # noqa: E402
-from trainmem.alloc.cpu import GlibcModel, replay_actions, replay_resident  # noqa: E402
+from trainmem.alloc.cpu_heap import GlibcModel, replay_actions, replay_resident  # noqa: E402
 from trainmem.frontends import resolve  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
-from trainmem.targets import cpu as cpu_target  # noqa: E402
+from trainmem.targets import cpu_kernels as cpu_target  # noqa: E402
 from trainmem.targets.cpu_info import CpuInfo  # noqa: E402
 from trainmem.trace.run import trace_training  # noqa: E402
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from accuracy_cpu import OPTIMIZERS, ZOO  # noqa: E402 - the same zoo as the CPU accuracy benchmark
 from trainmem.errors import TrainmemError  # noqa: E402
-from trainmem.measure.cpu import run_child  # noqa: E402
+from trainmem.measure.single_process import run_child  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 
 MODELS = ROOT / "tests" / "models.py"

@@ -1,8 +1,8 @@
-"""The CPU allocator models on hand-built event streams, expected values from the rules in alloc/cpu.py
+"""The CPU allocator models on hand-built event streams, expected values from the rules in alloc/cpu_heap.py
 (c10's 64-byte posix_memalign; glibc's mmap threshold, heap growth, coalescing and trimming)."""
 
-from trainmem.alloc.cpu import MMAP_THRESHOLD_START, PAGE, GlibcModel, aligned, replay_tensors
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.cpu_heap import MMAP_THRESHOLD_START, PAGE, GlibcModel, aligned, replay_tensors
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase
 
 
@@ -71,7 +71,7 @@ def test_freed_chunks_coalesce_and_are_reused():
 
 # ---- runtime small objects interleaved with the tensors (alloc/small_objects.py) ----------------------
 
-from trainmem.alloc.cpu import replay_actions  # noqa: E402
+from trainmem.alloc.cpu_heap import replay_actions  # noqa: E402
 from trainmem.alloc.small_objects import Action, interleave, load_table  # noqa: E402
 
 

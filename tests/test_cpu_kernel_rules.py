@@ -1,4 +1,4 @@
-"""Check the CPU target's loss and EmbeddingBag rules (`trainmem.targets.cpu`) against the real kernels.
+"""Check the CPU target's loss and EmbeddingBag rules (`trainmem.targets.cpu_kernels`) against the real kernels.
 
 Each case calls a user-level function (F.mse_loss, F.embedding_bag + backward…) on real tensors and
 captures the aten call the dispatcher sees — the call trainmem's recorder would hand to the rule. The
@@ -265,7 +265,7 @@ def test_device_stream_splices_the_rules_with_the_given_cpu():
 ])
 def test_zoo_family_matches_measure(name, values):
     from conftest import zoo
-    from trainmem.measure.cpu import measure
+    from trainmem.measure.single_process import measure
     from trainmem.setup import TrainingSetup
 
     comparison = measure(zoo(name), TrainingSetup.from_mapping(values))

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from trainmem import estimate
 from trainmem.errors import SetupError
-from trainmem.targets import cuda as cuda_target
+from trainmem.targets import cuda_stream as cuda_target
 from trainmem.targets.cuda_runtime import EAGER, LAZY, context_fact, resolve_runtime
 from trainmem.targets.cudnn import im2col_bytes
 from trainmem.trace.events import TensorMeta

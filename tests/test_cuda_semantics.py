@@ -216,7 +216,7 @@ def test_mse_loss_keeps_an_input_sized_block_on_cuda():
     (the storage stays), on CUDA as on the CPU; the kernel adds a second input-sized buffer during the
     call. At the loss, a [4096, 1024] fp32 output (16 MiB) therefore holds two 16 MiB blocks more than a
     4-byte loss would."""
-    from trainmem.targets import cuda as cuda_target
+    from trainmem.targets import cuda_stream as cuda_target
     from trainmem.trace.cuda_composites import CudaFacts
     from trainmem.trace.run import trace_training
     from trainmem.frontends import resolve

@@ -1,4 +1,4 @@
-"""Real torch.distributed runs over gloo (measure/distributed.py) against the per-rank estimate.
+"""Real torch.distributed runs over gloo (measure/gloo_ranks.py) against the per-rank estimate.
 
 The matrix covers DDP, FSDP2 and ZeRO-1 at world sizes 2 and 4 and each loop style of the accuracy issue at
 least once (six launches of 2 or 4 processes, ~2.5 min on the 2-core machine under load; marked slow,
@@ -20,7 +20,7 @@ import pytest
 
 from trainmem.errors import MeasureError
 from trainmem.measure import c10_log
-from trainmem.measure.distributed import measure_distributed
+from trainmem.measure.gloo_ranks import measure_distributed
 from trainmem.setup import TrainingSetup
 from trainmem.targets.gloo import GLOO_OPS, gloo_effects
 from trainmem.trace.events import KernelCall, TensorMeta

@@ -1,8 +1,8 @@
 """alloc/glibc_arenas.py: executor.cc's thread rule and one glibc arena per thread, by hand."""
 
-from trainmem.alloc.cpu import MINSIZE, PAGE, TOP_PAD, GlibcModel, request_to_chunk
+from trainmem.alloc.cpu_heap import MINSIZE, PAGE, TOP_PAD, GlibcModel, request_to_chunk
 from trainmem.alloc.glibc_arenas import MAIN, OpNode, assign_threads, replay_arenas, trace_nodes
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Event, KernelCall, Phase, TensorMeta, Trace
 
 KIB = 1024

@@ -184,7 +184,7 @@ def test_cpu_measure_agrees_on_a_hf_model(tiny, extra, within_5):
     without LoRA. With LoRA the estimate measured +5.5% here (411 vs 389 MiB): 20 op kinds of these
     transformer layers have no row in the small-object table and take their phase's average, which the
     calibration's CNNs raise; reported in benchmarks/results, not held here."""
-    from trainmem.measure.cpu import measure
+    from trainmem.measure.single_process import measure
 
     setup = TrainingSetup.from_mapping({"batch_size": 4, "seq_len": 128, "optimizer": "adamw", **extra})
     comparison = measure(f"hf:{tiny}", setup, runs=3)

@@ -191,7 +191,8 @@ def test_torch_backend_after_keras_took_tensorflow_is_one_line(tensorflow, capsy
 def test_measure_under_auto_reads_a_factory_files_imports(tmp_path):
     """measure under --framework auto tells a Keras factory file from a torch one by its import lines, without
     running it (the measured child runs it)."""
-    from trainmem.cli import Options, _keras_factory_file
+    from trainmem.cli import Options
+    from trainmem.cli.commands.measure import keras_factory_file as _keras_factory_file
 
     cases = {"import keras\n": True, "from tensorflow import keras\n": True, "import torch\nimport keras\n": False,
              "import torch\n": False, "x = 'import keras'\n": False}

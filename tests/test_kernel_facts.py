@@ -1,6 +1,6 @@
 """Two CPU facts a fake trace does not see, each checked against the real op on this machine:
 torch.utils.checkpoint's saved CPU RNG state (trace/rng_state.py) and batch norm's fp32 statistics for a
-bf16 input with fp32 parameters (targets/cpu.py _batch_norm_mixed)."""
+bf16 input with fp32 parameters (targets/cpu_kernels.py _batch_norm_mixed)."""
 
 from __future__ import annotations
 

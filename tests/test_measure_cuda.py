@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT
 from trainmem.errors import MeasureError
 from trainmem.measure import cuda
-from trainmem.measure.cpu import run_child
+from trainmem.measure.single_process import run_child
 from trainmem.setup import TrainingSetup
 
 

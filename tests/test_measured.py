@@ -8,7 +8,7 @@ benchmark rows meet it; where the runtime's small objects fall varies from run t
 import pytest
 
 from conftest import zoo
-from trainmem.measure.cpu import measure
+from trainmem.measure.single_process import measure
 from trainmem.setup import TrainingSetup
 
 TENSOR_TOLERANCE = 0.01

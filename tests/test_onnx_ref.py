@@ -104,7 +104,7 @@ def test_recurrent_exports_train_like_their_torch_twin(tmp_path, name):
     graph = estimate(str(_export(tmp_path, name)), batch_size=4, optimizer="adam")
     assert graph.parameters == twin.parameters
     # nn.LSTM/GRU keep b_ih and b_hh apart, the ONNX node one bias B = [b_ih, b_hh]: oneDNN's backward returns
-    # the two bias gradients as two storages (targets/cpu.py), which the module keeps as two .grad tensors and
+    # the two bias gradients as two storages (targets/cpu_kernels.py), which the module keeps as two .grad tensors and
     # the graph sums into B's one; the peaks may differ by those gradients, 2 × 4H fp32 per layer
     hidden, layers = 256, 2  # tests/models.py LSTMClassifier
     assert abs(graph.tensor_bytes - twin.tensor_bytes) <= layers * 2 * 4 * hidden * 4 + 128

@@ -58,7 +58,7 @@ def test_ddp_keeps_the_single_process_model_states_and_one_bucket(single, ddp):
 
 def test_fsdp_holds_a_quarter_in_padded_chunks(fsdp):
     from trainmem.estimate.orchestrate import plan, setup_of
-    from trainmem.estimate.distributed import trace_role
+    from trainmem.estimate.per_rank import trace_role
     from trainmem.parallel.roles import rank_roles
     from trainmem.parallel.rank_trace import build_on_meta
     from trainmem.trace.events import Category, Phase

@@ -85,12 +85,12 @@ def test_cli_bad_parallel_flags_exit_2_in_one_line(argv, where, capsys):
 
 
 def test_cli_flags_reach_the_setup():
-    from trainmem.cli import build_parser, merge_options, setup_from_options, _option_keys
+    from trainmem.cli import build_parser, merge_options, option_keys, setup_from_options
 
     parser = build_parser()
     args = parser.parse_args(["estimate", "mlp:8-4", "--dp", "2", "--tp", "2", "--no-reshard-after-forward",
                               "--fsdp-wrap", "root", "--ddp-bucket-mb", "10", "--gpus-per-node", "4"])
-    options = merge_options(args, _option_keys(parser))
+    options = merge_options(args, option_keys(parser))
     layout = setup_from_options(options).parallel
     assert (layout.strategy, layout.world_size, layout.reshard_after_forward, str(layout.fsdp_wrap),
             layout.gpus_per_node) == (Strategy.FSDP, 4, False, "root", 4)

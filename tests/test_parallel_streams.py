@@ -21,7 +21,7 @@ from trainmem.parallel.apply import ParallelContext
 from trainmem.setup.layout import ParallelLayout
 from trainmem.parallel.world import fake_world
 from trainmem.setup import TrainingSetup
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.targets import cuda_target
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.torch_private import FakeTensorMode

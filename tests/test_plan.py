@@ -132,15 +132,16 @@ def test_planner_never_below_a_full_estimate(tiny_llama, checkpointing, micro_ba
 
 def _cli(argv: list[str]):
     from trainmem import cli
-    from trainmem.plan.command import add_plan_command, run_plan
+    from trainmem.cli.commands import plan as plan_command
+    from trainmem.cli.parser import Parser
 
-    parser = cli._Parser(prog="trainmem")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=cli._Parser)
-    add_plan_command(commands, cli._add_setup_flags)
+    parser = Parser(prog="trainmem")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    plan_command.add(commands, None)
     args = parser.parse_args(["plan", *argv])
-    options = cli.merge_options(args, cli._option_keys(parser))
+    options = cli.merge_options(args, cli.option_keys(parser))
     options.values["model"] = args.model
-    return run_plan(options, cli.setup_from_options(options))
+    return plan_command.run(options, cli.setup_from_options(options))
 
 
 def test_cli_json_and_exit_code():
@@ -190,7 +191,7 @@ def test_progress_only_on_a_terminal(monkeypatch):
 
 def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
     """FSDP over 8 ranks from traces at dp 2 and 4 (each with 2-4 blocks), against the engine's full per-rank
-    estimate at dp 8 (estimate/distributed.py)."""
+    estimate at dp 8 (estimate/per_rank.py)."""
     from trainmem.estimate import estimate
     from trainmem.plan import plan
 

@@ -10,7 +10,7 @@ import torch.nn as nn
 from conftest import zoo
 from trainmem import estimate
 from trainmem.errors import TraceError
-from trainmem.measure.cpu import measure
+from trainmem.measure.single_process import measure
 from trainmem.setup import TrainingSetup
 
 TOKENS, EXPERTS = 8 * 16, 8  # batch 8 × 16 positions

@@ -13,7 +13,7 @@ from trainmem.alloc.cuda_caching import SegmentSummary
 from trainmem.alloc.cuda_caching import replay as cuda_replay
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CpuTensorAllocator, CudaAllocator
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase
 
 MiB = 2**20
@@ -29,7 +29,7 @@ def test_event_types_and_trace_import_without_torch():
     """A second framework's recorder can build the same Trace: the event types need no torch."""
     result = _run_without_torch(
         "from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace\n"
-        "from trainmem.alloc.events import DeviceEvent\n"
+        "from trainmem.alloc.device_events import DeviceEvent\n"
         "from trainmem.targets import DeviceStream\n"
         "from trainmem.trace.traced import TraceResult\n"
         "trace = Trace()\n"
@@ -63,7 +63,7 @@ def test_estimate_is_frozen():
 
 
 def test_cuda_rule_registry_refuses_a_second_rule_for_an_op():
-    from trainmem.targets import cuda
+    from trainmem.targets import cuda_stream as cuda
 
     assert "mm" in cuda.kernel_ops() and "convolution" in cuda.kernel_ops() and "mse_loss" in cuda.kernel_ops()
     with pytest.raises(RuntimeError, match=r"a CUDA kernel rule for aten.mm is already registered"):

@@ -6,7 +6,7 @@ import pytest
 
 from trainmem.alloc.tf_bfc import (BfcAllocator, BfcConfig, BfcOutOfMemory, TfBfcAllocator, bin_num_for_size,
                                    bin_size, replay_bfc, rounded_bytes)
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

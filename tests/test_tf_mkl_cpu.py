@@ -4,7 +4,7 @@ worked out by hand (no TensorFlow)."""
 from __future__ import annotations
 
 from trainmem.alloc import tf_mkl_cpu as mkl
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase
 
 MIB = 2**20

@@ -11,7 +11,7 @@ timm = pytest.importorskip("timm")
 from trainmem import estimate  # noqa: E402
 from trainmem.errors import ModelRefError  # noqa: E402
 from trainmem.frontends.vision import parse_ref  # noqa: E402
-from trainmem.measure.cpu import measure  # noqa: E402
+from trainmem.measure.single_process import measure  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 
 

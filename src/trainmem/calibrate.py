@@ -56,10 +56,10 @@ def _setup(reference: str, extra: dict | None = None) -> TrainingSetup:
 def above_tensors(reference: str, runs: int, extra: dict | None = None) -> tuple[int, list[int]]:
     """Median peak RSS of `runs` fresh processes, less the run's tensors as glibc holds them (the estimate's
     own replay of the same stream, so the floor and the heap model add up without counting twice)."""
-    from trainmem.alloc.cpu import replay_resident
+    from trainmem.alloc.cpu_heap import replay_resident
     from trainmem.frontends import resolve
-    from trainmem.measure.cpu import run_child
-    from trainmem.targets import cpu as cpu_kernels
+    from trainmem.measure.single_process import run_child
+    from trainmem.targets import cpu_kernels as cpu_kernels
     from trainmem.targets.cpu_info import CpuInfo
     from trainmem.trace.run import trace_training
 

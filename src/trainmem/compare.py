@@ -2,7 +2,7 @@
 side, with the mechanism behind each difference.
 
 MODEL is one both frameworks build from the same text: `mlp:…` or a layer spec (frontends/mlp.py,
-frontends/spec.py for torch; frontends/keras_layers.py for Keras). Each framework is traced with its own
+frontends/spec.py for torch; frontends/keras_builders.py for Keras). Each framework is traced with its own
 engine (trace/step.py, trace/keras_graph.py) and target, so every figure is that framework's own; the
 words below name what makes them differ (sources cited where the mechanism lives).
 """

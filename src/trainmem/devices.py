@@ -3,7 +3,7 @@
 The CPU's capacity is this machine's physical memory (MemTotal in /proc/meminfo), and
 `available_bytes()` is what the kernel says a new process could still use. GPUs come from
 device_catalog.py (facts with their sources) or `custom:capacity=24GiB,cc=8.9`; estimates for them
-go through the CUDA target (targets/cuda.py CudaTarget).
+go through the CUDA target (targets/cuda_stream.py CudaTarget).
 
 A device may be named by a string ("cpu", "h100-80gb", "custom:…"), a `torch.device`, or a `Device`.
 "cuda" (or "cuda:N", torch.device("cuda"[, N])) names no GPU model, so it is read as "the GPU of this

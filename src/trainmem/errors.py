@@ -1,7 +1,7 @@
 """The one exception family trainmem raises for bad input or a failed trace.
 
 Every message says what was expected, what was given, and where, so that the CLI can print it as
-one line and exit 2 (see cli.py). Nothing here imports torch.
+one line and exit 2 (see cli/main.py). Nothing here imports torch.
 """
 
 from __future__ import annotations

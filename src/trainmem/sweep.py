@@ -347,7 +347,7 @@ def _text_converters(over: Any) -> Mapping[str, Callable[[str], Any]]:
     """The CLI's own value parsers (argparse types of the compare command's flags), for the text form."""
     if over is None or isinstance(over, Mapping) and not any(isinstance(v, str) for v in over.values()):
         return {}
-    from trainmem.sweep_cli import converters
+    from trainmem.cli.compare_sweep import converters
 
     return converters()
 

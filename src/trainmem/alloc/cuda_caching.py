@@ -49,7 +49,7 @@ from trainmem.alloc.cuda_config import (  # noqa: F401 - AllocatorConfig is part
 from trainmem.errors import TrainmemError
 
 if TYPE_CHECKING:
-    from trainmem.alloc.events import DeviceEvent
+    from trainmem.alloc.device_events import DeviceEvent
 
 DEFAULTS = AllocatorConfig()  # PyTorch's defaults (no PYTORCH_CUDA_ALLOC_CONF); frozen, so one instance serves all
 

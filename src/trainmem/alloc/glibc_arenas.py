@@ -26,7 +26,7 @@ thread here. free() returns a chunk to the arena it came from, whichever thread 
 thread A's arena does not serve thread B. The mmap threshold and trim threshold are process-wide
 (mp_.mmap_threshold, mp_.trim_threshold, raised in __libc_free by any thread's munmap_chunk), so all
 arenas here share them. A thread arena grows its heap without M_TOP_PAD and gives memory back by
-heap_trim against the same trim threshold; this model replays every arena with alloc/cpu.py's GlibcModel
+heap_trim against the same trim threshold; this model replays every arena with alloc/cpu_heap.py's GlibcModel
 (main-arena rules, top pad included: at most 128 KiB more per arena).
 """
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainmem.alloc.cpu import MMAP_THRESHOLD_START, GlibcModel
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.cpu_heap import MMAP_THRESHOLD_START, GlibcModel
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase, TensorMeta, Trace
 
 MAIN, DATA = 0, -1  # the Python thread (main_arena) and tf.data's threads

@@ -4,7 +4,7 @@ An allocator is an object with `replay(events) -> ReplayResult`; the estimate re
 reports about the allocator from that result: where the allocated peak is, what is alive there, the
 peaks, the memory_snapshot() at the peak (summed), and whether the run ran out of memory. No torch.
 
-- `CpuTensorAllocator`: c10's CPU allocator (64-byte posix_memalign, caches nothing; alloc/cpu.py).
+- `CpuTensorAllocator`: c10's CPU allocator (64-byte posix_memalign, caches nothing; alloc/cpu_heap.py).
 - `CudaAllocator`: PyTorch's caching allocator (alloc/cuda_caching.py) on a card with `capacity` bytes.
 """
 
@@ -14,12 +14,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from trainmem.alloc import cpu as cpu_alloc
+from trainmem.alloc import cpu_heap as cpu_alloc
 from trainmem.alloc import small_objects
 from trainmem.alloc.cuda_caching import (CudaCachingAllocator, CudaOutOfMemoryError, Fragmentation, SegmentSummary,
                                          replay as cuda_replay, round_size)
 from trainmem.alloc.cuda_config import AllocatorConfig
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 
 @dataclasses.dataclass(frozen=True)

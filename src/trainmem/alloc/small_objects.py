@@ -1,6 +1,6 @@
 """The runtime's small objects, interleaved with the tensor stream, for the glibc replay.
 
-Why: after glibc's dynamic mmap threshold has risen (alloc/cpu.py), large tensors come from the heap.
+Why: after glibc's dynamic mmap threshold has risen (alloc/cpu_heap.py), large tensors come from the heap.
 Between them the C++ and Python runtime allocates small objects of its own (TensorImpls and
 StorageImpls, autograd nodes and saved variables, oneDNN primitive descriptors and their cache
 entries, Python buffers). One that outlives the tensor allocated just before it sits above that

@@ -30,7 +30,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 TRACED_STEPS_USED = 2  # the template is the last traced step; the step before it gives the analogues
 MAX_STEPS = 32  # bound on the steps replayed when the heap keeps moving (the default run: "a long run")

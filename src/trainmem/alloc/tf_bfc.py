@@ -44,7 +44,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
 from trainmem.alloc.replay import ReplayResult, live_before
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category
 
 MiB = 1 << 20

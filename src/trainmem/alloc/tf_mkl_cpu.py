@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from trainmem.alloc.tf_bfc import BfcAllocator, BfcConfig, BfcOutOfMemory
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 SMALL_ALLOCATIONS_THRESHOLD = 262_144  # TensorFlow 2.21, measured (see above); 4096 in older sources
 PAGE = 4096

@@ -103,7 +103,7 @@ def estimate_keras(ref: Any, setup: TrainingSetup, device: DeviceRef = "cpu", *,
 
 
 def _on_cpu(source, setup: TrainingSetup, device: Device, traced, onednn: str = "auto") -> KerasEstimate:
-    from trainmem.alloc.cpu import aligned, replay_tensors
+    from trainmem.alloc.cpu_heap import aligned, replay_tensors
     from trainmem.targets.tf_cpu import device_events, tf_cpu_figures
 
     figures = tf_cpu_figures(traced, setup, onednn=onednn)

@@ -5,7 +5,7 @@ The measured runs fit the model for the setup's steps on synthetic numpy data of
 which is the dataset the CPU estimate assumes (targets/tf_cpu.py), so the two answer the same question.
 The measured process runs a factory file (measure/keras_child.py) and imports nothing of trainmem, so its
 RSS is what a user's script shows: `mlp:` and `model.keras` are measured through a factory file written
-here with Keras alone (the mlp's layers from frontends/keras_layers.py; the .keras file's config.json
+here with Keras alone (the mlp's layers from frontends/keras_builders.py; the .keras file's config.json
 rebuilt under safe_mode, fresh weights: the same memory as the file's own).
 """
 
@@ -83,7 +83,7 @@ def factory_to_measure(ref: str, setup: TrainingSetup, directory: Path) -> str:
     if kind == Kind.PYTHON:
         return ref
     if kind == Kind.MLP:
-        from trainmem.frontends.keras_layers import mlp_factory_source
+        from trainmem.frontends.keras_builders import mlp_factory_source
         from trainmem.frontends.mlp import parse_widths
 
         text = mlp_factory_source(parse_widths(ref), str(setup.activation), setup.dropout)

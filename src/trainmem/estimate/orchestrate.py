@@ -77,8 +77,8 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
         raise SetupError(f"expected a Keras model on TensorFlow with --tf-memory, got a PyTorch model {model.name!r}",
                          where="--tf-memory")
     chosen = plan(model, setup, device, depth, **options)
-    if setup.parallel.distributed:  # many ranks: one trace per distinct rank role (estimate/distributed.py)
-        from trainmem.estimate.distributed import estimate_distributed
+    if setup.parallel.distributed:  # many ranks: one trace per distinct rank role (estimate/per_rank.py)
+        from trainmem.estimate.per_rank import estimate_distributed
 
         return estimate_distributed(chosen, setup)
     est = assemble_traced(chosen, setup, trace(chosen, setup))

@@ -131,7 +131,7 @@ class Estimate:
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values the trace used
     lean_loop: LeanLoop | None = None  # with compare_loop: the lean loop's figures (None: not compared)
-    # many ranks (estimate/distributed.py): one row per distinct rank role; this Estimate is the most loaded's
+    # many ranks (estimate/per_rank.py): one row per distinct rank role; this Estimate is the most loaded's
     ranks: tuple[RankEstimate, ...] = ()
     parallel: dict[str, Any] | None = None  # layout, most_loaded, spread_bytes, host RAM, notes, cross_checks
     # the stream and allocator behind the figures (None for Keras estimates); many ranks: the most loaded's

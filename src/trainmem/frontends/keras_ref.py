@@ -3,7 +3,7 @@
     model.keras | a directory save(zipped=False) wrote    config.json only, safe_mode (frontends/keras_file.py)
     a SavedModel directory (saved_model.pb + variables/)  its signature, restored in a graph (keras_saved_model.py)
     path/to/file.py:factory | package.module:factory      a factory returning a keras.Model
-    mlp:1000-100-10 | net.yaml | net.json                 with --framework keras (frontends/keras_layers.py)
+    mlp:1000-100-10 | net.yaml | net.json                 with --framework keras (frontends/keras_builders.py)
     a keras.Model object                                  (Python API) rebuilt from its config
 
 `build()` is called by the trace inside a fresh tf.Graph (trace/keras_graph.py): the model's variables are
@@ -165,7 +165,7 @@ def _from_saved_model(directory: Path, ref: str) -> KerasSource:
 
 
 def _from_mlp(ref: str, setup: TrainingSetup) -> KerasSource:
-    from trainmem.frontends.keras_layers import build_keras_mlp
+    from trainmem.frontends.keras_builders import build_keras_mlp
     from trainmem.frontends.mlp import parse_widths
 
     widths = parse_widths(ref)
@@ -176,7 +176,7 @@ def _from_mlp(ref: str, setup: TrainingSetup) -> KerasSource:
 
 def _from_spec(ref: str) -> KerasSource:
     from trainmem.frontends import spec
-    from trainmem.frontends.keras_layers import build_keras_spec, keras_input_shape
+    from trainmem.frontends.keras_builders import build_keras_spec, keras_input_shape
 
     data = spec.read_spec(ref)
     plan = spec._plan_layers(data, ref)  # noqa: SLF001 - the spec's one planner, torch's sizes inferred on meta

@@ -72,7 +72,7 @@ def measure_on_gpu(model_ref: str, setup, device: str, **options: Any) -> dict[s
     import torch
 
     from trainmem.estimate import estimate
-    from trainmem.measure.cpu import run_child
+    from trainmem.measure.single_process import run_child
 
     if not isinstance(model_ref, str):
         raise MeasureError("expected a model reference string (a module object cannot be rebuilt in a fresh "

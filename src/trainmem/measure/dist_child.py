@@ -1,4 +1,4 @@
-"""One rank of a real torch.distributed run over gloo, measured. Run by measure/distributed.py as
+"""One rank of a real torch.distributed run over gloo, measured. Run by measure/gloo_ranks.py as
 `python -P .../dist_child.py '<json request>'` with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
 
 Ground truth written independently of trainmem.parallel (nothing of it is imported here): the model is

@@ -22,7 +22,7 @@ from trainmem.setup import TrainingSetup
 # Run as a script by its path, not with -m: `-m trainmem.measure.keras_child` would import the trainmem package
 # first (about 9 MB of RSS here, measured: VmHWM of `import trainmem.measure` 19.3 MB vs 10.5 MB for the child's
 # own imports), which a user's training process does not hold. -P keeps the script's folder (measure/, with its
-# cpu.py and cuda.py) off sys.path, where it could shadow a module TensorFlow imports.
+# cuda.py) off sys.path, where it could shadow a module TensorFlow imports.
 CHILD = Path(__file__).resolve().with_name("keras_child.py")
 
 

@@ -96,7 +96,7 @@ def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
     # that the op's meta kernel returned aliased (mkldnn_rnn_layer_backward's two bias gradients) as separate
     # storages: with it, the first call of a shape and the later ones trace differently, and so do the first
     # estimate in a process and the next. Off, every call traces as the meta kernel says (the CPU rules correct
-    # the aliased outputs: targets/cpu.py): same command, same bytes, and every step like the one before it
+    # the aliased outputs: targets/cpu_kernels.py): same command, same bytes, and every step like the one before it
     fake_mode.cache_enabled = False
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
     tracker = ModuleTracker(model)

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainmem.plan.enumerate import Candidate
 from trainmem.plan.gpus import Gpus, parse_gpus
-from trainmem.plan.result import PlanResult, PlanRow
+from trainmem.plan.plan_result import PlanResult, PlanRow
 
 __all__ = ["Candidate", "Gpus", "PlanResult", "PlanRow", "parse_gpus", "plan"]
 

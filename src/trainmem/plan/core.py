@@ -13,7 +13,7 @@ from trainmem.setup.layout import Offload, Strategy
 from trainmem.plan import enumerate as layouts
 from trainmem.plan.blocks import ModelFacts
 from trainmem.plan.reuse import PADDING_BYTES_PER_ELEMENT, Figures, extrapolate, over_dp
-from trainmem.plan.result import PlanRow
+from trainmem.plan.plan_result import PlanRow
 from trainmem.plan.states import model_state_floor
 from trainmem.plan.tracer import PastTimeLimit, Tracer
 from trainmem.units import format_bytes

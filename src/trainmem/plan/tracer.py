@@ -1,7 +1,7 @@
 """Traced figures for one layout at a given block count, data-parallel degree and micro-batch, cached.
 
 One process (dp = tp = pp = 1) goes through the single-process estimate (estimate/orchestrate.py); any other
-layout through the distributed engine's `trace_role` / `assemble_role` (estimate/distributed.py), one trace per
+layout through the distributed engine's `trace_role` / `assemble_role` (estimate/per_rank.py), one trace per
 rank role (parallel/roles.py). Each traced role is reduced to reuse.Figures from the target's device stream —
 the same stream its allocator replays — and the roles of one pipeline stage to their element-wise maximum (the
 most loaded data-parallel class, whichever it is at that size).
@@ -18,7 +18,7 @@ from trainmem.plan.enumerate import Candidate
 from trainmem.plan.reuse import Figures
 from trainmem.setup import TrainingSetup
 
-NCCL_PART = "NCCL communicators"  # estimate/distributed.py _with_nccl's process part
+NCCL_PART = "NCCL communicators"  # estimate/per_rank.py _with_nccl's process part
 
 
 def stream_maxima(stream_events: list, charged) -> dict[tuple[str, str], int]:
@@ -189,7 +189,7 @@ class Tracer:
             if role.role is None:
                 estimate = assemble_traced(chosen, setup, role.traced)
             else:
-                from trainmem.estimate.distributed import assemble_role
+                from trainmem.estimate.per_rank import assemble_role
 
                 estimate = assemble_role(chosen, setup, role.role, role.traced)
             by_stage.setdefault(role.pp_index, []).append(figures_of(chosen.target, role.traced, estimate, role.label))
@@ -202,7 +202,7 @@ class Tracer:
         if not setup.parallel.distributed:
             self.traces += 1
             return [RoleTrace(0, "all ranks", None, trace(chosen, setup))]
-        from trainmem.estimate.distributed import trace_role  # the engine (estimate/distributed.py)
+        from trainmem.estimate.per_rank import trace_role  # the engine (estimate/per_rank.py)
         from trainmem.parallel.roles import rank_roles
         from trainmem.parallel.rank_trace import build_on_meta
 

@@ -1,7 +1,7 @@
 """How the terminal report looks: colour (on a terminal only, never with NO_COLOR) and aligned columns.
 
 Colour is ANSI SGR (ECMA-48 "Select Graphic Rendition": ESC [ n m). It is decided once, by the caller
-(cli.py asks `use_colour(sys.stdout)`); everything else renders plain text by default, so that str(estimate),
+(the CLI asks `use_colour(sys.stdout)`); everything else renders plain text by default, so that str(estimate),
 notebooks, logs and pipes never see escape codes. Columns are padded by the text's visible width, escape
 codes excluded, so a coloured cell lines up with plain ones."""
 

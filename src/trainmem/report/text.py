@@ -257,7 +257,7 @@ def _baselines_section(est, style: Style) -> list[str]:
 
 
 def render_text(est, colour: bool = False) -> str:
-    """The terminal report. Plain text unless `colour` (cli.py passes report.style.use_colour(sys.stdout)).
+    """The terminal report. Plain text unless `colour` (the CLI passes report.style.use_colour(sys.stdout)).
     An estimate whose class has a report of its own (KerasEstimate: report/keras_text.py) gets that one,
     plain."""
     if type(est).__str__ is not Estimate.__str__:

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from trainmem.alloc.cpu import aligned
+from trainmem.alloc.cpu_heap import aligned
 from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError
 from trainmem.errors import TrainmemError
 from trainmem.trace.events import Category

@@ -6,8 +6,8 @@ workspaces), plus size corrections where the fake kernel's output differs from t
 LSTM workspace); it names its allocator model (alloc/replay.py) and says what the process holds
 besides the allocator (`ProcessMemory`).
 
-- cpu_target.CpuTarget: kernel rules in cpu.py (oneDNN in onednn/), the runtime floor in cpu_runtime.py;
-- cuda_target.CudaTarget: the stream in cuda.py (cuDNN workspaces in cudnn.py), the CUDA context and
+- cpu_target.CpuTarget: kernel rules in cpu_kernels.py (oneDNN in onednn/), the runtime floor in cpu_runtime.py;
+- cuda_target.CudaTarget: the stream in cuda_stream.py (cuDNN workspaces in cudnn.py), the CUDA context and
   library images in cuda_runtime.py, every CUDA rule with its source and test in cuda_rules.py.
 `target_for(device, setup, **options)` picks one; nothing else asks what the device is.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Trace
 
 

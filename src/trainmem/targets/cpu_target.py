@@ -1,4 +1,4 @@
-"""The CPU target behind the Target interface: the CPU kernel rules' stream (targets/cpu.py), c10's CPU
+"""The CPU target behind the Target interface: the CPU kernel rules' stream (targets/cpu_kernels.py), c10's CPU
 allocator for the tensor peak, and the process's peak RSS (the runtime's floor, targets/cpu_runtime.py,
 plus glibc's resident heap for the tensors and the runtime's small objects, alloc/replay.py glibc_heap; for a
 Keras model on the torch backend, also Keras's import and model.fit's machinery, targets/keras_torch_runtime.py)."""
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainmem.alloc.cpu import aligned
+from trainmem.alloc.cpu_heap import aligned
 from trainmem.alloc.replay import CpuTensorAllocator, glibc_heap
 from trainmem.alloc.steady_state import SteadyHeap, steady_heap
 from trainmem.errors import SetupError
 from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime, keras_torch_runtime
-from trainmem.targets import cpu as cpu_kernels
+from trainmem.targets import cpu_kernels as cpu_kernels
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn import matmul_cache
 from trainmem.targets.onednn.rnn_layout import rnn_layout

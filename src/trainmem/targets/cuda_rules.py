@@ -39,17 +39,17 @@ RULES: tuple[CudaRule, ...] = (
     CudaRule("optimizer default: foreach (fused when asked); step counters on the host",
              "trace/step.py, trace/run.py", "torch/optim/optimizer.py _default_to_fused_or_foreach; adam.py _init_group",
              "tests/test_cuda_semantics.py::test_optimizer_default_is_foreach_on_cuda_and_steps_stay_on_host"),
-    CudaRule("cuBLAS workspace per (thread, stream): forward thread and autograd thread", "targets/cuda.py",
+    CudaRule("cuBLAS workspace per (thread, stream): forward thread and autograd thread", "targets/cuda_stream.py",
              "aten/src/ATen/cuda/CublasHandlePool.cpp", "tests/test_cuda_semantics.py::test_two_cublas_workspaces_one_per_thread"),
     CudaRule("cuBLASLt workspace per thread: addmm with a 1-D bias (gemm_and_bias), 1 MiB, kept",
-             "targets/cuda.py", "aten/src/ATen/cuda/CublasHandlePool.cpp getCUDABlasLtWorkspace / "
+             "targets/cuda_stream.py", "aten/src/ATen/cuda/CublasHandlePool.cpp getCUDABlasLtWorkspace / "
              "getCUDABlasLtWorkspaceSize; Blas.cpp addmm_out_cuda_impl useLtInterface; an H200 memory history "
              "(torch 2.11)", "tests/test_cuda_semantics.py::test_cublaslt_workspace_only_where_a_bias_is_fused"),
     CudaRule("sum/mean global-reduction staging buffer and semaphores when inputs are split across blocks",
              "targets/cuda_reduce.py", "aten/src/ATen/native/cuda/Reduce.cuh setReduceConfig, global_memory_size, "
              "semaphore_size; an H200 memory history (torch 2.11)",
              "tests/test_cuda_reduce.py::test_estimate_equals_the_h200_history"),
-    CudaRule("paged optimizer state in managed memory, outside the caching allocator", "targets/cuda.py",
+    CudaRule("paged optimizer state in managed memory, outside the caching allocator", "targets/cuda_stream.py",
              "bitsandbytes functional.get_paged (cudaMallocManaged)",
              "tests/test_optimizers.py::test_paged_states_leave_the_caching_allocator"),
     CudaRule("caching allocator: rounding, pools, segments, splitting, merging, settings", "alloc/cuda_caching.py",
@@ -80,7 +80,7 @@ RULES: tuple[CudaRule, ...] = (
              "Lazy Loading (kernels load at first use under LAZY); targets/data/cuda_library_images.json",
              "tests/test_cuda_runtime.py::test_eager_adds_library_images_by_arch_and_version"),
     CudaRule("reduced losses (mse, smooth_l1, binary_cross_entropy, soft_margin, huber): an input-sized "
-             "storage behind the 0-dim loss, and an input-sized buffer during the call", "targets/cuda.py",
+             "storage behind the 0-dim loss, and an input-sized buffer during the call", "targets/cuda_stream.py",
              "aten/src/ATen/native/Loss.cpp (structured meta + resize_), cuda/Loss.cu binary_cross_entropy_out_cuda",
              "tests/test_cuda_semantics.py::test_mse_loss_keeps_an_input_sized_block_on_cuda"),
     CudaRule("cuDNN batch-norm workspace and reserve space (sizes from cuDNN at run time)",

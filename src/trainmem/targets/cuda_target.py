@@ -1,5 +1,5 @@
 """The CUDA target behind the Target interface (targets/__init__.py): a CPU trace recorded with CUDA
-semantics (trace/cuda_composites.py CudaFacts switches them in), the CUDA stream (targets/cuda.py:
+semantics (trace/cuda_composites.py CudaFacts switches them in), the CUDA stream (targets/cuda_stream.py:
 cuBLAS and cuDNN workspaces, host and managed storages), PyTorch's caching allocator on what the card
 has left after the CUDA context, and the process nvidia-smi shows: max reserved + the CUDA context +
 library kernel images + managed memory (targets/cuda_runtime.py)."""
@@ -11,9 +11,9 @@ from typing import Any
 
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CudaAllocator
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.targets import DeviceStream, ProcessMemory, cuda_runtime
-from trainmem.targets.cuda import device_stream, kernel_ops
+from trainmem.targets.cuda_stream import device_stream, kernel_ops
 from trainmem.targets.cuda_reduce import GridFacts
 from trainmem.trace.events import Trace
 
@@ -113,7 +113,7 @@ class CudaTarget:
         return cls(device, config, runtime, context_for(device.gpu, runtime, cuda_context))
 
     def module_rounding(self, nbytes: int) -> int:
-        from trainmem.alloc.cpu import aligned
+        from trainmem.alloc.cpu_heap import aligned
 
         return aligned(nbytes)  # see checkpoint_lists_blocks: the CPU's rounding, kept for identity
 

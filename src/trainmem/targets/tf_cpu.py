@@ -11,8 +11,8 @@ DefaultOneDnnPolicy: on for CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX 
   False): a 512 MB tensor made and dropped three times raises RSS by 512 MB and gives it all back each time
   (glibc maps it and unmaps it); 64 tensors of 4 MB dropped once are given back, and after that glibc's mmap
   threshold has risen to 4 MB and the next 64 stay resident in the heap after they are freed — glibc's
-  dynamic threshold, as alloc/cpu.py models it for PyTorch (same 64-byte posix_memalign). So the tensors'
-  resident bytes are alloc/cpu.py's GlibcModel replay of the trace, the allocator's peak is the live bytes
+  dynamic threshold, as alloc/cpu_heap.py models it for PyTorch (same 64-byte posix_memalign). So the tensors'
+  resident bytes are alloc/cpu_heap.py's GlibcModel replay of the trace, the allocator's peak is the live bytes
   rounded to 64 B, and nothing is cached. The kernels run on the executor's inter-op threads and each thread
   allocates from a glibc arena of its own, so the replay keeps one arena per thread (alloc/glibc_arenas.py:
   which thread runs each kernel by executor.cc's rule, the pool's threads taken in turn). Measured: with
@@ -49,12 +49,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from trainmem.alloc.cpu import GlibcModel, replay_tensors
+from trainmem.alloc.cpu_heap import GlibcModel, replay_tensors
 from trainmem.alloc.glibc_arenas import thread_arenas
 from trainmem.alloc.tf_mkl_cpu import (  # noqa: F401  (the oneDNN decision, re-exported)
     ONEDNN_FLAGS, PAGE, OneDnnChoice, cpu_flags, memory_limit, onednn_choice, onednn_default, pooled, replay_pool,
     small_events, uses_system_alloc)
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase, Trace
 
 DATA = Path(__file__).parent / "data" / "tf_cpu_floor.json"

@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 from trainmem.targets import KernelEffect
 from trainmem.trace.events import Category, KernelCall, TensorMeta, Trace

@@ -44,7 +44,7 @@ import math
 
 from trainmem.alloc.tf_bfc import BfcConfig, BfcReplay, replay_bfc
 from trainmem.errors import SetupError
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 from trainmem.targets.cuda_runtime import LAZY, CudaRuntime, context_fact
 from trainmem.trace.events import Category, KernelCall, Phase, TensorMeta, Trace
 from trainmem.units import parse_bytes

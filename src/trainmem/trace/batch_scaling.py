@@ -197,7 +197,7 @@ def _pair(first: Any, second: Any, span: int, flags_from_second: bool = False) -
 def canonical(traced: Any) -> Any:
     """The TraceResult with each kernel call's storage keys numbered by first appearance in the call.
     A key is the id() of a storage, different in every run; only its equality inside one call means
-    anything (targets/cpu.py asks whether two arguments share storage), and that survives numbering."""
+    anything (targets/cpu_kernels.py asks whether two arguments share storage), and that survives numbering."""
     calls = [_numbered(call) for call in traced.trace.kernel_calls]
     return dataclasses.replace(traced, trace=dataclasses.replace(traced.trace, kernel_calls=calls))
 

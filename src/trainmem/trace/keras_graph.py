@@ -18,7 +18,7 @@ from trainmem.errors import ModelRefError, TraceError, TrainmemError, one_line
 from trainmem.setup import Loss, TrainingSetup
 from trainmem.trace import keras_setup
 from trainmem.trace.events import Category, Phase
-from trainmem.trace.keras_layers import LayerHooks, layer_rows, variables_of
+from trainmem.trace.keras_attribution import LayerHooks, layer_rows, variables_of
 from trainmem.trace.keras_traced import KerasTraced
 from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners, tensor_info
 from trainmem.trace.tf_loops import LOOP_OPS, function_ops, loop_sizes

@@ -191,7 +191,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     # that the op's meta kernel returned aliased (mkldnn_rnn_layer_backward's two bias gradients) as separate
     # storages: with it, the first call of a shape and the later ones trace differently, and so do the first
     # estimate in a process and the next. Off, every call traces as the meta kernel says (the CPU rules correct
-    # the aliased outputs: targets/cpu.py): same command, same bytes, and every step like the one before it
+    # the aliased outputs: targets/cpu_kernels.py): same command, same bytes, and every step like the one before it
     fake_mode.cache_enabled = False
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL

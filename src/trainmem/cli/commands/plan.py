@@ -1,8 +1,4 @@
-"""`trainmem plan MODEL --gpus 8xh100-80gb`: the CLI's plan command. cli.py registers it:
-
-    from trainmem.plan.command import add_plan_command, run_plan
-    add_plan_command(commands, _add_setup_flags)      # in build_parser
-    _COMMANDS["plan"] = run_plan                       # estimate / measure / fit / compare / plan
+"""`trainmem plan MODEL --gpus 8xh100-80gb`: the layouts that fit (plan/ is the planner itself).
 
 Setup flags fix what they name (--precision, --checkpointing, --batch-size as the micro-batch); the lists below
 widen or narrow what is enumerated. Exit 0 when a layout fits, 1 when none of those evaluated does, 2 on bad
@@ -14,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
+
+from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+from trainmem.cli.parallel_flags import add_parallel_flags
+from trainmem.cli.parser import add_setup_flags
 
 PLAN_TEXT = "the layouts of N GPUs (data-parallel kind x dp.tp.pp x micro-batch x checkpointing x precision x offload) that fit, ranked by headroom"
 
 
-def add_plan_command(commands: Any, add_setup_flags) -> argparse.ArgumentParser:
-    from trainmem.cli_parallel import add_parallel_flags
-
+def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("plan", help=PLAN_TEXT, description=PLAN_TEXT,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_setup_flags(parser)
@@ -42,12 +41,9 @@ def add_plan_command(commands: Any, add_setup_flags) -> argparse.ArgumentParser:
     add("--top", type=int, metavar="N", help="layouts shown (default: 20; JSON lists all)")
     add("--time-limit", type=float, metavar="SECONDS", help="stop tracing after this long; the layouts not reached "
         "are listed as not evaluated (default: none)")
-    return parser
 
 
-def run_plan(options: Any, setup: Any):
-    """What cli.py's command functions return: an Outcome (text, exit code, warnings)."""
-    from trainmem.cli import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+def run(options: Any, setup: Any) -> Outcome:
     from trainmem.errors import SetupError
     from trainmem.plan import plan
 

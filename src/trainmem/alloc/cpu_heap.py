@@ -25,7 +25,7 @@ import dataclasses
 from collections import defaultdict
 
 from trainmem.alloc.gc_paused import gc_paused
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 ALIGNMENT = 64  # c10's posix_memalign alignment
 PAGE = 4096

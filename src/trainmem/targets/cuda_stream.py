@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 from trainmem.targets import DeviceStream, cuda_reduce, cudnn
 from trainmem.targets.rule_registry import RuleRegistry
@@ -95,7 +95,7 @@ def _is(call: KernelCall, rule: CudaKernelRule) -> bool:
 def _loss_effects(trace: Trace) -> tuple[dict[int, int], dict[int, list[cudnn.Workspace]], dict[str, int]]:
     """Output storages the loss kernels really allocate (sid → bytes) and their transient buffers, as
     blocks allocated right after the output and freed at once (trace seq → buffers)."""
-    from trainmem.targets import cpu as cpu_target
+    from trainmem.targets import cpu_kernels as cpu_target
 
     sizes: dict[int, int] = {}
     inserts: dict[int, list[cudnn.Workspace]] = {}

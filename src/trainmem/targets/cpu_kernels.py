@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainmem.alloc.events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent
 
 from trainmem.targets import KernelEffect
 from trainmem.targets.cpu_info import CpuInfo

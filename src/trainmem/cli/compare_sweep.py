@@ -1,9 +1,7 @@
 """`trainmem compare`'s command line: its flags, and the reading of `--sweep` into configurations the way the
-CLI reads every flag (cli.py's options → TrainingSetup path, flag_rules.py's table per configuration), so that
-a bad swept value fails as the flag would, one line naming the --sweep entry. cli.py registers it:
-
-    compare = add("compare", COMPARE_HELP); add_compare_flags(compare)      # in build_parser
-    _compare → run_compare(options) when compares_configurations(options)  # else PyTorch vs Keras
+CLI reads every flag (options.py → TrainingSetup, flag_rules.py's table per configuration), so that a bad swept
+value fails as the flag would, one line naming the --sweep entry. commands/compare.py adds the flags and calls
+run_compare(options) when compares_configurations(options), else compares PyTorch with Keras.
 """
 
 from __future__ import annotations
@@ -97,7 +95,7 @@ def _with_choices(convert: Callable[[str], Any], choices: Any) -> Callable[[str]
 def converters() -> dict[str, Callable[[str], Any]]:
     """Each sweepable key's parser: the argparse type of its compare flag (int, float, …); a switch
     (--checkpointing) takes on|off; a flag with choices checks them."""
-    from trainmem.cli import build_parser
+    from trainmem.cli.parser import build_parser
     from trainmem.sweep import SWEEP_KEYS
 
     parser = build_parser()
@@ -131,7 +129,7 @@ def _time_limit(options: Any) -> float | None:
 def configurations(options: Any) -> tuple[list, list[str], list[str]]:
     """Every (model, swept values) as a sweep.Configuration, each checked as its flags would be; the table's
     configuration columns; the warnings the flag table gives beyond the command's own."""
-    from trainmem.cli import Options, check_run_options, gpu_options, setup_from_options
+    from trainmem.cli.options import Options, check_run_options, gpu_options, setup_from_options
     from trainmem.sweep import Configuration, check_count, grid, label_of, parse_sweep
 
     models = [options.model, *(options.values.get("more_models") or [])]
@@ -157,8 +155,8 @@ def configurations(options: Any) -> tuple[list, list[str], list[str]]:
 
 
 def run_compare(options: Any):
-    """What cli.py's command functions return: an Outcome (text, exit code, warnings)."""
-    from trainmem.cli import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+    """What the CLI's command functions return: an Outcome (text, exit code, warnings)."""
+    from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
     from trainmem.sweep import device_budgets, run
 
     limit = _time_limit(options)

@@ -1,6 +1,6 @@
 """The many-GPU flags of estimate, measure and fit (and plan): the layout of setup/layout.py as options.
 
-argparse's defaults are None ("not given"), as for every other flag (cli.py): the layout's own defaults apply
+argparse's defaults are None ("not given"), as for every other flag (parser.py): the layout's own defaults apply
 when TrainingSetup builds it, and a --setup file's values are overridden only by flags the user typed.
 """
 
@@ -69,7 +69,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def measure_distributed_outcome(options, setup) -> str:
-    """`trainmem measure … --strategy …`: real ranks over gloo on this machine (measure/distributed.py), each
+    """`trainmem measure … --strategy …`: real ranks over gloo on this machine (measure/gloo_ranks.py), each
     rank's measured peaks beside the estimate; the report text (or JSON)."""
     import importlib
     import json
@@ -80,11 +80,11 @@ def measure_distributed_outcome(options, setup) -> str:
         raise SetupError(f"expected --device cpu for a distributed measurement here (ranks run over gloo on this "
                          f"machine), got {options.device!r}", where=options.origins.get("device", "--device"))
     try:
-        module = importlib.import_module("trainmem.measure.distributed")
+        module = importlib.import_module("trainmem.measure.gloo_ranks")
     except ModuleNotFoundError as error:
-        if error.name != "trainmem.measure.distributed":
+        if error.name != "trainmem.measure.gloo_ranks":
             raise
         raise SetupError("expected a single-process setup for measure, got --strategy: distributed measurement is "
-                         "not yet supported (trainmem.measure.distributed is missing)", where="--strategy") from None
+                         "not yet supported (trainmem.measure.gloo_ranks is missing)", where="--strategy") from None
     result = module.measure_distributed(options.model, setup, runs=options.runs)
     return json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)

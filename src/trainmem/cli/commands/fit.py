@@ -1,0 +1,38 @@
+"""`trainmem fit MODEL --device D`: the largest batch size (or sequence length) that fits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from trainmem.cli.options import Options, gpu_options
+from trainmem.cli.outcome import EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+from trainmem.cli.parallel_flags import add_parallel_flags
+from trainmem.cli.parser import add_setup_flags
+from trainmem.errors import TrainmemError, quote
+
+
+def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    fit = add_command("fit", "the largest batch size (or --max-seq: sequence length) that fits --device")
+    add_setup_flags(fit)
+    add_parallel_flags(fit)
+    fit.add_argument("--max-seq", action="store_true", default=None,
+                     help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
+    fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
+                     "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
+
+
+def run(options: Options, setup: Any) -> Outcome:
+    from trainmem.fit import fit
+    from trainmem.frontends.keras_ref import is_keras_reference
+
+    if is_keras_reference(options.model, options.framework):
+        raise TrainmemError("expected a PyTorch model for fit (it searches PyTorch models; estimate a Keras model at "
+                            f"the batch sizes you consider), got a Keras model {quote(options.model)}", where="MODEL")
+
+    result = fit(options.model, setup, options.device, sequence=bool(options.max_seq), margin=options.margin,
+                 **gpu_options(options))
+    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
+    return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)

@@ -1,0 +1,101 @@
+"""argparse → TrainingSetup → the command → render → exit code.
+
+Errors are one line on stderr; a traceback only with --debug. Stdout carries the result alone: whatever the
+model's code or a library prints while the model is built and traced goes to stderr (process.py), so
+`--format json` stays JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from trainmem.cli.commands import ARGS_COMMANDS, SETUP_COMMANDS
+from trainmem.cli.options import check_run_options, merge_options, option_keys, setup_from_options
+from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, INTERRUPTED_LINE, Outcome
+from trainmem.cli.parser import build_parser
+from trainmem.cli.process import ctrl_c_ends_the_process, stdout_wants_colour, user_output_to_stderr
+from trainmem.errors import TrainmemError, quote
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
+    if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
+        return ARGS_COMMANDS[args.command](args)
+    options = merge_options(args, option_keys(parser))
+    options.values["model"] = args.model
+    warnings = check_run_options(options, args.command)
+    setup = setup_from_options(options)
+    options.values["colour"] = stdout_wants_colour()  # read before stdout is pointed at stderr below
+    with user_output_to_stderr():
+        try:
+            outcome = SETUP_COMMANDS[args.command](options, setup)
+        except SystemExit as stop:  # the model's code (a forward, a library it imports) called sys.exit
+            raise TrainmemError(f"expected the model's code to return, it called sys.exit({quote(stop.code)})",
+                                where=args.model) from None
+        except (ImportError, TrainmemError) as error:  # torch not installed: which extra to install
+            from trainmem.install_hints import missing_framework_line
+
+            line = missing_framework_line(error, args.model, options.framework,
+                                          keras_command=args.command not in ("fit", "compare"))
+            if line is None:
+                raise
+            raise TrainmemError(line) from error
+    return dataclasses.replace(outcome, warnings=tuple(warnings) + outcome.warnings)
+
+
+_running = False  # main() is running in this process: a model factory that calls it again would recurse
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _running
+    if _running:  # e.g. `trainmem estimate trainmem.cli:main`: trainmem itself given as the model's factory
+        raise TrainmemError("expected a model factory, got trainmem's own command line (trainmem.cli.main)",
+                            where="MODEL")
+    _running = True
+    try:
+        return _main(argv)
+    finally:
+        _running = False
+
+
+def _main(argv: list[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    with ctrl_c_ends_the_process():
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            outcome = run_command(args, parser)
+            for line in outcome.warnings:
+                print(line, file=sys.stderr)
+            print(outcome.text)
+            sys.stdout.flush()  # a closed pipe shows here, inside the try, not at the interpreter's exit
+            return outcome.code
+        except TrainmemError as error:
+            if debug:
+                raise
+            print(f"trainmem: error: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:  # Ctrl-C where the handler could not be installed
+            print(INTERRUPTED_LINE.decode().strip(), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # the reader went away (`trainmem … | head -2`): not a verdict on the model, so never exit 1
+            # ("does not fit"); point stdout at /dev/null so the interpreter's final flush stays quiet, and
+            # exit as a process that SIGPIPE ended does in a shell (128 + 13)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+        except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
+            if debug:
+                raise
+            print(f"trainmem: error: {type(error).__name__}: {one_line_of(error)} (rerun with --debug for the "
+                  "traceback)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+
+
+def one_line_of(error: BaseException) -> str:
+    from trainmem.errors import one_line
+
+    return one_line(error)

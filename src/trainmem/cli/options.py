@@ -1,0 +1,175 @@
+"""One command's options: the flags over a --setup file over the run defaults, merged into a frozen `Options`,
+checked before anything is built or traced, and turned into a TrainingSetup."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Any
+
+from trainmem.errors import TrainmemError, quote, unknown_key
+
+# Run options: what the command does with the setup. Their defaults are applied after the flags and
+# the --setup file are merged (argparse's own defaults are None, so that "not given" can be told apart
+# from "given as the default": a file's device is overridden only by a --device the user typed).
+RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
+                                "max_seq": False, "margin": None, "framework": "auto", "keras_backend": None,
+                                "tf_memory": None, "plot": None, "html": None, "memory_snapshot": None,
+                                "snapshot_max_entries": None, "quiet": False, "tf_onednn": None}
+NOT_OPTIONS = {"command", "model", "setup", "debug"}
+# measure --runs starts one fresh process per run (seconds each, the model's memory each): the median
+# of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
+# million would measure for days.
+MAX_RUNS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every option of one command, merged; `given` holds only what the user gave, `origins` where."""
+
+    values: dict[str, Any]
+    given: dict[str, Any]
+    origins: dict[str, str]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def option_keys(parser: argparse.ArgumentParser) -> set[str]:
+    """The keys a --setup file may hold: every command's flags (a file may be shared between commands)."""
+    keys: set[str] = set()
+    for action in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001 - argparse's own table
+        keys |= {a.dest for a in action._actions if a.dest not in NOT_OPTIONS and a.dest != "help"}  # noqa: SLF001
+    return keys
+
+
+def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
+    from trainmem.flag_rules import explicit, flag_of
+    from trainmem.setup import read_setup_file
+
+    given: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    if args.setup:
+        table = read_setup_file(args.setup)
+        unknown = sorted(set(table) - file_keys)
+        if unknown:
+            raise unknown_key(unknown[0], file_keys, args.setup, "keys are the flags' names with underscores, "
+                              f"see trainmem {args.command} --help")
+        given.update(table)
+        origins.update({key: f"{args.setup}: {key}" for key in table})
+    flags = explicit({key: value for key, value in vars(args).items() if key not in NOT_OPTIONS})
+    if "input_shape" in flags:  # the flags' inputs replace the file's whole
+        for key in ("input_shape", "input_dtype", "input_max"):
+            given.pop(key, None)
+    given.update(flags)
+    origins.update({key: flag_of(key) for key in flags})
+    return Options({**RUN_DEFAULTS, **given}, given, origins)
+
+
+def setup_from_options(options: Options):
+    from trainmem.setup import SETUP_KEYS, TrainingSetup
+
+    values = {key: value for key, value in options.given.items() if key in SETUP_KEYS}
+    if ("input_dtype" in values or "input_max" in values) and "input_shape" not in values:
+        raise TrainmemError("expected --input-shape with --input-dtype/--input-max, got none",
+                            where=options.origins.get("input_dtype") or options.origins.get("input_max"))
+    return TrainingSetup.from_mapping(values, where="command line", origins=options.origins)
+
+
+def check_run_options(options: Options, command: str) -> list[str]:
+    """The run options' own checks, then the table of which options apply (flag_rules.py)."""
+    from trainmem.devices import get_device
+    from trainmem.flag_rules import Invocation, check, flag_of
+    from trainmem.frontends import reference_kind
+
+    where = lambda key: options.origins.get(key, flag_of(key))  # noqa: E731
+    for key in ("device", "format"):
+        if not isinstance(options.values[key], str):
+            raise TrainmemError(f"expected text, got {quote(options.values[key])}", where=where(key))
+    if options.format not in ("table", "json"):
+        raise TrainmemError(f"expected table or json, got {quote(options.format)}", where=where("format"))
+    for key in ("depth", "runs"):
+        value = options.values[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
+    if options.runs > MAX_RUNS:
+        raise TrainmemError(f"expected at most {MAX_RUNS} runs, got {options.runs:,}", where=where("runs"))
+    check_framework_options(options, where)
+    check_output_options(options)
+    device = options.device
+    try:
+        gpu = None if device.strip().lower() in ("cpu", "cuda") else get_device(device).gpu
+    except TrainmemError as error:
+        raise TrainmemError(getattr(error, "message", str(error)), where=where("device")) from None
+    run = Invocation(command, options.model, reference_kind(options.model), device, gpu, options.given, options.origins)
+    return check(run)
+
+
+def check_framework_options(options: Options, where) -> None:
+    """--framework, --keras-backend and --tf-memory values, from flags or a --setup file; which runs they
+    apply to is flag_rules.py's table."""
+    from trainmem.frontends.keras_import import KERAS_BACKENDS
+    from trainmem.frontends.keras_ref import FRAMEWORKS
+
+    for key, choices in (("framework", FRAMEWORKS), ("keras_backend", KERAS_BACKENDS)):
+        value = options.values[key]
+        if value is not None and value not in choices:
+            raise TrainmemError(f"expected {'|'.join(choices)}, got {quote(value)}", where=where(key))
+    if options.tf_onednn is not None and options.tf_onednn not in ("auto", "on", "off"):
+        raise TrainmemError(f"expected auto|on|off, got {quote(options.tf_onednn)}", where=where("tf_onednn"))
+    if options.tf_memory is not None:
+        from trainmem.targets.tf_gpu import parse_mode
+
+        if not isinstance(options.tf_memory, str):
+            raise TrainmemError(f"expected text, got {quote(options.tf_memory)}", where=where("tf_memory"))
+        try:
+            parse_mode(options.tf_memory)
+        except TrainmemError as error:
+            raise TrainmemError(error.message, where=where("tf_memory")) from None
+
+
+def gpu_options(options: Options) -> dict[str, Any]:
+    from trainmem.flag_rules import CUDA_KEYS
+    from trainmem.units import parse_bytes
+
+    chosen = {key: options.given[key] for key in CUDA_KEYS if key in options.given}
+    if "cuda_context" in chosen:
+        chosen["cuda_context"] = parse_bytes(str(chosen["cuda_context"]), options.origins["cuda_context"])
+    return chosen
+
+
+def check_output_options(options: Options) -> None:
+    """The output files' names and the snapshot's cap, checked before anything is traced."""
+    from trainmem.flag_rules import flag_of
+
+    where = lambda key: options.origins.get(key, flag_of(key))  # noqa: E731
+    for key, suffixes in (("plot", (".png", ".svg")), ("html", (".html", ".htm")), ("memory_snapshot", None)):
+        path = options.values[key]
+        if path is None:
+            continue
+        if not isinstance(path, str) or not path.strip():
+            raise TrainmemError(f"expected a file name, got {quote(path)}", where=where(key))
+        if suffixes and not path.lower().endswith(suffixes):
+            raise TrainmemError(f"expected a file name ending in {' or '.join(suffixes)}, got {quote(path)}",
+                                where=where(key))
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise TrainmemError(f"expected a file in an existing folder, got {quote(path)} ({folder} does not "
+                                "exist)", where=where(key))
+        if os.path.isdir(path):
+            raise TrainmemError(f"expected a file name, got the folder {quote(path)}", where=where(key))
+    limit = options.snapshot_max_entries
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise TrainmemError(f"expected a whole number of at least 1, got {quote(limit)}",
+                            where=where("snapshot_max_entries"))
+    if options.quiet and options.given.get("format") == "json":
+        raise TrainmemError("expected --quiet or --format json, got both", where=where("quiet"))
+
+
+def framework_options(options: Options) -> dict[str, Any]:
+    return {"framework": options.framework, "keras_backend": options.keras_backend, "tf_memory": options.tf_memory,
+            "tf_onednn": options.tf_onednn}

@@ -1,0 +1,21 @@
+"""What a command returns (its text, its exit code, lines for stderr) and the exit codes: the CLI's contract.
+
+0 ok / fits, 1 does not fit the device (only after something was evaluated), 2 bad input or a failed trace,
+130 interrupted (Ctrl-C), 141 the reader of stdout went away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 128 + 2  # SIGINT's number, as a shell reports a process Ctrl-C ended
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's number on Linux and macOS, as a shell reports a process it ended
+INTERRUPTED_LINE = b"trainmem: interrupted\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    text: str
+    code: int
+    warnings: tuple[str, ...] = ()
