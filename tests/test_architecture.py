@@ -179,3 +179,13 @@ def test_the_library_never_imports_the_cli():
                      else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
             found |= {f"{relative} imports {name}" for name in names if name == "trainmem.cli" or name.startswith("trainmem.cli.")}
     assert found == LIBRARY_USES_OF_THE_CLI, f"the library imports the CLI: {sorted(found - LIBRARY_USES_OF_THE_CLI)}"
+
+
+def test_files_are_named_by_role_not_twice():
+    """No two modules share a file name (three cpu.py once meant three different things). The command modules
+    (cli/commands/fit.py …) are named by the command they run, as the library module that does the work is."""
+    names: dict[str, list[str]] = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py" and path.parent.name != "commands":
+            names[path.name].append(path.relative_to(PACKAGE).as_posix())
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
