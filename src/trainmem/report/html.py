@@ -22,6 +22,7 @@ from trainmem.errors import TrainmemError, quote, short
 from trainmem.estimate.result import module_label
 from trainmem.report.html_assets import CSS, JS
 from trainmem.report.html_assets.svg import COLOURS, geometry, timeline_svg
+from trainmem.report.palette import OTHER_COLOUR
 from trainmem.report.style import PLAIN
 from trainmem.report.text import alive_note, report_header, lean_loop_note, ranks_section, where_section, verdict
 from trainmem.units import format_bytes
@@ -111,7 +112,7 @@ def _point_data(t: Any, allocated_name: str) -> str:
             "phases": phases, "phase": phase, "modules": modules, "module": module, "ops": ops, "op": op,
             "allocated_name": allocated_name, "allocated": list(t.allocated),
             "reserved": list(t.reserved) if t.reserved is not None else None,
-            "categories": list(t.categories), "colours": {c: COLOURS.get(c, "#777") for c in t.categories},
+            "categories": list(t.categories), "colours": {c: COLOURS.get(c, OTHER_COLOUR) for c in t.categories},
             "by_category": {c: list(v) for c, v in t.by_category.items()}, "peak": t.peak}
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -196,7 +197,7 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int], total: l
 
 def _breakdown_section(estimate: Any) -> str:
     total = estimate.allocated_bytes if estimate.device.kind == "cuda" else estimate.tensor_bytes
-    rows = [[f'<span class="swatch" style="background:{COLOURS.get(k, "#777")}"></span>{_e(k)}', _e(format_bytes(v)),
+    rows = [[f'<span class="swatch" style="background:{COLOURS.get(k, OTHER_COLOUR)}"></span>{_e(k)}', _e(format_bytes(v)),
              f"{v:,} B", f"{v / total:.1%}" if total else ""] for k, v in estimate.breakdown.items() if v]
     parts = [[_e(k), _e(format_bytes(v)), f"{v:,} B"] for k, v in estimate.process_parts.items()]
     process = "Process memory (nvidia-smi)" if estimate.device.kind == "cuda" else "Process memory (peak RSS)"

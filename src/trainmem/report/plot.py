@@ -14,19 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import TrainmemError, quote, short
+from trainmem.report.palette import CATEGORY_COLOURS, OTHER_COLOUR
 from trainmem.units import format_bytes
 
 INSTALL_HINT = "pip install 'trainmem[plot]'"
 FORMATS = {".png": "png", ".svg": "svg"}  # the file's extension picks the format
 
-# Okabe & Ito, "Color Universal Design" (2008, https://jfly.uni-koeln.de/color/): eight colours that stay
-# apart under every common colour-vision deficiency. Ten categories: the two rarest take greys.
-CATEGORY_COLOURS = {
-    "parameters": "#0072B2", "buffers": "#56B4E9", "gradients": "#E69F00", "optimizer_state": "#009E73",
-    "optimizer_scalars": "#F0E442", "activations": "#D55E00", "temporaries": "#CC79A7", "inputs": "#999999",
-    "runtime": "#555555", "communication": "#000000",
-}
-OTHER_COLOUR = "#BBBBBB"  # a category this table does not name yet
 # The phase bands are pale tints behind the areas; the words in each band say the phase, the tint only
 # groups the narrow bands (loss, zero_grad) that have no room for words.
 PHASE_COLOURS = {"init": "#DDDDDD", "inputs": "#DDDDDD", "forward": "#56B4E9", "loss": "#F0E442",

@@ -16,13 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainmem.estimate.result import module_label
+from trainmem.report.palette import CATEGORY_COLOURS, OTHER_COLOUR
 from trainmem.units import format_bytes
 
-# Okabe & Ito, "Color Universal Design" (2008): eight colours that stay distinct under the common colour
-# vision deficiencies; the two categories beyond eight take a brown and a purple of the same lightness.
-COLOURS = {"parameters": "#0072B2", "buffers": "#56B4E9", "gradients": "#E69F00", "optimizer_state": "#009E73",
-           "optimizer_scalars": "#F0E442", "activations": "#CC79A7", "temporaries": "#D55E00",
-           "inputs": "#999999", "runtime": "#8E6BBF", "communication": "#8C564B"}
+COLOURS = CATEGORY_COLOURS  # the PNG's colours too (report/palette.py)
 PHASE_FILLS = {"init": "#f4f4f6", "inputs": "#f1f1f4", "forward": "#e9f1fc", "loss": "#fdf3dc",
                "backward": "#fbe9e8", "optimizer": "#e7f6ec", "zero_grad": "#efeaf6"}
 # A capacity more than this many times the highest point would flatten the drawing to a line at the bottom:
@@ -100,7 +97,7 @@ def _series(t: Any, scale: _Scale) -> list[str]:
         upper = [a + b for a, b in zip(lower, t.by_category[name])]
         at_peak = t.by_category[name][t.peak]
         out.append(f'<path class="tm-series" data-category="{html.escape(name)}" data-peak-bytes="{at_peak}" '
-                   f'fill="{COLOURS.get(name, "#777")}" stroke="none" '
+                   f'fill="{COLOURS.get(name, OTHER_COLOUR)}" stroke="none" '
                    f'd="{_band_path(scale, lower, upper)}"><title>{html.escape(name)}</title></path>')
         lower = upper
     return out
@@ -172,7 +169,7 @@ def _capacity_words(t: Any, device_name: str) -> str:
 def _legend(t: Any, y0: float, allocated_name: str, notes: list[str]) -> tuple[list[str], float]:
     """Swatches with each category's bytes at the peak, wrapped into rows, and each note on a row of its own;
     returns the items and their height."""
-    items = [(COLOURS.get(name, "#777"), f"{name} {format_bytes(t.by_category[name][t.peak])}", "box")
+    items = [(COLOURS.get(name, OTHER_COLOUR), f"{name} {format_bytes(t.by_category[name][t.peak])}", "box")
              for name in reversed(t.categories)]
     items.append(("#1d2330", allocated_name, "line"))
     if t.reserved is not None:
