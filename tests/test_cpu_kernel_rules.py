@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from kernel_checks import memory_inside, running_peak
-from trainmem.targets import KernelEffect, cpu
+from trainmem.targets import KernelEffect
+from trainmem.targets import cpu_kernels as cpu
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn.scratchpad import PAGE_BYTES, book, div_up, round_up
 from trainmem.targets.rule_registry import RuleRegistry
