@@ -15,10 +15,18 @@ besides the allocator (`ProcessMemory`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Trace
+
+if TYPE_CHECKING:  # the seam's types, named for readers and type checkers; none is imported at run time
+    from trainmem.alloc.replay import Allocator, ReplayResult
+    from trainmem.devices import Device
+    from trainmem.frontends import ModelSource
+    from trainmem.setup import TrainingSetup
+    from trainmem.trace.run import TraceSemantics
+    from trainmem.trace.traced import TraceResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +81,13 @@ class Target(Protocol):
         """Ops whose calls the trace records for this target's kernel rules."""
         ...
 
-    def trace_semantics(self) -> Any:
+    def trace_semantics(self) -> TraceSemantics | None:
         """What the target switches into the trace (trace.run.TraceSemantics), or None."""
         ...
 
     def device_stream(self, trace: Trace) -> DeviceStream: ...
 
-    def allocator(self) -> Any:
+    def allocator(self) -> Allocator:
         """Its allocator model (alloc.replay.Allocator)."""
         ...
 
@@ -87,13 +95,13 @@ class Target(Protocol):
         """A caching allocator's settings as the report states them; None for an allocator without any."""
         ...
 
-    def process_memory(self, source: Any, setup: Any, traced: Any, stream: DeviceStream,
-                       replayed: Any) -> ProcessMemory:
+    def process_memory(self, source: ModelSource, setup: TrainingSetup, traced: TraceResult, stream: DeviceStream,
+                       replayed: ReplayResult) -> ProcessMemory:
         """What the process holds besides the allocator's figures, and the assumptions behind it."""
         ...
 
 
-def target_for(device: Any, setup: Any, **options: Any) -> Target:
+def target_for(device: Device, setup: TrainingSetup, **options: Any) -> Target:
     """The target for a device (devices.Device), its options checked: the one place that maps a device
     kind to its target. Options (cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark)
     are the CUDA target's; the CPU target refuses them."""
