@@ -139,8 +139,7 @@ def _cli(argv: list[str]):
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     plan_command.add(commands, None)
     args = parser.parse_args(["plan", *argv])
-    options = cli.merge_options(args, cli.option_keys(parser))
-    options.values["model"] = args.model
+    options = cli.merge_options(args, cli.option_keys(parser)).with_values(model=args.model)
     return plan_command.run(options, cli.setup_from_options(options))
 
 

@@ -23,11 +23,10 @@ from trainmem.errors import TrainmemError, quote
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
     if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
         return ARGS_COMMANDS[args.command](args)
-    options = merge_options(args, option_keys(parser))
-    options.values["model"] = args.model
+    options = merge_options(args, option_keys(parser)).with_values(model=args.model)
     warnings = check_run_options(options, args.command)
     setup = setup_from_options(options)
-    options.values["colour"] = stdout_wants_colour()  # read before stdout is pointed at stderr below
+    options = options.with_values(colour=stdout_wants_colour())  # read before stdout is pointed at stderr below
     with user_output_to_stderr():
         try:
             outcome = SETUP_COMMANDS[args.command](options, setup)

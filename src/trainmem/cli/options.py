@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from trainmem.errors import TrainmemError, quote, unknown_key
@@ -26,11 +28,20 @@ MAX_RUNS = 20
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Every option of one command, merged; `given` holds only what the user gave, `origins` where."""
+    """Every option of one command, merged; `given` holds only what the user gave, `origins` where. Frozen all
+    the way down: the three tables are read-only views, and `with_values` makes a new Options."""
 
-    values: dict[str, Any]
-    given: dict[str, Any]
-    origins: dict[str, str]
+    values: Mapping[str, Any]
+    given: Mapping[str, Any]
+    origins: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        for name in ("values", "given", "origins"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def with_values(self, **more: Any) -> Options:
+        """The same options with run values added (not given by the user: `given` and `origins` unchanged)."""
+        return Options({**self.values, **more}, self.given, self.origins)
 
     def __getattr__(self, name: str) -> Any:
         try:
