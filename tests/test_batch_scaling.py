@@ -28,6 +28,7 @@ def _traces(model: str, device: str, batches, **values):
     return chosen, at, {batch: trace(chosen, at[batch]) for batch in batches}
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("model, device, values", [
     ("mlp:64-32-10", "cpu", {"input_shape": "64"}),
     ("mlp:64-32-10", GPU, {"input_shape": "64", "precision": "bf16-mixed"}),

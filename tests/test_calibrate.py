@@ -61,6 +61,7 @@ def test_a_broken_cache_file_is_ignored(tmp_path):
     assert not cpu_runtime.choose_for(CpuInfo.this_machine())[1].own
 
 
+@pytest.mark.heavy
 def test_calibrate_runs_and_the_next_estimate_uses_it(tmp_path):
     """The real command, with one run per measurement and no libraries (about 15 s here)."""
     env_dir = tmp_path / "cache"

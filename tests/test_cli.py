@@ -97,6 +97,7 @@ def test_setup_from_toml(tmp_path, capsys):
     assert code == 0 and data["breakdown"]["optimizer_state"] == 1051280
 
 
+@pytest.mark.heavy
 def test_spec_files(tmp_path, capsys):
     spec = tmp_path / "net.json"
     spec.write_text(json.dumps({"input": [3, 16, 16], "layers": [
@@ -339,6 +340,7 @@ PRINTING_FACTORY = ("import os, warnings\n\ndef factory():\n    print('hello fro
                     "    warnings.warn('a library warns')\n    return nn.Linear(4, 2)\n")
 
 
+@pytest.mark.heavy
 def test_what_the_model_prints_goes_to_stderr_and_json_stays_json(tmp_factory):
     """Python-level prints, writes to file descriptor 1 (C extensions) and warnings: none on stdout."""
     ref = tmp_factory(PRINTING_FACTORY)
@@ -384,6 +386,7 @@ def test_hostile_spec_files_are_refused_at_once_without_memory(name, content, sa
     assert len(done.stderr) < 400 and growth_kib < 400_000 and seconds < 60
 
 
+@pytest.mark.heavy
 def test_ctrl_c_ends_a_trace_at_once_with_130_and_one_line(tmp_path):
     """A forward that never ends (Python over fake tensors, as deep models are); SIGINT once it runs."""
     import signal

@@ -143,6 +143,7 @@ def test_bf16_refused_on_a_gpu_without_it():
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.heavy
 def test_bert_base_calibration_point():
     """optimum-benchmark, bert-base-uncased fill-mask training, batch 2, seq 16, fp32, AdamW (Trainer
     default adamw_torch → foreach): max_memory_allocated 2,195.3 MB, max_memory_reserved 2,497.7 MB

@@ -24,6 +24,7 @@ def _peak(seed: int, *flags: str) -> dict:
     return json.loads(done.stdout)["peak"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("flags", [
     (f"{MODELS}:tiny_gpt", "--batch-size", "8", "--target-shape", "128", "--precision", "bf16-mixed"),
     (f"{MODELS}:lstm", "--batch-size", "8", "--target-shape", "scalar", "--precision", "bf16-mixed"),

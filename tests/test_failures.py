@@ -78,6 +78,7 @@ def _fsdp_fails(real):
     return figures_for
 
 
+@pytest.mark.heavy
 def test_plan_partly_failed_names_them_and_answers_from_the_rest(monkeypatch, capsys):
     monkeypatch.setattr(core, "figures_for", _fsdp_fails(core.figures_for))
     code, out, err = run(PLAN, capsys)

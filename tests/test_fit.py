@@ -206,6 +206,7 @@ def _same_answer(new, old) -> None:
     assert str(new).splitlines()[4:] == str(old).splitlines()[4:]  # all but the line saying how
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("model, values, device, margin, pair", [
     (MLP, {"input_shape": "256"}, SMALL_GPU, 0.2, [1, 2]),  # batch 1's flags differ: batch 2's stand
     ("tests/models.py:tiny_attention", {"precision": "bf16-mixed"}, "custom:capacity=420MiB,cc=8.0,context=287MB",
@@ -239,6 +240,7 @@ def factory():
 """
 
 
+@pytest.mark.heavy
 def test_a_wrong_prediction_falls_back_to_tracing_every_candidate(fresh, tmp_factory):
     """Traces at 1/2 (or 2/4) cannot see a branch taken above batch 8: the confirmation trace does, and the
     answer is then the exhaustive search's."""
@@ -289,6 +291,7 @@ def test_the_pair_is_traced_only_as_far_as_the_search_goes():
     assert new.search["how"] == "traced, each one (batch 1, 2): nothing left to predict"
 
 
+@pytest.mark.heavy
 def test_device_and_setup_as_estimate_takes_them():
     """fit(model, device=torch.device(...) or a Device, **setup) as estimate(); the old positional call still
     answers alike."""

@@ -110,6 +110,7 @@ def _stable_cpu_json(data: dict) -> dict:
     return data
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("case", "fmt"), [(c, f) for c, kept in KEPT.items() for f in kept])
 def test_report_matches_golden(case, fmt, capsys):
     text = _normalised(case, fmt, _run(case, fmt, capsys))
@@ -120,6 +121,7 @@ def test_report_matches_golden(case, fmt, capsys):
     assert text == path.read_text(), f"{path.name} changed; if on purpose, rewrite with TRAINMEM_UPDATE_GOLDENS=1"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", ["cpu_mlp", "oom_tiny_llama"])
 def test_quiet_line_agrees_with_the_json(case, capsys):
     """The one line states the JSON's process figure, its verdict and the headroom (or excess), whatever the

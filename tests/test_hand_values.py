@@ -69,6 +69,7 @@ def test_tied_weights_stay_tied():
     assert est.breakdown["parameters"] == est.parameters * 4
 
 
+@pytest.mark.heavy
 def test_checkpointing_saves_activations():
     from conftest import zoo
 
@@ -78,6 +79,7 @@ def test_checkpointing_saves_activations():
     assert any("checkpointing wraps 4 blocks" in w for w in ckpt.warnings)
 
 
+@pytest.mark.heavy
 def test_checkpointing_a_cnn_checkpoints_its_stage_blocks():
     """A torchvision-style CNN (features = Sequential of stages, classifier = Sequential(Dropout(inplace),
     Linear)): the stages' blocks are checkpointed, and the in-place dropout stays outside any checkpoint

@@ -28,6 +28,7 @@ def tiny(tmp_path):
     return tmp_path
 
 
+@pytest.mark.heavy
 def test_config_dir_and_file(tiny):
     by_dir = estimate(f"hf:{tiny}", batch_size=2, seq_len=32)
     by_file = estimate(f"hf:{tiny / 'config.json'}", batch_size=2, seq_len=32)
@@ -42,11 +43,13 @@ def test_bundled_names_match_case_insensitively():
     assert len(bundled()) >= 30
 
 
+@pytest.mark.heavy
 def test_bundled_bert_counts_like_the_hub():
     est = estimate("hf:bert-base-uncased", batch_size=1, seq_len=16)
     assert est.parameters == 109_514_298  # BertForMaskedLM(bert-base-uncased), decoder tied to the embeddings
 
 
+@pytest.mark.heavy
 def test_seq_len_and_task(tiny):
     short = estimate(f"hf:{tiny}", batch_size=2, seq_len=16)
     long = estimate(f"hf:{tiny}", batch_size=2, seq_len=128)
@@ -80,6 +83,7 @@ def test_lora_trains_only_the_adapters(tiny):
     assert est.breakdown["optimizer_state"] < full.breakdown["optimizer_state"] / 20
 
 
+@pytest.mark.heavy
 def test_lora_on_modules_the_model_never_calls():
     """nn.MultiheadAttention reads out_proj's weight directly, so peft's adapter on it never runs: the loss
     reaches nothing trainable, and the user is told which option to change."""
@@ -92,6 +96,7 @@ def test_lora_on_modules_the_model_never_calls():
         3 * (4 * 128 + 512 * 4)
 
 
+@pytest.mark.heavy
 def test_qlora_stores_base_weights_in_4_bits(tiny):
     est = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, qlora=True, device="a100-40gb")
     setup = est.setup
@@ -127,6 +132,7 @@ def test_qlora_leaves_what_transformers_keeps_in_full_precision(tmp_path):
     assert any("QLoRA: 14 linear layers" in w for w in est.warnings)
 
 
+@pytest.mark.heavy
 def test_fit_searches_an_hf_models_sequence_length(tiny):
     """`trainmem fit --max-seq` on an hf: model varies --seq-len, up to the model's position limit."""
     from trainmem.fit import fit
@@ -196,6 +202,7 @@ def test_cpu_measure_agrees_on_a_hf_model(tiny, extra, within_5):
         assert abs(errors["process_bytes"]) <= 0.05, comparison
 
 
+@pytest.mark.heavy
 def test_mixture_of_experts_routing_rule(tmp_path):
     """transformers' eager experts ask which tokens each expert got (nonzero): a deliberate rule assumes
     balanced routing, and the report says so."""
@@ -208,6 +215,7 @@ def test_mixture_of_experts_routing_rule(tmp_path):
     assert any("eager experts" in w for w in est.warnings)
 
 
+@pytest.mark.heavy
 def test_qlora_counts_parameters_as_the_model_does(tiny):
     """Under QLoRA `parameters` counts each quantized weight's values (the model's own count), not its packed
     uint8 elements; the 4-bit storage is reported beside it."""
@@ -232,6 +240,7 @@ def test_qlora_counts_parameters_as_the_model_does(tiny):
     assert plain.to_dict()["model"]["quantized_parameters"] == plain.quantized_storage_bytes == 0
 
 
+@pytest.mark.heavy
 def test_setup_reports_the_values_used(tiny):
     """setup.resolved: the sequence length and task the frontend chose, the batch the step made, the loss,
     LoRA as peft resolved it, torch's optimizer implementation."""

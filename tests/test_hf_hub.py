@@ -122,6 +122,7 @@ def online(hub, monkeypatch):
 
 # --- the cache, offline: the real hf_hub_download -------------------------------------------------------------
 
+@pytest.mark.heavy
 def test_estimate_from_the_hub_cache_is_the_local_files_estimate(hub, tmp_path):
     cache_repo(hub, REPO, {"config.json": config_bytes()}, MAIN)
     est = estimate(f"hf:{REPO}", batch_size=2, seq_len=32)
@@ -263,6 +264,7 @@ class TinyLM(PreTrainedModel):
 '''}
 
 
+@pytest.mark.heavy
 def test_trust_remote_code_runs_the_repositorys_code_from_the_cache(hub, tmp_path):
     custom = {"model_type": "tiny-custom", "architectures": ["TinyLM"], "vocab_size": 50, "hidden_size": 8,
               "num_hidden_layers": 3, "auto_map": {"AutoConfig": "configuration_tiny.TinyConfig",
@@ -449,6 +451,7 @@ WALL_S = 60  # seconds per refused reference: importing torch and transformers i
 RSS_BYTES = 1500 * 2**20  # a refused reference allocates nothing for real: the interpreter, torch, transformers
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", HOSTILE, ids=[case[0] for case in HOSTILE])
 def test_hostile_hf_reference_is_one_line(case, hub, tmp_path):
     _, ref, fragment = case

@@ -1034,6 +1034,7 @@ def _problems(case: Case, result: dict) -> list[str]:
     return problems
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", list(_params()))
 def test_hostile_case(case: Case, hostile_results):
     result = hostile_results[case.id]

@@ -226,6 +226,7 @@ def _skip_unless_pip_plans_for_other_environments() -> None:
         pytest.skip(f"pip {importlib.metadata.version('pip')} here has no --python option (pip 22.3 added it)")
 
 
+@pytest.mark.heavy
 def test_the_tensorflow_extra_plans_no_torch_in_a_fresh_environment(tmp_path):
     """`pip install 'trainmem[tensorflow]'` into an empty environment, dry: TensorFlow, Keras and their
     requirements, no torch: what a Keras-on-TensorFlow user's install would download, planned and not downloaded."""
@@ -236,6 +237,7 @@ def test_the_tensorflow_extra_plans_no_torch_in_a_fresh_environment(tmp_path):
     assert not {"torch", "torchvision"} & set(planned), f"[tensorflow] would install {sorted(planned)}"
 
 
+@pytest.mark.heavy
 def test_hf_and_plot_keep_torch_2_8_in_a_fresh_environment(tmp_path):
     """An environment that holds torch 2.8.0 and nothing else: `pip install 'trainmem[hf,plot]'` plans
     transformers, peft, matplotlib and what they need, and keeps that torch (none of them bounds torch from
@@ -314,6 +316,7 @@ def without_torch(tmp_path_factory):
     return python
 
 
+@pytest.mark.heavy
 def test_a_keras_estimate_runs_without_torch(without_torch):
     done = _trainmem(without_torch, "estimate", *SEED, "--framework", "keras")
     assert done.returncode == 0, done.stderr

@@ -4,6 +4,7 @@ bf16 input with fp32 parameters (targets/cpu_kernels.py _batch_norm_mixed)."""
 
 from __future__ import annotations
 
+import pytest
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ def _real_allocations(run) -> list[int]:
     return [event.cpu_memory_usage for event in prof.events() if event.cpu_memory_usage > 0]
 
 
+@pytest.mark.heavy
 def test_checkpoint_keeps_the_rng_state_as_a_real_run_does(monkeypatch):
     block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1))
     x = torch.randn(2, 8, requires_grad=True)

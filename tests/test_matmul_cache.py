@@ -69,6 +69,7 @@ def test_per_shape_cost_is_not_below_the_real_growth(path):
     assert real >= modelled * 0.4, (real, modelled)
 
 
+@pytest.mark.heavy
 def test_the_estimate_counts_distinct_problems_only_for_reduced_precision():
     bf16 = trainmem.estimate(f"{MODELS}:tiny_gpt", batch_size=2, target_shape="128", precision="bf16-mixed",
                              run_steps=2)

@@ -25,6 +25,7 @@ def test_cuda_mode_without_a_gpu_is_one_clear_error():
         run_child("mlp:10-2", TrainingSetup(batch_size=2), "cuda")
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_gpu_benchmark_writes_nothing_without_a_gpu(tmp_path):
     out = tmp_path / "rows.jsonl"

@@ -41,6 +41,7 @@ def _torch_twin():
                                torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(512, 10))
 
 
+@pytest.mark.heavy
 def test_onnx_cnn_matches_its_torch_twin(tmp_path):
     path = _save(tmp_path, CNN_NODES, CNN_INITS)
     from_onnx = estimate(path, batch_size=8, optimizer="adam")
@@ -72,6 +73,7 @@ def _export(tmp_path, name, dynamic=True):
     return path
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["lstm", "gru", "tiny_gpt", "transformer_encoder", "mobilenet_like", "unet"])
 def test_exported_models_compute_what_onnx_computes(tmp_path, name):
     """Exported graphs compute shapes at run time (Shape, Gather, Unsqueeze, Concat → Reshape), use Clip,
@@ -94,6 +96,7 @@ def test_exported_models_compute_what_onnx_computes(tmp_path, name):
     assert estimate(str(path), batch_size=3, optimizer="adam").tensor_bytes > 0
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_recurrent_exports_train_like_their_torch_twin(tmp_path, name):
     """ONNX keeps LSTM/GRU gates in another order; the weights are reordered once when the module is built,
@@ -110,6 +113,7 @@ def test_recurrent_exports_train_like_their_torch_twin(tmp_path, name):
     assert abs(graph.tensor_bytes - twin.tensor_bytes) <= layers * 2 * 4 * hidden * 4 + 128
 
 
+@pytest.mark.heavy
 def test_fixed_batch_export_says_how_to_estimate_it(tmp_path):
     path = _export(tmp_path, "tiny_gpt", dynamic=False)
     assert estimate(str(path), batch_size=2).tensor_bytes > 0

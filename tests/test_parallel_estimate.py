@@ -56,6 +56,7 @@ def test_ddp_keeps_the_single_process_model_states_and_one_bucket(single, ddp):
     assert [row.label for row in ddp.ranks] == ["all ranks"] and ddp.ranks[0].ranks == (0, 1, 2, 3)
 
 
+@pytest.mark.heavy
 def test_fsdp_holds_a_quarter_in_padded_chunks(fsdp):
     from trainmem.estimate.orchestrate import plan, setup_of
     from trainmem.estimate.per_rank import trace_role

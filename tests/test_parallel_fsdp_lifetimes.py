@@ -52,6 +52,7 @@ def peaks(tmp_path_factory):
     return out
 
 
+@pytest.mark.heavy
 def test_a_middle_block_holds_one_reduce_scatter_input_and_one_prefetched_all_gather(peaks):
     assert BLOCK_ELEMENTS == 983_552
     for blocks in (3, 4):

@@ -388,6 +388,7 @@ def test_dtype_checks_stay_quiet_while_dtensor_works_out_global_shapes():
         assert torch.mm(low, high).shape == (2, 4)
 
 
+@pytest.mark.heavy
 def test_fsdp_over_the_pipeline_stages_of_a_causal_lm_wraps_what_each_stage_calls():
     """A stage of 1 decoder layer has no repeated block, and its top-level child `model` is a holder whose forward
     never runs: FSDP's units are the decoder layers (auto, blocks) or what the stage calls (children), so every

@@ -112,6 +112,7 @@ def tiny_llama(tmp_path_factory):
     return f"hf:{path}"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("checkpointing, micro_batches", [("off", (2, 4, 8)), ("on", (2,))])
 def test_planner_never_below_a_full_estimate(tiny_llama, checkpointing, micro_batches):
     """Blocks 2-4 traced and extrapolated to 8; without checkpointing micro-batch 8 is predicted from the traces
@@ -188,6 +189,7 @@ def test_progress_only_on_a_terminal(monkeypatch):
         assert plain.getvalue().split("\r")[-1].startswith("planning: 2/3")
 
 
+@pytest.mark.heavy
 def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
     """FSDP over 8 ranks from traces at dp 2 and 4 (each with 2-4 blocks), against the engine's full per-rank
     estimate at dp 8 (estimate/per_rank.py)."""

@@ -155,6 +155,7 @@ def test_page_is_self_contained(estimates):
         assert page.count("<script") == 2  # the point data and the hover, both inline
 
 
+@pytest.mark.heavy
 @needs_chromium
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_chromium_draws_the_timeline(estimates, target, tmp_path):

@@ -57,6 +57,7 @@ def _traced_rows(route: str, top_k: int = 1) -> tuple[list[int], list[str]]:
     return list(ROWS), est.warnings
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("route,top_k,rows", [
     ("where_1d", 1, TOKENS // EXPERTS),  # the case the old rule gave `experts` rows: 8 instead of 16
     ("where_2d", 2, TOKENS * 2 // EXPERTS),
@@ -126,6 +127,7 @@ def _fixed_routing(self, x):
     return out.view_as(x)
 
 
+@pytest.mark.heavy
 def test_token_mask_rule_equals_fixed_balanced_routing():
     """The rule's answer for `torch.where(idx == e)` is the trace of the same model routed in fixed,
     balanced shares; only the index tensors differ (nonzero's [rows, 1] against arange's [rows])."""

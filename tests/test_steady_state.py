@@ -34,6 +34,7 @@ def _alive(events):
     return sorted(live.values())
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("loop", ["inline", "step-fn", "lean"])
 @pytest.mark.parametrize("reference,extra", CASES[:3])
 def test_composed_steps_equal_a_longer_trace(reference, extra, loop):
@@ -72,6 +73,7 @@ def test_two_steps_or_fewer_are_the_trace_itself():
     assert compose(events, 1) == events and compose(events, 2) == events
 
 
+@pytest.mark.heavy
 def test_run_length_is_honoured_and_the_default_is_bounded_and_deterministic():
     est = trainmem.estimate(f"{MODELS}:tiny_gpt", target_shape="128", batch_size=4)
     events = est.replay_input.events

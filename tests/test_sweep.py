@@ -183,6 +183,7 @@ def test_a_failed_configuration_is_listed_with_its_error():
     assert "device cpu failed: --device: expected" in str(result)  # the row that failed, and why
 
 
+@pytest.mark.heavy
 def test_margin_with_devices_and_warnings_elsewhere(tmp_path, capsys):
     code, out, err = run(["compare", SMALL, WIDER, "--devices", "a100-40gb", "--margin", "0.5", "--format", "json"],
                          capsys)
