@@ -70,14 +70,14 @@ import json, sys
 from trainmem.frontends.keras_import import import_keras
 import_keras("torch")
 from trainmem.devices import get_device
-from trainmem.estimate.orchestrate import Plan, assemble_traced, trace
+from trainmem.estimate.orchestrate import Prepared, assemble_traced, trace
 from trainmem.frontends.keras_torch import resolve_keras_torch
 from trainmem.setup import TrainingSetup
 from trainmem.targets import target_for
 from trainmem.trace.events import Category
 setup = TrainingSetup.from_mapping(json.loads(sys.argv[2]))
 device = get_device("cpu")
-plan = Plan(resolve_keras_torch(sys.argv[1], setup), device, 2, {}, target_for(device, setup))
+plan = Prepared(resolve_keras_torch(sys.argv[1], setup), device, 2, {}, target_for(device, setup))
 traced = trace(plan, setup)
 est = assemble_traced(plan, setup, traced)
 by = {}

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from conftest import zoo
-from trainmem.estimate import assemble_traced, plan, trace
+from trainmem.estimate import assemble_traced, prepare, trace
 from trainmem.setup import TrainingSetup
 from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable, canonical
 from trainmem.trace.events import Event, KernelCall, Phase, TensorMeta
@@ -23,7 +23,7 @@ def _traces(model: str, device: str, batches, **values):
 
     FakeTensorMode.cache_clear()
     setup = TrainingSetup.from_mapping({"optimizer": "adam", **values})
-    chosen = plan(model, setup, device)
+    chosen = prepare(model, setup, device)
     at = {batch: dataclasses.replace(setup, batch_size=batch) for batch in batches}
     return chosen, at, {batch: trace(chosen, at[batch]) for batch in batches}
 

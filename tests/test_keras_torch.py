@@ -27,7 +27,7 @@ import json, resource, sys
 from trainmem.frontends.keras_import import import_keras
 import_keras("torch")
 from trainmem.devices import get_device
-from trainmem.estimate.orchestrate import Plan, assemble_traced, trace
+from trainmem.estimate.orchestrate import Prepared, assemble_traced, trace
 from trainmem.frontends.keras_torch import resolve_keras_torch
 from trainmem.setup import TrainingSetup
 from trainmem.targets import target_for
@@ -36,7 +36,7 @@ from trainmem.trace.events import Category
 def run(ref, batch):
     setup = TrainingSetup(batch_size=batch)
     device = get_device("cpu")
-    plan = Plan(resolve_keras_torch(ref, setup), device, 2, {}, target_for(device, setup))
+    plan = Prepared(resolve_keras_torch(ref, setup), device, 2, {}, target_for(device, setup))
     traced = trace(plan, setup)
     by = {}
     for record in traced.trace.storages.values():

@@ -417,11 +417,11 @@ def test_an_unverified_onednn_release_makes_the_lstm_estimate_say_it_is_a_bound(
     import dataclasses
     from pathlib import Path
 
-    from trainmem.estimate import assemble_traced, plan, trace
+    from trainmem.estimate import assemble_traced, prepare, trace
     from trainmem.setup import TrainingSetup
 
     setup = TrainingSetup.from_mapping({"batch_size": 2})
-    installed = plan(str(Path(__file__).with_name("models.py")) + ":tiny_lstm", setup)
+    installed = prepare(str(Path(__file__).with_name("models.py")) + ":tiny_lstm", setup)
     verified = dataclasses.replace(installed, target=dataclasses.replace(
         installed.target, cpu=dataclasses.replace(installed.target.cpu, onednn_version=(3, 12, 0))))
     unverified = dataclasses.replace(verified, target=dataclasses.replace(

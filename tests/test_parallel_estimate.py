@@ -58,7 +58,7 @@ def test_ddp_keeps_the_single_process_model_states_and_one_bucket(single, ddp):
 
 @pytest.mark.heavy
 def test_fsdp_holds_a_quarter_in_padded_chunks(fsdp):
-    from trainmem.estimate.orchestrate import plan, setup_of
+    from trainmem.estimate.orchestrate import prepare, setup_of
     from trainmem.estimate.per_rank import trace_role
     from trainmem.parallel.roles import rank_roles
     from trainmem.parallel.rank_trace import build_on_meta
@@ -70,7 +70,7 @@ def test_fsdp_holds_a_quarter_in_padded_chunks(fsdp):
         assert row.breakdown["optimizer_state"] == 2 * _shard_bytes(index, 4, padded=False)  # Adam's two moments
     assert _shard_bytes(0, 4, padded=False) == 85_516 and _shard_bytes(3, 4, padded=False) == 83_460
     setup = setup_of(None, {"batch_size": 8, "strategy": "fsdp", "world_size": 4}, "test")
-    chosen = plan(MODEL, setup)
+    chosen = prepare(MODEL, setup)
     role = rank_roles(setup.parallel, build_on_meta(chosen.source, setup)[0])[0]
     traced = trace_role(chosen, setup, role)
     sharded = sum(r.nbytes for r in traced.trace.storages.values()

@@ -31,7 +31,7 @@ from typing import Any
 from collections.abc import Callable
 
 from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
-from trainmem.estimate import Estimate, assemble_traced, estimate, plan, trace
+from trainmem.estimate import Estimate, assemble_traced, estimate, prepare, trace
 from trainmem.devices import DeviceRef
 from trainmem.progress import Progress
 from trainmem.estimate.orchestrate import setup_of
@@ -383,7 +383,7 @@ class ScaledBatches(_Candidates):
                  limit: int) -> None:
         target_options = {k: v for k, v in options.items() if k in TARGET_OPTIONS}
         self.setup, self.limit = setup, limit
-        self.plan = plan(model, setup, device, options.get("depth", 2), **target_options)
+        self.prepared = prepare(model, setup, device, options.get("depth", 2), **target_options)
         self.real: dict[int, Any] = {}  # batch -> its real TraceResult
         self.assembled: dict[int, Estimate] = {}  # batch -> the estimate of its real trace
         self.predicted: dict[int, Estimate] = {}  # batch -> the estimate of its predicted trace
@@ -396,7 +396,7 @@ class ScaledBatches(_Candidates):
 
     def _real(self, batch: int) -> Any:
         if batch not in self.real:
-            self.real[batch] = trace(self.plan, self._setup_at(batch))
+            self.real[batch] = trace(self.prepared, self._setup_at(batch))
         return self.real[batch]
 
     def _scaling(self) -> BatchScaling | None:
@@ -423,10 +423,10 @@ class ScaledBatches(_Candidates):
             except Unpredictable:
                 predicted = None
             if predicted is not None:
-                self.predicted[batch] = assemble_traced(self.plan, self._setup_at(batch), predicted)
+                self.predicted[batch] = assemble_traced(self.prepared, self._setup_at(batch), predicted)
                 return self.predicted[batch]
         if batch not in self.assembled:
-            self.assembled[batch] = assemble_traced(self.plan, self._setup_at(batch), self._real(batch))
+            self.assembled[batch] = assemble_traced(self.prepared, self._setup_at(batch), self._real(batch))
         return self.assembled[batch]
 
     def confirm(self, best: int | None, first_miss: int | None) -> bool:

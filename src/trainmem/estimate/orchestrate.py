@@ -1,4 +1,4 @@
-"""The one orchestrator: model reference + setup → plan (source, target) → trace → assemble → Estimate.
+"""The one orchestrator: model reference + setup → prepare (source, target) → trace → assemble → Estimate.
 It never asks what the device is; the target answers (targets/__init__.py)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from trainmem.setup import Loop, TrainingSetup
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Prepared:
     """What an estimate needs besides the setup: the model's source, the target device and its target
-    (options checked), and the module depth of the report. `plan()` checks everything before tracing."""
+    (options checked), and the module depth of the report. `prepare()` checks everything before tracing."""
 
     source: Any  # frontends.ModelSource
     device: Device
@@ -54,7 +54,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     `alloc_conf` is a PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
     `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
-    deleting the loop's references early would save (`lean_loop`). Both traces share one plan: the model
+    deleting the loop's references early would save (`lean_loop`). Both traces share one preparation: the model
     reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
     on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off."""
@@ -76,7 +76,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     if tf_memory is not None:
         raise SetupError(f"expected a Keras model on TensorFlow with --tf-memory, got a PyTorch model {model.name!r}",
                          where="--tf-memory")
-    chosen = plan(model, setup, device, depth, **options)
+    chosen = prepare(model, setup, device, depth, **options)
     if setup.parallel.distributed:  # many ranks: one trace per distinct rank role (estimate/per_rank.py)
         from trainmem.estimate.per_rank import estimate_distributed
 
@@ -89,7 +89,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
 
 
 def _framework_source(model: Any, setup: TrainingSetup, framework: str, keras_backend: str | None) -> Any:
-    """The model resolved once across frameworks: a torch ModelSource (plan() takes it as it is) or a
+    """The model resolved once across frameworks: a torch ModelSource (prepare() takes it as it is) or a
     KerasSource (frontends/keras_ref.py)."""
     from trainmem.frontends.keras_ref import resolve_model
 
@@ -102,7 +102,7 @@ def _is_keras_source(source: Any) -> bool:
     return isinstance(source, KerasSource)
 
 
-def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Plan:
+def prepare(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Prepared:
     """Resolve the model and the target and check the target's options, without tracing."""
     from trainmem.frontends import ModelSource, resolve
     from trainmem.targets import target_for
@@ -111,7 +111,7 @@ def plan(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int
     _check_context_fits(target_device, options.get("cuda_context"))
     target = target_for(target_device, setup, **options)
     source = model if isinstance(model, ModelSource) else resolve(model, setup)  # resolved once by estimate()
-    return Plan(source, target_device, depth, options, target)
+    return Prepared(source, target_device, depth, options, target)
 
 
 def _check_context_fits(device: Device, cuda_context: int | None) -> None:
@@ -124,14 +124,14 @@ def _check_context_fits(device: Device, cuda_context: int | None) -> None:
                          f"got {format_bytes(cuda_context)}", where="--cuda-context")
 
 
-def trace(chosen: Plan, setup: TrainingSetup):
-    """Trace the training run of `setup` for the plan's target (trace.run.TraceResult)."""
+def trace(chosen: Prepared, setup: TrainingSetup):
+    """Trace the training run of `setup` for the prepared target (trace.run.TraceResult)."""
     from trainmem.trace.run import trace_training
 
     return trace_training(chosen.source, setup, chosen.target.kernel_ops(), chosen.target.trace_semantics())
 
 
-def assemble_traced(chosen: Plan, setup: TrainingSetup, traced: Any) -> Estimate:
+def assemble_traced(chosen: Prepared, setup: TrainingSetup, traced: Any) -> Estimate:
     """The device stream, the allocator's replay and the report facts of a traced run."""
     from trainmem.estimate.assemble import assemble
 

@@ -139,13 +139,13 @@ class Tracer:
     def _real(self, candidate: Candidate, dp: int, blocks: int):
         key = (candidate.structure(), dp, blocks, candidate.micro_batch)
         if key not in self.real:
-            from trainmem.estimate.orchestrate import plan
+            from trainmem.estimate.orchestrate import prepare
 
             if self.past():
                 raise PastTimeLimit()
 
             setup = self.setup_for(candidate, dp)
-            chosen = plan(variant(self.source, self.facts, blocks), setup, self.device, 1)
+            chosen = prepare(variant(self.source, self.facts, blocks), setup, self.device, 1)
             self.real[key] = (chosen, setup, self._trace_roles(chosen, setup))
         return self.real[key]
 
