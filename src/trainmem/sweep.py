@@ -219,7 +219,7 @@ class _Largest:
                         **target_options)
             return LargestBatch(found.best, found.first_miss, found.search.get("how", ""), failed=tuple(found.failed))
         candidates = ScaledBatches(source, config.setup, budget.device, {"depth": 2, **target_options}, self.limit)
-        target = candidates.plan.target
+        target = candidates.prepared.target
         trace_key = (setup_key, id(source), type(target).__name__, target.kernel_ops(), target.trace_semantics())
         candidates.real = self.traces.setdefault(trace_key, {})  # the traces this device shares with others
         found = search(candidates, self.limit, budget.budget_bytes)
@@ -344,12 +344,12 @@ def compare_setups(models: Any, setups: Any, *, device: str = "cpu", devices: An
 
 
 def _text_converters(over: Any) -> Mapping[str, Callable[[str], Any]]:
-    """The CLI's own value parsers (argparse types of the compare command's flags), for the text form."""
+    """Each key's reader of text (setup/text_values.py, the flags' own), for the text form."""
     if over is None or isinstance(over, Mapping) and not any(isinstance(v, str) for v in over.values()):
         return {}
-    from trainmem.cli.compare_sweep import converters
+    from trainmem.setup.text_values import TEXT_VALUES
 
-    return converters()
+    return TEXT_VALUES
 
 
 def _base_values(setup: TrainingSetup | None, setup_values: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,9 @@ import argparse
 import json
 from collections.abc import Mapping
 from typing import Any
-from collections.abc import Callable
 
 from trainmem.errors import SetupError, quote
+from trainmem.setup.text_values import TEXT_VALUES
 
 COMPARE_HELP = "models or setups side by side: PyTorch vs Keras for one model, or configurations (A B …, --sweep)"
 COMPARE_DESCRIPTION = """\
@@ -70,45 +70,6 @@ def refuse_configuration_flags(options: Any) -> None:
                              "compares PyTorch with Keras), got one model", where=options.origins.get(key, key))
 
 
-# ---- values read as the flags read them ----------------------------------------------------------------------
-
-
-def _on_off(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("on", "true", "yes", "1"):
-        return True
-    if value in ("off", "false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected on|off (or true|false), got {text!r}")
-
-
-def _with_choices(convert: Callable[[str], Any], choices: Any) -> Callable[[str], Any]:
-    def checked(text: str) -> Any:
-        value = convert(text)
-        if value not in choices:
-            raise argparse.ArgumentTypeError(f"expected {'|'.join(map(str, choices))}, got {text!r}")
-        return value
-
-    return checked
-
-
-def converters() -> dict[str, Callable[[str], Any]]:
-    """Each sweepable key's parser: the argparse type of its compare flag (int, float, …); a switch
-    (--checkpointing) takes on|off; a flag with choices checks them."""
-    from trainmem.cli.parser import build_parser
-    from trainmem.sweep import SWEEP_KEYS
-
-    parser = build_parser()
-    compare = parser._subparsers._group_actions[0].choices["compare"]  # noqa: SLF001 - argparse's own table
-    out: dict[str, Callable[[str], Any]] = {}
-    for action in compare._actions:  # noqa: SLF001
-        if action.dest not in SWEEP_KEYS or action.dest in out:
-            continue
-        convert = action.type or (_on_off if action.nargs == 0 else str)
-        out[action.dest] = _with_choices(convert, action.choices) if action.choices else convert
-    return out
-
-
 # ---- the command -----------------------------------------------------------------------------------------------
 
 
@@ -134,7 +95,7 @@ def configurations(options: Any) -> tuple[list, list[str], list[str]]:
 
     models = [options.model, *(options.values.get("more_models") or [])]
     where = options.origins.get("sweep", "--sweep")
-    axes = parse_sweep(_sweep_items(options.values.get("sweep")), converters(), where)
+    axes = parse_sweep(_sweep_items(options.values.get("sweep")), TEXT_VALUES, where)
     for axis in axes:
         if axis.key in options.given:
             raise SetupError(f"expected --{axis.key.replace('_', '-')} or {where} {axis.shown}=…, got both",

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _bool(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+from trainmem.setup.text_values import true_false
 
 
 def _default(name: str) -> str:
@@ -52,9 +45,9 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     add("--stages-per-rank", type=int, metavar="N", help="interleaved-1f1b: virtual stages per rank"
         + d("stages_per_rank"))
     add("--ddp-bucket-mb", type=float, metavar="MB", help="DDP bucket_cap_mb" + d("ddp_bucket_mb"))
-    add("--gradient-as-bucket-view", type=_bool, nargs="?", const=True, metavar="true|false",
+    add("--gradient-as-bucket-view", type=true_false, nargs="?", const=True, metavar="true|false",
         help="DDP: gradients are views into the buckets" + d("gradient_as_bucket_view"))
-    add("--reshard-after-forward", type=_bool, metavar="true|false",
+    add("--reshard-after-forward", type=true_false, metavar="true|false",
         help="FSDP: free the unsharded parameters after forward (default: fully_shard's own, which keeps the "
              "root's gathered from forward into backward and reshards every other module)")
     add("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,

@@ -8,6 +8,7 @@ import dataclasses
 
 from trainmem.cli.options import RUN_DEFAULTS
 from trainmem.errors import TrainmemError
+from trainmem.setup.text_values import MODULE_LOADING
 
 
 def _version() -> str:
@@ -133,7 +134,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "run, e.g. expandable_segments:True (default: none)")
     parser.add_argument("--cuda-version", metavar="X.Y", help="GPU devices: the run's CUDA (default: this "
                         "torch's; CPU builds: 12.8)")
-    parser.add_argument("--module-loading", choices=["lazy", "eager"], help="GPU devices: CUDA_MODULE_LOADING of "
+    parser.add_argument("--module-loading", choices=MODULE_LOADING.choices, help="GPU devices: CUDA_MODULE_LOADING of "
                         "the run (default: lazy; eager before CUDA 11.7)")
     parser.add_argument("--cudnn-benchmark", action="store_true", default=None,
                         help="GPU devices: torch.backends.cudnn.benchmark = True in the run (default: off)")
