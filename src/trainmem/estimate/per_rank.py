@@ -3,10 +3,10 @@ the target as a single-process trace is (estimate/assemble.py), then the roles s
 
 The answer is the most loaded role's Estimate (by process bytes: what must fit on each GPU), with `ranks` (one
 row per role) and `parallel` (the layout, the spread between roles, host RAM with offload, the strategies'
-notes, the analytic cross-checks). On a GPU the NCCL communicators' buffers, outside PyTorch's allocator, are
-added to each rank's process figure (targets/nccl.py); on the CPU, gloo's collectives' temporaries are kernel
-rules of the CPU target (targets/gloo.py) and torch.distributed's own runtime is a measured process part
-(targets/distributed_runtime.py).
+notes, the analytic cross-checks). What a rank holds beside a single process's figures comes from the target
+(`Target.rank_process_parts`): on a GPU the NCCL communicators' buffers, outside PyTorch's allocator
+(targets/nccl.py); on the CPU torch.distributed's own runtime, a measured process part
+(targets/distributed_runtime.py), while gloo's collectives' temporaries are kernel rules (targets/gloo.py).
 """
 
 from __future__ import annotations
@@ -77,39 +77,17 @@ def kernel_ops(target: Any) -> frozenset[str]:
 
 
 def assemble_role(chosen: Any, setup: TrainingSetup, role: Any, traced: Any) -> Estimate:
-    """One role's Estimate: the single-process assembly of its trace, NCCL's buffers added on a GPU, and the
-    role as the only row of `ranks` (combine() puts the rows of all roles together)."""
+    """One role's Estimate: the single-process assembly of its trace, what the target says a rank holds beside it
+    (NCCL's buffers on a GPU, gloo's runtime on the CPU), and the role as the only row of `ranks` (combine() puts the rows of all roles together)."""
     from trainmem.estimate.assemble import assemble
 
     est = assemble(chosen.source, setup, chosen.device, chosen.target, traced, chosen.depth)
-    est = _with_nccl(est, setup, role, chosen.device)
-    est = _with_gloo_runtime(est, setup, chosen.device)
+    for name, nbytes, assumption in chosen.target.rank_process_parts(setup.parallel, role):
+        est = _add_process_part(est, name, nbytes, assumption)
     breakdown = {**est.breakdown, "communication": est.breakdown.get("communication", 0)}
     peak = est.to_dict()["peak"]
     row = RankEstimate(role.label, tuple(role.ranks), peak, breakdown, dict(est.process_parts), host_bytes(traced))
     return dataclasses.replace(est, breakdown=breakdown, ranks=(row,))
-
-
-def _with_nccl(est: Estimate, setup: TrainingSetup, role: Any, device: Any) -> Estimate:
-    try:
-        from trainmem.targets.nccl import nccl_process_bytes
-    except ImportError:
-        return est
-    nbytes, assumption = nccl_process_bytes(setup.parallel, role, device)
-    if not nbytes:
-        return est
-    return _add_process_part(est, "NCCL communicators", nbytes, assumption)
-
-
-def _with_gloo_runtime(est: Estimate, setup: TrainingSetup, device: Any) -> Estimate:
-    """On the CPU, torch.distributed's own runtime (gloo's process group, the wrapper's imports) as a measured
-    process part of each rank (targets/distributed_runtime.py)."""
-    if getattr(device, "kind", "cpu") != "cpu":
-        return est
-    from trainmem.targets.distributed_runtime import PART, distributed_runtime_bytes
-
-    nbytes, assumption = distributed_runtime_bytes(setup.parallel)
-    return _add_process_part(est, PART, nbytes, assumption)
 
 
 def _add_process_part(est: Estimate, name: str, nbytes: int, assumption: str) -> Estimate:

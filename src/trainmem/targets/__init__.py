@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the seam's types, named for readers and type checkers; none
     from trainmem.devices import Device
     from trainmem.frontends import ModelSource
     from trainmem.setup import TrainingSetup
+    from trainmem.setup.layout import ParallelLayout
     from trainmem.trace.run import TraceSemantics
     from trainmem.trace.traced import TraceResult
 
@@ -98,6 +99,11 @@ class Target(Protocol):
     def process_memory(self, source: ModelSource, setup: TrainingSetup, traced: TraceResult, stream: DeviceStream,
                        replayed: ReplayResult) -> ProcessMemory:
         """What the process holds besides the allocator's figures, and the assumptions behind it."""
+        ...
+
+    def rank_process_parts(self, layout: ParallelLayout, role: Any) -> list[tuple[str, int, str]]:
+        """What one rank of a distributed run holds beside a single process's figures, as (process part, bytes,
+        assumption): the collectives' runtime of this device (NCCL's communicators, gloo's process group)."""
         ...
 
 

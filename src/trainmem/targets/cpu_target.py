@@ -44,6 +44,14 @@ class CpuTarget:
     def trace_semantics(self) -> None:
         return None  # the trace runs the CPU's own kernels already
 
+    def rank_process_parts(self, layout, role) -> list[tuple[str, int, str]]:
+        """torch.distributed's own runtime on the CPU (gloo's process group, the wrapper's imports), measured
+        (targets/distributed_runtime.py); gloo's collectives' temporaries are kernel rules (targets/gloo.py)."""
+        from trainmem.targets.distributed_runtime import PART, distributed_runtime_bytes
+
+        nbytes, assumption = distributed_runtime_bytes(layout)
+        return [(PART, nbytes, assumption)]
+
     def device_stream(self, trace: Trace) -> DeviceStream:
         events, fired = cpu_kernels.device_stream(trace, self.cpu)
         layout = rnn_layout(self.cpu.onednn_version)

@@ -135,6 +135,13 @@ class CudaTarget:
         # cudaMalloc may hand out what the card has left once the CUDA context is in place
         return CudaAllocator(self.config, max(self.device.capacity_bytes - self.context.point, 0))
 
+    def rank_process_parts(self, layout, role) -> list[tuple[str, int, str]]:
+        """NCCL's communicators' buffers on this rank's GPU, outside PyTorch's allocator (targets/nccl.py)."""
+        from trainmem.targets.nccl import nccl_process_bytes
+
+        nbytes, assumption = nccl_process_bytes(layout, role, self.device)
+        return [("NCCL communicators", nbytes, assumption)] if nbytes else []
+
     def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
         gpu, runtime, context = self.device.gpu, self.runtime, self.context
         reserved = replayed.reserved
