@@ -109,7 +109,7 @@ def _on_cpu(source, setup: TrainingSetup, device: Device, traced, onednn: str = 
     figures = tf_cpu_figures(traced, setup, onednn=onednn)
     events = device_events(traced.trace)
     replay = replay_tensors(events)
-    breakdown = _by_category(replay.live_at_peak, aligned)  # as replay_tensors charges each (64-B alignment)
+    breakdown = _charged_as_requested(replay.live_at_peak, sum(aligned(e.nbytes) for e in replay.live_at_peak.values()))
     peak = events[replay.peak_index] if events else None
     words = [f"peak RSS {figures.process_bytes:,} B: " + " + ".join(f"{name} {value:,} B"
                                                                    for name, value in figures.parts.items()),
@@ -132,8 +132,9 @@ def _on_gpu(source, setup: TrainingSetup, device: Device, traced, mode: str, con
     replay = figures.replay
     point = device_streams(traced.trace)[0]
     breakdown = {str(c): 0 for c in Category}
-    for category, nbytes in figures.live_at_peak.items():
+    for category, nbytes in replay.requested_at_peak.items():
         breakdown[str(category)] += nbytes
+    breakdown[str(Category.RUNTIME)] += sum(figures.live_at_peak.values()) - sum(replay.requested_at_peak.values())
     peak = point[replay.peak_index] if point and replay.peak_index < len(point) else None
     numbers = {"memory_mode": figures.memory_mode, "memory_limit": figures.memory_limit,
                "peak_in_use": figures.peak_in_use, "peak_in_use_high": figures.peak_in_use_high,
@@ -169,10 +170,14 @@ def _mode_line(shown: dict[str, int]) -> str:
             "limit:SIZE one region of SIZE)")
 
 
-def _by_category(live: dict[int, Any], charged) -> dict[str, int]:
+def _charged_as_requested(live: dict[int, Any], held: int) -> dict[str, int]:
+    """The one charging rule of every estimate (estimate/assemble.py breakdown_at_peak): each live tensor at the
+    bytes it asked for (count × item size), and what the allocator holds beyond them (64-byte alignment here,
+    the BFC allocator's 256-byte rounding on a GPU) under `runtime`."""
     breakdown = {str(c): 0 for c in Category}
     for event in live.values():
-        breakdown[str(event.category)] += charged(event.nbytes)
+        breakdown[str(event.category)] += event.nbytes
+    breakdown[str(Category.RUNTIME)] += held - sum(event.nbytes for event in live.values())
     return breakdown
 
 
