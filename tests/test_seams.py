@@ -46,7 +46,7 @@ def test_event_types_and_trace_import_without_torch():
 def test_estimate_package_imports_in_any_order_without_a_cycle(first):
     """No module of the estimate package is needed by what it imports: each imports first, alone."""
     result = subprocess.run([sys.executable, "-c", f"import {first}; from trainmem.estimate import Estimate, "
-                             "assemble_traced, estimate, plan, trace; print('ok')"],
+                             "assemble_traced, estimate, prepare, trace; print('ok')"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 

@@ -23,6 +23,7 @@ from trainmem.estimate.result import module_label
 from trainmem.report.html_assets import CSS, JS
 from trainmem.report.html_assets.svg import COLOURS, geometry, timeline_svg
 from trainmem.report.palette import OTHER_COLOUR
+from trainmem.targets import report_words
 from trainmem.report.style import PLAIN
 from trainmem.report.text import alive_note, report_header, lean_loop_note, ranks_section, where_section, verdict
 from trainmem.units import format_bytes
@@ -50,7 +51,7 @@ def _timeline_or_none(estimate: Any, max_points: int) -> tuple[Any, str]:
 
 
 def _allocated_name(estimate: Any) -> str:
-    return "allocated" if estimate.device.kind == "cuda" else "allocated (live tensors)"
+    return report_words(estimate.device).allocated_label
 
 
 # --- summary -------------------------------------------------------------------------------------------------
@@ -66,13 +67,11 @@ def _verdict(estimate: Any) -> str:
 
 
 def _peak_rows(estimate: Any) -> list[tuple[str, int | None, str]]:
-    cuda = estimate.device.kind == "cuda"
+    words = report_words(estimate.device)
     rows = [("tensors (live storage)", estimate.tensor_bytes, "as requested"),
-            ("allocated", estimate.allocated_bytes,
-             "torch.cuda.max_memory_allocated()" if cuda else "= tensors on the CPU"),
-            ("reserved", estimate.reserved_bytes,
-             "torch.cuda.max_memory_reserved()" if cuda else "the CPU allocator caches nothing"),
-            ("process (nvidia-smi)" if cuda else "process (peak RSS)", estimate.process_bytes, "")]
+            ("allocated", estimate.allocated_bytes, words.allocated_note),
+            ("reserved", estimate.reserved_bytes, words.reserved_note),
+            (f"process ({words.process_counter})", estimate.process_bytes, "")]
     if estimate.process_bytes_high > estimate.process_bytes:
         rows.append(("process, high end", estimate.process_bytes_high, "the upper end of what real runs show"))
     return rows
@@ -120,11 +119,12 @@ def _point_data(t: Any, allocated_name: str) -> str:
 
 def _process_note(estimate: Any) -> str:
     """The process figure the verdict judges, beside a drawing of the allocator alone."""
-    held = estimate.reserved_bytes if estimate.device.kind == "cuda" else estimate.tensor_bytes
+    words = report_words(estimate.device)
+    held = getattr(estimate, words.allocator_holds)
     outside = estimate.process_bytes - (held or 0)
     if outside <= 0:
         return ""
-    figure = "nvidia-smi" if estimate.device.kind == "cuda" else "peak RSS"
+    figure = words.process_counter
     return (f"process at the peak ({figure}): {format_bytes(estimate.process_bytes)}, of which "
             f"{format_bytes(outside)} is not the allocator's and not drawn (see Process memory below)")
 
@@ -196,11 +196,11 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int], total: l
 
 
 def _breakdown_section(estimate: Any) -> str:
-    total = estimate.allocated_bytes if estimate.device.kind == "cuda" else estimate.tensor_bytes
+    total = getattr(estimate, report_words(estimate.device).breakdown_total)
     rows = [[f'<span class="swatch" style="background:{COLOURS.get(k, OTHER_COLOUR)}"></span>{_e(k)}', _e(format_bytes(v)),
              f"{v:,} B", f"{v / total:.1%}" if total else ""] for k, v in estimate.breakdown.items() if v]
     parts = [[_e(k), _e(format_bytes(v)), f"{v:,} B"] for k, v in estimate.process_parts.items()]
-    process = "Process memory (nvidia-smi)" if estimate.device.kind == "cuda" else "Process memory (peak RSS)"
+    process = f"Process memory ({report_words(estimate.device).process_counter})"
     out = ["<h2>Breakdown at the peak</h2>",
            _table(["category", "IEC", "bytes", "share"], rows, {1, 2, 3},
                   ["total", _e(format_bytes(total)), f"{total:,} B", ""]),

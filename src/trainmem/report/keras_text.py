@@ -8,6 +8,7 @@ from typing import Any
 
 from trainmem.estimate.result import ModuleRow, module_label, step_label
 from trainmem.report.style import table
+from trainmem.targets import report_words
 from trainmem.units import format_bytes
 
 
@@ -73,7 +74,7 @@ def render_keras(est) -> str:
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
     total = est.allocated_bytes
     out += table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
-    out += ["", "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"]
+    out += ["", f"Process memory ({report_words(est.device).process_counter})"]
     out += table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
     out += ["", "What TensorFlow's numbers are"] + [f"  · {line}" for line in est.tf_explanation]
     out += ["", "Layers (as model.summary() lists them)", *_layer_table(est)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from trainmem.device_catalog import CAPACITY_FROM_DATASHEET
 from trainmem.estimate.result import Estimate, module_label, step_label
 from trainmem.report.style import PLAIN, Style, table
+from trainmem.targets import report_words
 from trainmem.units import format_bytes
 
 _table = table  # the report's one table layout (report/style.py), shared by every text renderer
@@ -97,7 +98,7 @@ def verdict(est) -> tuple[bool, str]:
 
 def _device_words(est) -> str:
     """The device as the one-line answer names it: the GPU's catalog name, or the CPU's RAM."""
-    return f"{est.device.name} RAM" if est.device.kind == "cpu" else est.device.name
+    return est.device.name + report_words(est.device).device_suffix
 
 
 def render_quiet(est) -> str:
@@ -141,16 +142,11 @@ def _peak_section(est, style: Style) -> list[str]:
     fits, words = verdict(est)
     judged = f"of {format_bytes(est.device.capacity_bytes)}: " + (
         style.good(f"fits, {words}") if fits else style.bad(f"DOES NOT FIT, {words}"))
-    if est.device.kind == "cuda":
-        rows = [_bytes_row("tensors (live storage)", est.tensor_bytes, "as requested"),
-                _bytes_row("allocated", est.allocated_bytes, "torch.cuda.max_memory_allocated()"),
-                _bytes_row("reserved", est.reserved_bytes, "torch.cuda.max_memory_reserved()"),
-                _bytes_row("process (nvidia-smi)", est.process_bytes, judged)]
-    else:
-        rows = [_bytes_row("tensors (live storage)", est.tensor_bytes),
-                _bytes_row("allocated", est.allocated_bytes, "= tensors on the CPU"),
-                _bytes_row("reserved", est.reserved_bytes, "the CPU allocator caches nothing"),
-                _bytes_row("process (peak RSS)", est.process_bytes, judged)]
+    words = report_words(est.device)
+    rows = [_bytes_row("tensors (live storage)", est.tensor_bytes, words.tensors_note),
+            _bytes_row("allocated", est.allocated_bytes, words.allocated_note),
+            _bytes_row("reserved", est.reserved_bytes, words.reserved_note),
+            _bytes_row(f"process ({words.process_counter})", est.process_bytes, judged)]
     rows[-1][1] = style.strong(rows[-1][1])
     if est.process_bytes_high > est.process_bytes:
         rows.append(_bytes_row("process, high end", est.process_bytes_high,
@@ -165,7 +161,7 @@ def where_section(est) -> str:
 
 def _breakdown_section(est, style: Style) -> list[str]:
     rows = [_bytes_row(k, v)[:3] for k, v in est.breakdown.items() if v]
-    total = est.allocated_bytes if est.device.kind == "cuda" else est.tensor_bytes
+    total = getattr(est, report_words(est.device).breakdown_total)
     lines = [style.heading("Breakdown at the peak"), *table(rows + [_bytes_row("total", total)[:3]], "lrr")]
     return lines + alive_note(est)
 
@@ -210,7 +206,7 @@ def alive_note(est) -> list[str]:
 
 
 def _process_section(est, style: Style) -> list[str]:
-    title = "Process memory (nvidia-smi)" if est.device.kind == "cuda" else "Process memory (peak RSS)"
+    title = f"Process memory ({report_words(est.device).process_counter})"
     return [style.heading(title), *table([_bytes_row(k, v)[:3] for k, v in est.process_parts.items()], "lrr")]
 
 
@@ -283,7 +279,7 @@ def ranks_section(est, style: Style = PLAIN) -> list[str]:
     parallel = getattr(est, "parallel", None)
     if parallel is None:
         return []
-    cuda = est.device.kind == "cuda"
+    cuda = report_words(est.device).ranks_show_reserved
     most = parallel["most_loaded"]["label"]
     host = any(row.host_bytes for row in est.ranks)
     header = ["role", "ranks", "tensors", *(["reserved"] if cuda else []), "process",

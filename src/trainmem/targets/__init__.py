@@ -64,6 +64,33 @@ class ProcessMemory:
     coverage: dict[str, Any]  # what the target adds to `coverage` after ops and kernel_rules
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportWords:
+    """What the reports call a target's figures, so that no renderer asks what the device is (report/text.py,
+    report/html.py, report/keras_text.py read these)."""
+
+    process_counter: str  # the tool whose number the process figure is: nvidia-smi, peak RSS
+    tensors_note: str  # beside the live tensors' row of the text report
+    allocated_note: str  # beside the allocated row
+    reserved_note: str  # beside the reserved row
+    allocated_label: str  # the drawing's name of the allocated line
+    breakdown_total: str  # the Estimate field the breakdown adds up to
+    allocator_holds: str  # the Estimate field of what the allocator holds (the rest of the process is outside it)
+    device_suffix: str  # after the device's name in the one-line answer (" RAM" on the CPU)
+    ranks_show_reserved: bool  # the per-rank table has a reserved column
+
+
+CPU_WORDS = ReportWords("peak RSS", "", "= tensors on the CPU", "the CPU allocator caches nothing",
+                        "allocated (live tensors)", "tensor_bytes", "tensor_bytes", " RAM", False)
+CUDA_WORDS = ReportWords("nvidia-smi", "as requested", "torch.cuda.max_memory_allocated()",
+                         "torch.cuda.max_memory_reserved()", "allocated", "allocated_bytes", "reserved_bytes", "", True)
+
+
+def report_words(device: Device) -> ReportWords:
+    """The words of the device's target (the one place besides target_for that maps a device kind)."""
+    return CUDA_WORDS if device.kind == "cuda" else CPU_WORDS
+
+
 class Target(Protocol):
     """A device behind one interface (DESIGN.md "Seams"): the orchestrator asks it, never "is this CUDA?".
 
