@@ -14,24 +14,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def on_off(text: str) -> bool:
-    """A switch (--checkpointing) given a value: on|off, or true|false."""
-    value = str(text).strip().lower()
-    if value in ("on", "true", "yes", "1"):
-        return True
-    if value in ("off", "false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected on|off (or true|false), got {text!r}")
+def _yes_no(expected: str) -> Callable[[str], bool]:
+    """A reader of a yes/no value (on|off, true|false, yes|no, 1|0) that names `expected` when the text is none."""
+    def read(text: str) -> bool:
+        value = str(text).strip().lower()
+        if value in ("on", "true", "yes", "1"):
+            return True
+        if value in ("off", "false", "no", "0"):
+            return False
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+
+    return read
 
 
-def true_false(text: str) -> bool:
-    """A layout knob that is true or false (--reshard-after-forward false)."""
-    value = str(text).strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+on_off = _yes_no("on|off (or true|false)")  # a switch (--checkpointing) given a value
+true_false = _yes_no("true or false")  # a layout knob (--reshard-after-forward false)
 
 
 def one_of(choices: Sequence[str]) -> Callable[[str], str]:
