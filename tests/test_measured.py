@@ -2,17 +2,23 @@
 holds the estimate to independently written loops). Tolerances from benchmarks/results/accuracy_cpu.md:
 the tensor peak is within 0.03% on every row there, so 1% here. On every case, process_bytes_high is at
 least the measured peak RSS (the median of the runs). Peak RSS is held to 5% only for model families whose
-benchmark rows meet it; where the runtime's small objects fall varies from run to run and by family
-(benchmarks/results/glibc_fidelity.md), and the misses are reported there, not tested away."""
+benchmark rows meet it on this CPU's family; where the runtime's small objects fall varies from run to run, by
+family and by CPU (benchmarks/results/glibc_fidelity.md, accuracy_cpu.md on AMD, accuracy_cpu_intel_amx.md on
+Intel AMX), and the misses are reported there, not tested away."""
 
 import pytest
 
 from conftest import zoo
+from trainmem.targets.cpu_info import CpuInfo
 from trainmem.measure.single_process import measure
 from trainmem.setup import TrainingSetup
 
 TENSOR_TOLERANCE = 0.01
 RSS_TOLERANCE = 0.05
+# frozen_backbone's rows meet 5% on AMD (accuracy_cpu.md: +1.9% to +4.9%, both batches) but not on Intel AMX
+# (accuracy_cpu_intel_amx.md: batch 64 +7.5%, its runs 404-434 MiB; this test's one run at batch 16 measured +5.4%
+# and +9.3% on such a machine): RSS there is issue 21's open gap, held only where the benchmark meets it
+NOT_ON_AMX = "not on AMX"
 
 CASES = [  # (reference, setup, whether peak RSS is held to RSS_TOLERANCE)
     ("mlp:1000-100-100-100-100-10", {"input_shape": "1000", "batch_size": 256, "optimizer": "adam"}, True),
@@ -23,7 +29,7 @@ CASES = [  # (reference, setup, whether peak RSS is held to RSS_TOLERANCE)
     (zoo("gru"), {"batch_size": 8, "optimizer": "adam"}, False),
     (zoo("lstm"), {"batch_size": 8, "optimizer": "adam"}, True),
     (zoo("unet"), {"batch_size": 4, "optimizer": "adam"}, False),
-    (zoo("frozen_backbone"), {"batch_size": 16, "optimizer": "adam"}, True),
+    (zoo("frozen_backbone"), {"batch_size": 16, "optimizer": "adam"}, NOT_ON_AMX),
     (zoo("tiny_gpt"), {"batch_size": 4, "optimizer": "sgd", "checkpointing": True}, False),
     # bf16-mixed is not in the accuracy benchmark; measured RSS here runs 4.6-5.3% above the estimate
     (zoo("tiny_gpt"), {"batch_size": 4, "optimizer": "adamw", "precision": "bf16-mixed"}, False),
@@ -39,5 +45,5 @@ def test_estimate_matches_measure(ref, values, check_rss):
     errors = comparison.to_dict()["error"]
     assert abs(errors["tensor_bytes"]) <= TENSOR_TOLERANCE, comparison
     assert comparison.estimate.process_bytes_high >= comparison.measured_process_bytes, comparison
-    if check_rss:
+    if check_rss is True or (check_rss == NOT_ON_AMX and not CpuInfo.this_machine().amx):
         assert abs(errors["process_bytes"]) <= RSS_TOLERANCE, comparison
