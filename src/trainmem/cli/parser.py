@@ -174,6 +174,7 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from trainmem.cli.commands import COMMAND_MODULES
+    from trainmem.cli.parallel_flags import add_parallel_flags
 
     formatter = argparse.RawDescriptionHelpFormatter
     references = references_help()
@@ -183,8 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainmem {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def add(name: str, text: str) -> argparse.ArgumentParser:  # a command that reads a MODEL and the setup flags
-        return commands.add_parser(name, help=text, description=text, epilog=references, formatter_class=formatter)
+    def add(name: str, text: str) -> argparse.ArgumentParser:  # a command of a MODEL: the setup and many-GPU flags
+        parser = commands.add_parser(name, help=text, description=text, epilog=references, formatter_class=formatter)
+        add_setup_flags(parser)
+        add_parallel_flags(parser)
+        return parser
 
     for module in COMMAND_MODULES:  # in the order --help lists them
         module.add(commands, add)

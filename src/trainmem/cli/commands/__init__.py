@@ -1,6 +1,7 @@
 """One module a command. Each has `add(commands, add_command)`, which adds its subparser (`add_command(name,
-text)` makes one with the MODEL references as its epilog), and `run`: `run(options, setup) -> Outcome` for the
-commands of a model and a setup, `run(args) -> Outcome` for those without (devices, calibrate)."""
+text)` makes one with the setup and many-GPU flags and the MODEL references as its epilog), and `run`:
+`run(options, setup) -> Outcome` for the commands of a model and a setup, `run(args) -> Outcome` for those
+without (devices, calibrate)."""
 
 from __future__ import annotations
 

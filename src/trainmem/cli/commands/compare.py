@@ -9,8 +9,6 @@ from typing import Any
 
 from trainmem.cli.options import Options
 from trainmem.cli.outcome import EXIT_OK, Outcome
-from trainmem.cli.parallel_flags import add_parallel_flags
-from trainmem.cli.parser import add_setup_flags
 
 
 def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -18,8 +16,6 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
 
     compare = add_command("compare", COMPARE_HELP)
     compare.description = COMPARE_DESCRIPTION
-    add_setup_flags(compare)
-    add_parallel_flags(compare)
     add_compare_flags(compare)
 
 

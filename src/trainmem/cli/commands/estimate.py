@@ -10,14 +10,11 @@ from typing import Any
 
 from trainmem.cli.options import Options, framework_options, gpu_options
 from trainmem.cli.outcome import EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
-from trainmem.cli.parallel_flags import add_parallel_flags
-from trainmem.cli.parser import add_output_flags, add_setup_flags
+from trainmem.cli.parser import add_output_flags
 
 
 def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser = add_command("estimate", "estimate training memory")
-    add_setup_flags(parser)
-    add_parallel_flags(parser)
     add_output_flags(parser)
 
 

@@ -9,15 +9,11 @@ from typing import Any
 
 from trainmem.cli.options import Options, gpu_options
 from trainmem.cli.outcome import EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
-from trainmem.cli.parallel_flags import add_parallel_flags
-from trainmem.cli.parser import add_setup_flags
 from trainmem.errors import TrainmemError, quote
 
 
 def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     fit = add_command("fit", "the largest batch size (or --max-seq: sequence length) that fits --device")
-    add_setup_flags(fit)
-    add_parallel_flags(fit)
     fit.add_argument("--max-seq", action="store_true", default=None,
                      help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "

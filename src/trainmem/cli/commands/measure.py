@@ -11,15 +11,11 @@ from typing import Any
 from trainmem.cli.options import Options, gpu_options
 from trainmem.cli.parser import run_default
 from trainmem.cli.outcome import EXIT_OK, Outcome
-from trainmem.cli.parallel_flags import add_parallel_flags
-from trainmem.cli.parser import add_setup_flags
 from trainmem.errors import TrainmemError, quote
 
 
 def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     measure = add_command("measure", "run the steps for real and compare with the estimate")
-    add_setup_flags(measure)
-    add_parallel_flags(measure)
     measure.add_argument("--force", action="store_true", default=None,
                          help="run even if the estimate says it will not fit (default: off)")
     measure.add_argument("--runs", type=int, metavar="N", help="fresh processes for RSS (median reported)" + run_default("runs"))
