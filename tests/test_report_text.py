@@ -210,8 +210,8 @@ def test_no_note_when_the_totals_agree(est):
 def test_other_renderers_keep_the_shared_table():
     from trainmem.report import keras_text, style, text
 
-    assert keras_text.table is style.table and text._table is style.table
-    assert text._table([["a", "1 B"], ["bb", "10 B"]], "lr") == ["  a    1 B", "  bb  10 B"]
+    assert keras_text.table is style.table and text.table is style.table
+    assert text.table([["a", "1 B"], ["bb", "10 B"]], "lr") == ["  a    1 B", "  bb  10 B"]
 
 
 def test_an_estimate_with_its_own_report_keeps_it(est):

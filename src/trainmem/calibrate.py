@@ -59,7 +59,7 @@ def above_tensors(reference: str, runs: int, extra: dict | None = None) -> tuple
     from trainmem.alloc.cpu_heap import replay_resident
     from trainmem.frontends import resolve
     from trainmem.measure.single_process import run_child
-    from trainmem.targets import cpu_kernels as cpu_kernels
+    from trainmem.targets import cpu_kernels
     from trainmem.targets.cpu_info import CpuInfo
     from trainmem.trace.run import trace_training
 

@@ -103,13 +103,16 @@ def estimate_keras(ref: Any, setup: TrainingSetup, device: DeviceRef = "cpu", *,
 
 
 def _on_cpu(source, setup: TrainingSetup, device: Device, traced, onednn: str = "auto") -> KerasEstimate:
-    from trainmem.alloc.cpu_heap import aligned, replay_tensors
+    from trainmem.alloc.cpu_heap import replay_tensors
     from trainmem.targets.tf_cpu import device_events, tf_cpu_figures
 
     figures = tf_cpu_figures(traced, setup, onednn=onednn)
     events = device_events(traced.trace)
     replay = replay_tensors(events)
-    breakdown = _charged_as_requested(replay.live_at_peak, sum(aligned(e.nbytes) for e in replay.live_at_peak.values()))
+    requested: dict[Category, int] = {}
+    for event in replay.live_at_peak.values():
+        requested[event.category] = requested.get(event.category, 0) + event.nbytes
+    breakdown = _charged_as_requested(requested, replay.peak_bytes)  # replay_tensors holds each 64-B aligned
     peak = events[replay.peak_index] if events else None
     words = [f"peak RSS {figures.process_bytes:,} B: " + " + ".join(f"{name} {value:,} B"
                                                                    for name, value in figures.parts.items()),
@@ -131,10 +134,7 @@ def _on_gpu(source, setup: TrainingSetup, device: Device, traced, mode: str, con
     figures = tf_gpu_figures(traced, device, mode, context_bytes=context)
     replay = figures.replay
     point = device_streams(traced.trace)[0]
-    breakdown = {str(c): 0 for c in Category}
-    for category, nbytes in replay.requested_at_peak.items():
-        breakdown[str(category)] += nbytes
-    breakdown[str(Category.RUNTIME)] += sum(figures.live_at_peak.values()) - sum(replay.requested_at_peak.values())
+    breakdown = _charged_as_requested(replay.requested_at_peak, replay.peak_in_use)  # BFC's 256-B chunks
     peak = point[replay.peak_index] if point and replay.peak_index < len(point) else None
     numbers = {"memory_mode": figures.memory_mode, "memory_limit": figures.memory_limit,
                "peak_in_use": figures.peak_in_use, "peak_in_use_high": figures.peak_in_use_high,
@@ -170,14 +170,14 @@ def _mode_line(shown: dict[str, int]) -> str:
             "limit:SIZE one region of SIZE)")
 
 
-def _charged_as_requested(live: dict[int, Any], held: int) -> dict[str, int]:
-    """The one charging rule of every estimate (estimate/assemble.py breakdown_at_peak): each live tensor at the
-    bytes it asked for (count × item size), and what the allocator holds beyond them (64-byte alignment here,
-    the BFC allocator's 256-byte rounding on a GPU) under `runtime`."""
+def _charged_as_requested(requested: dict[Category, int], held: int) -> dict[str, int]:
+    """The one charging rule of every estimate (estimate/assemble.py breakdown_at_peak): the live tensors of each
+    category at the bytes they asked for (count × item size), and what the allocator holds beyond them at the peak
+    (64-byte alignment on the CPU, the BFC allocator's 256-byte chunks on a GPU) under `runtime`."""
     breakdown = {str(c): 0 for c in Category}
-    for event in live.values():
-        breakdown[str(event.category)] += event.nbytes
-    breakdown[str(Category.RUNTIME)] += held - sum(event.nbytes for event in live.values())
+    for category, nbytes in requested.items():
+        breakdown[str(category)] += nbytes
+    breakdown[str(Category.RUNTIME)] += held - sum(requested.values())
     return breakdown
 
 

@@ -23,9 +23,9 @@ from trainmem.estimate.result import module_label
 from trainmem.report.html_assets import CSS, JS
 from trainmem.report.html_assets.svg import COLOURS, geometry, timeline_svg
 from trainmem.report.palette import OTHER_COLOUR
-from trainmem.targets import report_words
 from trainmem.report.style import PLAIN
-from trainmem.report.text import alive_note, report_header, lean_loop_note, ranks_section, where_section, verdict
+from trainmem.report.text import alive_note, lean_loop_note, ranks_section, report_header, verdict, where_section
+from trainmem.targets import report_words
 from trainmem.units import format_bytes
 
 WHERE = "--html"

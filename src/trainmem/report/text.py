@@ -10,9 +10,6 @@ from trainmem.report.style import PLAIN, Style, table
 from trainmem.targets import report_words
 from trainmem.units import format_bytes
 
-_table = table  # the report's one table layout (report/style.py), shared by every text renderer
-
-
 def _quantized(est) -> str:
     if not est.quantized_parameters:
         return ""
@@ -293,7 +290,7 @@ def ranks_section(est, style: Style = PLAIN) -> list[str]:
                      *([format_bytes(row.host_bytes)] if host else []),
                      style.strong("◀ most loaded") if row.label == most else ""])
     lines = ["", style.heading(f"Per rank — {_layout_words(parallel)}")]
-    lines += _table(rows, "lr" + "r" * (len(header) - 3) + "l")
+    lines += table(rows, "lr" + "r" * (len(header) - 3) + "l")
     lines.append(f"  spread between roles: {format_bytes(parallel['spread_bytes'])} (process); the figures above "
                  f"this section are the most loaded role's ({most})")
     if host:

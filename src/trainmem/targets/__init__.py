@@ -67,7 +67,7 @@ class ProcessMemory:
 @dataclasses.dataclass(frozen=True)
 class ReportWords:
     """What the reports call a target's figures, so that no renderer asks what the device is (report/text.py,
-    report/html.py, report/keras_text.py read these)."""
+    report/html.py, report/keras_text.py read these). Each target class holds its own (`report_words`)."""
 
     process_counter: str  # the tool whose number the process figure is: nvidia-smi, peak RSS
     tensors_note: str  # beside the live tensors' row of the text report
@@ -78,17 +78,6 @@ class ReportWords:
     allocator_holds: str  # the Estimate field of what the allocator holds (the rest of the process is outside it)
     device_suffix: str  # after the device's name in the one-line answer (" RAM" on the CPU)
     ranks_show_reserved: bool  # the per-rank table has a reserved column
-
-
-CPU_WORDS = ReportWords("peak RSS", "", "= tensors on the CPU", "the CPU allocator caches nothing",
-                        "allocated (live tensors)", "tensor_bytes", "tensor_bytes", " RAM", False)
-CUDA_WORDS = ReportWords("nvidia-smi", "as requested", "torch.cuda.max_memory_allocated()",
-                         "torch.cuda.max_memory_reserved()", "allocated", "allocated_bytes", "reserved_bytes", "", True)
-
-
-def report_words(device: Device) -> ReportWords:
-    """The words of the device's target (the one place besides target_for that maps a device kind)."""
-    return CUDA_WORDS if device.kind == "cuda" else CPU_WORDS
 
 
 class Target(Protocol):
@@ -102,6 +91,7 @@ class Target(Protocol):
     allocated_name: str
     runtime_words: str
     checkpoint_lists_blocks: bool
+    report_words: ReportWords  # what the reports call its figures (a class attribute: no target is built for it)
 
     def module_rounding(self, nbytes: int) -> int: ...
 
@@ -134,14 +124,23 @@ class Target(Protocol):
         ...
 
 
-def target_for(device: Device, setup: TrainingSetup, **options: Any) -> Target:
-    """The target for a device (devices.Device), its options checked: the one place that maps a device
-    kind to its target. Options (cuda_context, alloc_conf, cuda_version, module_loading, cudnn_benchmark)
-    are the CUDA target's; the CPU target refuses them."""
+def _target_class(device: Device) -> Any:
+    """The one place that maps a device kind to its target."""
     if device.kind == "cuda":
         from trainmem.targets.cuda_target import CudaTarget
 
-        return CudaTarget.create(device, setup, **options)
+        return CudaTarget
     from trainmem.targets.cpu_target import CpuTarget
 
-    return CpuTarget.create(device, setup, **options)
+    return CpuTarget
+
+
+def target_for(device: Device, setup: TrainingSetup, **options: Any) -> Target:
+    """The target for a device (devices.Device), its options checked. Options (cuda_context, alloc_conf,
+    cuda_version, module_loading, cudnn_benchmark) are the CUDA target's; the CPU target refuses them."""
+    return _target_class(device).create(device, setup, **options)
+
+
+def report_words(device: Device) -> ReportWords:
+    """What the reports call the figures of the device's target."""
+    return _target_class(device).report_words

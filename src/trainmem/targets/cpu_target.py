@@ -11,8 +11,8 @@ from trainmem.alloc.cpu_heap import aligned
 from trainmem.alloc.replay import CpuTensorAllocator, glibc_heap
 from trainmem.alloc.steady_state import SteadyHeap, steady_heap
 from trainmem.errors import SetupError
-from trainmem.targets import DeviceStream, ProcessMemory, cpu_runtime, keras_torch_runtime
-from trainmem.targets import cpu_kernels as cpu_kernels
+from trainmem.targets import DeviceStream, ProcessMemory, ReportWords, cpu_runtime, keras_torch_runtime
+from trainmem.targets import cpu_kernels
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn import matmul_cache
 from trainmem.targets.onednn.rnn_layout import rnn_layout
@@ -24,6 +24,8 @@ class CpuTarget:
     cpu: CpuInfo  # the instruction set and thread count the kernel rules follow
 
     allocated_name = "tensor peak"
+    report_words = ReportWords("peak RSS", "", "= tensors on the CPU", "the CPU allocator caches nothing",
+                               "allocated (live tensors)", "tensor_bytes", "tensor_bytes", " RAM", False)
     runtime_words = "kernel-internal buffers and 64-byte allocation rounding"
     checkpoint_lists_blocks = True  # the checkpointing warning names the first wrapped blocks
 

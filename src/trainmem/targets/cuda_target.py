@@ -12,7 +12,7 @@ from typing import Any
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.replay import CudaAllocator
 from trainmem.alloc.device_events import DeviceEvent
-from trainmem.targets import DeviceStream, ProcessMemory, cuda_runtime
+from trainmem.targets import DeviceStream, ProcessMemory, ReportWords, cuda_runtime
 from trainmem.targets.cuda_stream import device_stream, kernel_ops
 from trainmem.targets.cuda_reduce import GridFacts
 from trainmem.trace.events import Trace
@@ -77,6 +77,9 @@ class CudaTarget:
     context: Context
 
     allocated_name = "max_memory_allocated"
+    report_words = ReportWords("nvidia-smi", "as requested", "torch.cuda.max_memory_allocated()",
+                               "torch.cuda.max_memory_reserved()", "allocated", "allocated_bytes", "reserved_bytes",
+                               "", True)
     runtime_words = ("cuBLAS workspaces, and what the caching allocator charges beyond each request: 512-byte "
                      "rounding, blocks too small to split")
     # drift kept for byte identity (fix in a follow-up): the checkpointing warning gives only the count of
