@@ -11,6 +11,19 @@ def zoo(name: str) -> str:
     return f"{MODELS}:{name}"
 
 
+def skip_where_torch_refuses(strategy: str, **layout) -> None:
+    """Skip a test that needs the installed torch to trace `strategy` (a plan test whose other layouts must
+    evaluate), with the refusal the user gets there (trace/torch_private.py LATER_TORCH; `make compat` on 2.6)."""
+    from trainmem.errors import TorchVersionError
+    from trainmem.setup.layout import ParallelLayout, Strategy
+    from trainmem.trace.torch_private import require_torch_for
+
+    try:
+        require_torch_for(ParallelLayout(strategy=Strategy(strategy), world_size=2, **layout).resolve())
+    except TorchVersionError as refusal:
+        pytest.skip(f"refused on this torch: {refusal}")
+
+
 @pytest.fixture
 def tmp_factory(tmp_path):
     def write(body: str, name: str = "factory") -> str:

@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from conftest import skip_where_torch_refuses
+
 from trainmem.cli import main
 from trainmem.errors import NothingEvaluated, grouped_failures
 from trainmem.setup.layout import Strategy
@@ -80,6 +82,7 @@ def _fsdp_fails(real):
 
 @pytest.mark.heavy
 def test_plan_partly_failed_names_them_and_answers_from_the_rest(monkeypatch, capsys):
+    skip_where_torch_refuses("ddp")  # the DDP layouts are the ones that answer
     monkeypatch.setattr(core, "figures_for", _fsdp_fails(core.figures_for))
     code, out, err = run(PLAN, capsys)
     assert code == 0, err  # the other layouts fit
@@ -112,6 +115,7 @@ def test_plan_partly_failed_and_the_rest_does_not_fit_is_exit_1(monkeypatch, cap
 
 
 def test_plan_result_exposes_failures(monkeypatch):
+    skip_where_torch_refuses("ddp")
     from trainmem.plan import plan
 
     monkeypatch.setattr(core, "figures_for", _fsdp_fails(core.figures_for))

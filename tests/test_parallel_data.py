@@ -60,6 +60,7 @@ class _Run:
     buckets: list  # bucket bytes per step (after each backward)
     host: list  # host tensors' bytes after the last optimizer step
     live: _LiveBytes
+    after_forward: list  # live bytes when each step's forward has returned (before the loss and backward)
 
 
 def _linears(width: int, count: int, bias: bool = True) -> nn.Sequential:
@@ -74,20 +75,25 @@ def _trace(model: nn.Module, rank: int, steps: int = 2, precision: str = "fp32",
     with fake_world(layout, rank) as world:
         ctx = ParallelContext(layout, world, None, setup)
         model = apply_on_meta(model, ctx)
-        live, buckets = _LiveBytes(), []
+        live, buckets, after_forward = _LiveBytes(), [], []
         with FakeTensorMode(allow_non_fake_inputs=True), live, storage_resizes_reported(live.resized):
             model.to_empty(device="cpu")
             par = apply_on_fake(model, ctx)
             make = par.make_optimizer or (lambda params, _: torch.optim.Adam(list(params)))
             optimizer = make(par.model.parameters(), setup)
             for _ in range(steps):
-                par.model(torch.randn(8, width)).float().sum().backward()
+                output = par.model(torch.randn(8, width))
+                after_forward.append(sum(live.live.values()))
+                loss = output.float().sum()
+                del output  # as in the one-line `model(x).float().sum().backward()`: dead before backward
+                loss.backward()
+                del loss
                 if par.communication_tensors:
                     buckets.append([t.numel() * t.element_size() for t in par.communication_tensors()])
                 optimizer.step()
                 optimizer.zero_grad()
             host = [t.untyped_storage().nbytes() for t in par.host_tensors()] if par.host_tensors else []
-        return _Run(par.model, optimizer, par, ctx.notes + par.notes, buckets, host, live)
+        return _Run(par.model, optimizer, par, ctx.notes + par.notes, buckets, host, live, after_forward)
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -206,10 +212,13 @@ def test_zero2_keeps_parameters_unsharded_through_forward():
     zero3 = _trace(_linears(64, 6, bias=False), 0, strategy="zero3", world_size=4, zero3_persistence_threshold=0,
                    zero3_prefetch_bucket=0)
     zero2 = _trace(_linears(64, 6, bias=False), 0, strategy="zero2", world_size=4)
-    # zero2 holds all six unsharded weights (64 x 64 fp32 each) from forward into backward; zero3 at most the
-    # current one and the one prefetched for backward, besides the same gradients: three weights fewer at least
+    # zero2 holds all six unsharded weights (64 x 64 fp32 each) from forward into backward; zero3 reshards each
+    # after its forward (the root too, reshard_after_forward=True): six weights fewer when forward returns.
+    # (The whole-step peaks differ by less, and by an amount that depends on the torch whose FSDP2 is traced:
+    # zero2's peak here is 167,960 B under torch 2.8-2.13 and 157,728 B under 2.15; zero3's 114,720 B on each.)
     assert zero2.live.peak >= 6 * 64 * 64 * F32
-    assert zero2.live.peak - zero3.live.peak >= 3 * 64 * 64 * F32
+    assert all(two - three == 6 * 64 * 64 * F32 for two, three in zip(zero2.after_forward, zero3.after_forward))
+    assert zero2.live.peak > zero3.live.peak
 
 
 def test_zero3_persistence_threshold_keeps_small_parameters_whole():

@@ -85,7 +85,9 @@ def test_fsdp_holds_a_quarter_in_padded_chunks(fsdp):
     # on the CPU the peak is gloo's reduce-scatter of the 256x256 layer: FSDP's flat input (4 ranks x 64 rows x
     # (256 weight + 1 bias) x 4 B) is in communication, and gloo clones it below the dispatcher (targets/gloo.py)
     flat_input = 4 * 64 * (256 + 1) * 4
-    assert fsdp.peak_op == "_reduce_scatter_base_" and fsdp.peak_module == "2"
+    # (the op is attributed to the layer, module "2", under torch 2.8-2.13; under 2.15, whose FSDP2 issues it
+    # later, to module "1", the ReLU whose backward runs then: same sizes, same breakdown of communication)
+    assert fsdp.peak_op == "_reduce_scatter_base_" and fsdp.peak_module in ("2", "1")
     assert fsdp.breakdown["communication"] >= flat_input + flat_input // 4  # the input and this rank's output
     assert fsdp.breakdown["runtime"] >= flat_input
 
