@@ -168,7 +168,8 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     import pickle
 
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainmem.trace.torch_private import FakeTensorMode
 
     _check_zip_members(path)
     try:

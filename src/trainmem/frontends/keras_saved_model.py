@@ -73,9 +73,10 @@ def read_signature(directory: Path, ref: str) -> Signature:
 
     import_tensorflow(where=where)
     from google.protobuf.message import DecodeError
-    from tensorflow.core.protobuf import saved_model_pb2
 
-    proto = saved_model_pb2.SavedModel()
+    from trainmem.trace.tf_private import saved_model_message
+
+    proto = saved_model_message()
     with path.open("rb") as handle:
         data = handle.read(MAX_PB_BYTES + 1)
     try:
@@ -112,33 +113,10 @@ def _choose(signatures: dict[str, Any], where: str) -> Signature:
 def build_from_saved_model(directory: Path, signature: Signature, ref: str) -> Any:
     """Inside the trace's tf.Graph: a Keras model whose one layer calls the restored signature."""
     from trainmem.frontends.keras_import import import_keras
+    from trainmem.trace.tf_private import saved_model_layer_class
 
     keras = import_keras(backend="tensorflow", where=short(ref))
-    layer = _restoring_layer_class(keras)(str(directory), call_endpoint=signature.name, trainable=True,
-                                          name="saved_model")
+    layer = saved_model_layer_class(keras)(str(directory), call_endpoint=signature.name, trainable=True,
+                                           name="saved_model")
     inputs = keras.Input(shape=signature.shape, dtype=signature.dtype, name=signature.input_name)
     return keras.Model(inputs, layer(inputs), name=directory.name or "saved_model")
-
-
-def _restoring_layer_class(keras: Any) -> type:
-    class SavedModelLayer(keras.layers.TFSMLayer):
-        """TFSMLayer whose variables are named as Keras names them. Restored in a graph, a variable's name
-        carries TensorFlow's output suffix (dense/kernel:0), and the optimizer's slot names built from it
-        (base_optimizer.add_variable_from_reference) are not valid scope names: the ':' goes."""
-
-        def _add_existing_weight(self, weight: Any) -> None:
-            from keras.src import backend
-
-            name = weight.name.replace("/", "_").replace(":", "_")
-            # backend/tensorflow/core.py Variable._initialize keeps a tf.Variable initializer as the
-            # variable itself: the restored function and the optimizer update the same variable
-            self._track_variable(backend.Variable(initializer=weight, trainable=weight.trainable,
-                                                  dtype=weight.dtype, shape=weight.shape, name=name))
-
-        def call(self, inputs: Any, training: bool = False, **kwargs: Any) -> Any:
-            outputs = super().call(inputs, training=training, **kwargs)
-            if isinstance(outputs, dict) and len(outputs) == 1:  # a signature returns {"output_0": tensor}
-                return next(iter(outputs.values()))
-            return outputs
-
-    return SavedModelLayer

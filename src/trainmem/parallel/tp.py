@@ -286,7 +286,7 @@ def _replicated_style() -> Any:
                      if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)
 
     def outputs(_module: nn.Module, out: Any, _mesh: Any) -> Any:
-        from torch.utils._pytree import tree_map
+        from trainmem.trace.torch_private import tree_map
 
         return tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, out)
 

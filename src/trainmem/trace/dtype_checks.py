@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainmem.trace.torch_private import TorchDispatchMode
 
 # aten ops whose CPU and CUDA kernels refuse tensor arguments of different dtypes, and whose meta
 # kernels do not: the matrix products F.linear and matmul decompose into, and convolution (input,

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainmem.trace.events import Category, Phase, Trace
 from trainmem.trace.keras_traced import LayerRow
+from trainmem.trace.tf_private import flatten_layers
 from trainmem.trace.tf_ops import VariableInfo
 
 
@@ -17,7 +18,7 @@ def layer_paths(model: Any) -> dict[int, str]:
     paths: dict[int, str] = {}
 
     def walk(layer: Any, prefix: str) -> None:
-        for child in layer._flatten_layers(include_self=False, recursive=False):
+        for child in flatten_layers(layer, include_self=False, recursive=False):
             if id(child) in paths:
                 continue
             path = f"{prefix}.{child.name}" if prefix else child.name
@@ -46,7 +47,7 @@ class LayerHooks:
         return len(self.graph.get_operations()) - self.start
 
     def __enter__(self) -> LayerHooks:
-        layers = [self.model] + list(self.model._flatten_layers(include_self=False))
+        layers = [self.model] + list(flatten_layers(self.model, include_self=False))
         for layer in layers:
             self._wrap(layer, "call", self._layer_call(layer, self.paths.get(id(layer), "")))
         optimizer = self.model.optimizer
@@ -168,7 +169,7 @@ def variables_of(model: Any, ops: list) -> dict:
     """Every variable the step touches, by VarHandleOp name, with its category and owning layer."""
     paths = layer_paths(model)
     owner: dict[int, str] = {}
-    for layer in model._flatten_layers(include_self=False):
+    for layer in flatten_layers(model, include_self=False):
         for weight in list(getattr(layer, "_trainable_variables", [])) + list(getattr(layer, "_non_trainable_variables", [])):
             owner.setdefault(id(weight), paths.get(id(layer), ""))
     table: dict[str, VariableInfo] = {}
@@ -214,7 +215,7 @@ def layer_rows(model: Any, hooks: LayerHooks, trace: Trace) -> tuple[LayerRow, .
             top = record.module.split(".")[0]
             kept[top] = kept.get(top, 0) + record.nbytes
     rows = []
-    for layer in model._flatten_layers(include_self=False, recursive=False):
+    for layer in flatten_layers(model, include_self=False, recursive=False):
         name = hooks.paths.get(id(layer), layer.name)
         rows.append(LayerRow(name, type(layer).__name__, hooks.output_shapes.get(name, ()), int(layer.count_params()),
                              kept.get(name, 0)))

@@ -25,6 +25,7 @@ from trainmem.trace.tf_loops import LOOP_OPS, function_ops, loop_sizes
 from trainmem.trace.tf_grappler import optimized_step, stateful
 from trainmem.trace.tf_lifetimes import ready_order, replay, tensor_peak
 from trainmem.trace.tf_ops import StepGraph
+from trainmem.trace.tf_private import flatten_layers
 
 ORDER = ("the ops in the order the step's graph was built (forward, loss, gradients from the loss back, "
          "optimizer updates layer by layer): a topological order TensorFlow's executor may follow; the "
@@ -145,7 +146,7 @@ def _freeze(model: Any, patterns: tuple[str, ...]) -> None:
     from trainmem.errors import SetupError
 
     for pattern in patterns:
-        layers = [layer for layer in model._flatten_layers(include_self=False) if fnmatch.fnmatchcase(layer.name, pattern)]
+        layers = [layer for layer in flatten_layers(model, include_self=False) if fnmatch.fnmatchcase(layer.name, pattern)]
         if not layers:
             raise SetupError(f"expected --freeze {pattern!r} to match Keras layer names such as "
                              f"{', '.join(l.name for l in model.layers[:4])}, it matched none", where="--freeze")
@@ -237,7 +238,7 @@ def _jit_on_gpu(model: Any) -> bool:
     """Keras's jit_compile="auto" on a machine with a GPU: XLA when every layer supports it
     (keras/src/trainers/trainer.py _resolve_auto_jit_compile, model_supports_jit)."""
     try:
-        return all(layer.supports_jit for layer in model._flatten_layers())
+        return all(layer.supports_jit for layer in flatten_layers(model))
     except AttributeError:
         return False
 

@@ -32,6 +32,7 @@ import torch
 from trainmem.errors import SetupError
 from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
 from trainmem.trace.events import Phase
+from trainmem.trace.tf_private import flatten_layers, retrack_torch_parameters, swap_torch_value
 
 
 def is_keras_model(model: Any) -> bool:
@@ -115,12 +116,10 @@ def materialize_fake(model: Any) -> None:
     each layer's torch parameters (TorchLayer._track_variables makes the ParameterDict that
     model.parameters() and zero_grad() walk, from `variable.value`)."""
     for variable in keras_variables(model):
-        old = variable._value
-        new = torch.empty_like(old, device="cpu")
-        variable._value = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+        swap_torch_value(variable, lambda old: torch.nn.Parameter(torch.empty_like(old, device="cpu"),
+                                                                  requires_grad=old.requires_grad))
     for module in model.modules():
-        if hasattr(module, "_track_variables") and hasattr(module, "_torch_params"):
-            module._track_variables()
+        retrack_torch_parameters(module)
 
 
 def model_output_shape(model: Any, batch: tuple[int, ...]) -> tuple[int, ...]:
@@ -292,8 +291,8 @@ def model_facts(model: Any) -> tuple[int, int, dict[str, int], list[tuple[int, .
     """Parameters as Keras counts them (count_params(): trainable and non-trainable weights), per layer
     (its own weights, by layer path), and each trainable weight's shape."""
     per_layer: dict[str, int] = {}
-    for layer in model._flatten_layers(include_self=False):
-        own = [w for w in layer.weights if not any(w is v for sub in layer._flatten_layers(include_self=False)
+    for layer in flatten_layers(model, include_self=False):
+        own = [w for w in layer.weights if not any(w is v for sub in flatten_layers(layer, include_self=False)
                                                    for v in sub.weights)]
         per_layer[layer_path(layer)] = sum(int(w.value.numel()) for w in own)
     trainable = sum(int(w.value.numel()) for w in model.trainable_weights)
@@ -352,8 +351,8 @@ def non_trainable_bytes(model: Any) -> int:
 def layer_sets(model: Any, per_layer: dict[str, int]) -> tuple[set[str], set[str]]:
     """(layers that own weights, layers without sublayers), by layer path: the report's module rows."""
     owners = {path for path, count in per_layer.items() if count}
-    leaves = {layer_path(layer) for layer in model._flatten_layers(include_self=False)
-              if not any(True for _ in layer._flatten_layers(include_self=False))}
+    leaves = {layer_path(layer) for layer in flatten_layers(model, include_self=False)
+              if not any(True for _ in flatten_layers(layer, include_self=False))}
     return owners, leaves
 
 
@@ -375,7 +374,7 @@ def named_layers(model: Any) -> torch.nn.Module:
     """A torch container whose named_modules() are the model's layers by Keras path (one proxy each),
     for ModuleTracker(container); `layer_calls_named(container)` routes the calls through them."""
     container = torch.nn.Module()
-    for layer in model._flatten_layers(include_self=False):
+    for layer in flatten_layers(model, include_self=False):
         path = layer_path(layer)
         if path not in container._modules:
             container._modules[path] = _CallProxy(None)

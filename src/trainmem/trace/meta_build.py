@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-from trainmem.trace.torch_private import device_constructors
+from trainmem.trace.torch_private import device_constructors, import_dynamo
 
 # A tensor this small is made where the code asked: 64 KiB holds an 8,192-entry int64 position table or a
 # drop-path schedule, values construction code reads; no weight matrix worth estimating is this small.
@@ -55,11 +55,9 @@ class MetaEverywhere(TorchFunctionMode):
 @contextlib.contextmanager
 def building_on_meta() -> Iterator[None]:
     """The model's constructors allocate nothing large for real, whether or not they name a device."""
-    # torch._dynamo runs code at import that makes tensors and reads their values (torch 2.6:
-    # variables/torch_function.py populate_builtin_to_tensor_fn_map); a model's module that imports it
-    # lazily (transformers' GenerationMixin) would run that code on meta and fail. The trace imports
-    # it anyway (FakeTensorMode), so importing it first costs nothing.
-    import torch._dynamo  # noqa: F401
+    # torch._dynamo first, not on meta (torch_private.import_dynamo says why); the trace imports it anyway
+    # (FakeTensorMode), so importing it first costs nothing
+    import_dynamo()
 
     with torch.device("meta"), MetaEverywhere():
         yield

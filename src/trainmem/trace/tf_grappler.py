@@ -15,27 +15,26 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from trainmem.trace.tf_private import grappler_optimize
+
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 FUNCTIONAL_LOOPS = ("While", "StatelessWhile")
 
 
 def optimized_step(tf: Any, graph: Any, step_ops: list, keep: list) -> tuple[Any, list] | str:
     """(the optimized graph, its step ops in the creation order of the ops they come from), or why not."""
-    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
-    from tensorflow.python.grappler import tf_optimizer
+    def configure(meta: Any) -> None:
+        for node in meta.graph_def.node:
+            node.device = node.device or CPU
+            if node.op in FUNCTIONAL_LOOPS:
+                # keep the loop functional: lowered to Enter/Merge/Switch/Exit frames (lower_functional_ops.cc,
+                # as the runtime does), its ops would run once per iteration, which a straight replay cannot
+                # follow; trace/tf_loops.py sizes the functional loop from its body instead
+                node.attr["_lower_using_switch_merge"].b = False
+        meta.collection_def["train_op"].node_list.value.extend(sorted({op.name for op in keep}))
 
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(graph.as_graph_def())
-    for node in meta.graph_def.node:
-        node.device = node.device or CPU
-        if node.op in FUNCTIONAL_LOOPS:
-            # keep the loop functional: lowered to Enter/Merge/Switch/Exit frames (lower_functional_ops.cc,
-            # as the runtime does), its ops would run once per iteration, which a straight replay cannot
-            # follow; trace/tf_loops.py sizes the functional loop from its body instead
-            node.attr["_lower_using_switch_merge"].b = False
-    meta.collection_def["train_op"].node_list.value.extend(sorted({op.name for op in keep}))
     try:
-        optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+        optimized = grappler_optimize(graph.as_graph_def(), configure)
         runtime = tf.Graph()
         with runtime.as_default():
             tf.graph_util.import_graph_def(optimized, name="")

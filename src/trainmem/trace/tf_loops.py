@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from trainmem.trace.tf_ops import DTYPE_BYTES
+from trainmem.trace.tf_private import function_def_graph, graph_function
 
 LOOP_OPS = ("While", "StatelessWhile")
 
@@ -78,19 +79,15 @@ def _body(graph: Any, op: Any) -> Any:
     """The loop body as a graph: a traced function's own FuncGraph, or one rebuilt from the FunctionDef
     of a graph that was imported (after Grappler)."""
     try:
-        function = graph._get_function(op.get_attr("body").name)
+        function = graph_function(graph, op.get_attr("body").name)
     except (ValueError, KeyError):
         return None
     if function is None:
         return None
     if hasattr(function, "graph"):
         return function.graph
-    from tensorflow.python.framework import ops
-    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
-
     try:
-        with ops.Graph().as_default():  # its own graph: nothing is registered with the eager context
-            return function_def_to_graph(function.definition, input_shapes=[t.shape for t in op.inputs])
+        return function_def_graph(function.definition, [t.shape for t in op.inputs])
     except Exception:  # noqa: BLE001 - an unreadable body: the loop is reported as unsized
         return None
 

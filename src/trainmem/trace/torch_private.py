@@ -41,13 +41,20 @@ from torch._subclasses.fake_tensor import (  # noqa: F401 - re-exported
 )
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401 - re-exported
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes  # noqa: F401 - parallel/ddp.py
-from torch.utils._pytree import tree_leaves  # noqa: F401 - re-exported
+from torch.utils._pytree import tree_leaves, tree_map  # noqa: F401 - re-exported
 
 from trainmem.errors import TorchVersionError, TrainmemError
 
 FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 # an op on fake tensors whose answer needs values (.item(), nonzero, an op without a meta kernel)
 FAKE_LIMITATIONS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
+
+
+def import_dynamo() -> None:
+    """Import torch._dynamo now. It runs code at import that makes tensors and reads their values (torch 2.6:
+    variables/torch_function.py populate_builtin_to_tensor_fn_map); a model's module that imports it lazily
+    (transformers' GenerationMixin) would run that code on meta and fail."""
+    import torch._dynamo  # noqa: F401
 
 
 def module_tensor_tables(module: torch.nn.Module) -> tuple[dict, dict]:
