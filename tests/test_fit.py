@@ -132,7 +132,7 @@ def _estimates_with_spread(monkeypatch, spread: int) -> None:
 
         def with_spread(*args, _real=real, **kwargs):
             est = _real(*args, **kwargs)
-            return dataclasses.replace(est, process_high=est.process_bytes + spread)
+            return dataclasses.replace(est, process_bytes_high=est.process_bytes + spread)
 
         monkeypatch.setattr(fitmod, name, with_spread)
 

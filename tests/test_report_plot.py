@@ -58,7 +58,7 @@ def test_gpu_plot_draws_each_category_the_allocator_lines_and_the_peak(gpu_estim
     assert list(lines["reserved"].get_ydata()) == list(line.reserved)
     # the stacked top at the peak is the categories' sum there, which is the allocated peak
     at_peak = sum(line.by_category[c][line.peak] for c in line.categories)
-    assert _top_at(areas[-1], line.peak) == at_peak == line.peak_bytes == gpu_estimate.allocated
+    assert _top_at(areas[-1], line.peak) == at_peak == line.peak_bytes == gpu_estimate.allocated_bytes
     note = next(t for t in axes.texts if t.get_gid() == "peak").get_text()
     assert line.peak_op in note and format_bytes(line.peak_bytes) in note and line.peak_phase in note
     largest = max(line.categories, key=lambda c: line.by_category[c][line.peak])
@@ -174,7 +174,7 @@ def test_downsampled_timeline_keeps_the_peak_and_ticks_name_round_events(gpu_est
     line = timeline(gpu_estimate, max_points=40)
     assert len(line.index) == 40 < line.events
     axes = plot.timeline_figure(gpu_estimate, max_points=40).axes[0]
-    assert max(_lines(axes)["allocated"].get_ydata()) == line.peak_bytes == gpu_estimate.allocated
+    assert max(_lines(axes)["allocated"].get_ydata()) == line.peak_bytes == gpu_estimate.allocated_bytes
     positions = list(axes.get_xticks())
     events = [int(t.get_text().replace(",", "")) for t in axes.get_xticklabels()]
     assert positions == sorted(positions) and 0 <= positions[0] and positions[-1] <= len(line.index)

@@ -139,7 +139,7 @@ def test_quiet_fits_on_the_cpu(est):
 
 
 def test_quiet_does_not_fit_says_by_how_much(est):
-    over = dataclasses.replace(est, process_bytes=est.device.capacity_bytes + 3 * 2**30, process_high=None)
+    over = dataclasses.replace(est, process_bytes=est.device.capacity_bytes + 3 * 2**30, process_bytes_high=None)
     assert not over.fits
     assert render_quiet(over) == f"peak {format_bytes(over.process_bytes)} (does not fit cpu RAM: 3.00 GiB over)"
     assert "DOES NOT FIT, 3.00 GiB over" in str(over)

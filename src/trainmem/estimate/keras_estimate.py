@@ -198,8 +198,8 @@ def _estimate(source, setup, device, traced, breakdown, peak, live, tensor_bytes
         explanation=explain_keras(traced, setup, breakdown, words), process_parts=parts,
         coverage={"ops": dict(traced.op_counts), "unsupported_ops": dict(traced.unsupported_ops),
                   "order": traced.order, "runtime_graph": traced.runtime_graph},
-        allocated=allocated, reserved=reserved, fits_override=None if fits is None or fits else False,
-        process_high=high, layers=tuple(traced.layers), tf_figures=numbers, tf_explanation=tuple(words),
+        allocated_bytes=allocated, reserved_bytes=reserved, fits_override=None if fits is None or fits else False,
+        process_bytes_high=high, layers=tuple(traced.layers), tf_figures=numbers, tf_explanation=tuple(words),
         order=traced.order, resolved={"framework": "keras", "keras_backend": "tensorflow", "source": source.kind})
 
 

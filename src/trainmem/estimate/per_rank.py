@@ -92,8 +92,8 @@ def assemble_role(chosen: Any, setup: TrainingSetup, role: Any, traced: Any) -> 
 
 def _add_process_part(est: Estimate, name: str, nbytes: int, assumption: str) -> Estimate:
     parts = {**est.process_parts, name: nbytes}
-    high = None if est.process_high is None else est.process_high + nbytes
-    return dataclasses.replace(est, process_parts=parts, process_bytes=est.process_bytes + nbytes, process_high=high,
+    return dataclasses.replace(est, process_parts=parts, process_bytes=est.process_bytes + nbytes,
+                               process_bytes_high=est.process_bytes_high + nbytes,
                                warnings=(*est.warnings, assumption))
 
 

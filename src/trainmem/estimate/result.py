@@ -118,14 +118,16 @@ class Estimate:
     explanation: Explanation
     process_parts: dict[str, int]
     coverage: dict[str, Any]
-    allocated: int | None = None  # CUDA: max_memory_allocated (None on the CPU: the tensor peak)
-    reserved: int | None = None  # CUDA: max_memory_reserved (the CPU allocator caches nothing)
+    # each figure is one field, named as the JSON's peak names it. allocated_bytes: CUDA's max_memory_allocated;
+    # given as None (the CPU, whose allocator rounds nothing away), it is the tensor peak
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None  # CUDA: max_memory_reserved (None: the CPU allocator caches nothing)
     allocator: AllocatorSummary | None = None  # a caching allocator's fragmentation and segments
     fits_override: bool | None = None  # False when the simulated allocator ran out of memory
     baselines: tuple[Baseline, ...] = ()  # rules of thumb beside us
-    # the upper end of what real runs of this setup show (run-to-run spread, uncertain runtime facts);
-    # None: no spread is modelled, the point estimate is the high end too
-    process_high: int | None = None
+    # the upper end of what real runs of this setup show (run-to-run spread, uncertain runtime facts), never
+    # below process_bytes; given as None (no spread modelled), it is process_bytes
+    process_bytes_high: int | None = None
     quantized_parameters: int = 0  # parameters stored in 4 bits (QLoRA), included in `parameters`
     adapter_parameters: int = 0  # parameters LoRA adds to the model, not included in `parameters`
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
@@ -137,17 +139,12 @@ class Estimate:
     # the stream and allocator behind the figures (None for Keras estimates); many ranks: the most loaded's
     replay_input: ReplayInput | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    @property
-    def process_bytes_high(self) -> int:
-        return max(self.process_bytes, self.process_high or 0)
-
-    @property
-    def allocated_bytes(self) -> int:
-        return self.tensor_bytes if self.allocated is None else self.allocated
-
-    @property
-    def reserved_bytes(self) -> int | None:
-        return self.reserved
+    def __post_init__(self) -> None:
+        # frozen: the two defaults are settled once, here (dataclasses.replace passes the settled values on,
+        # and settles a high end given below a new process_bytes again)
+        object.__setattr__(self, "process_bytes_high", max(self.process_bytes, self.process_bytes_high or 0))
+        if self.allocated_bytes is None:
+            object.__setattr__(self, "allocated_bytes", self.tensor_bytes)
 
     @property
     def fits(self) -> bool:

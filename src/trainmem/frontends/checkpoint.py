@@ -168,7 +168,6 @@ def torch_save_entries(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     import pickle
 
     import torch
-
     from trainmem.trace.torch_private import FakeTensorMode
 
     _check_zip_members(path)

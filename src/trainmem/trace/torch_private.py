@@ -33,14 +33,9 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from torch._subclasses.fake_tensor import (  # noqa: F401 - re-exported
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedOperatorException,
-)
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401 - re-exported
-from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes  # noqa: F401 - parallel/ddp.py
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException  # noqa: F401
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException  # noqa: F401
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes as disable_current_modes  # noqa
 from torch.utils._pytree import tree_leaves, tree_map  # noqa: F401 - re-exported
 
 from trainmem.errors import TorchVersionError, TrainmemError
@@ -51,9 +46,8 @@ FAKE_LIMITATIONS = (DataDependentOutputException, DynamicOutputShapeException, U
 
 
 def import_dynamo() -> None:
-    """Import torch._dynamo now. It runs code at import that makes tensors and reads their values (torch 2.6:
-    variables/torch_function.py populate_builtin_to_tensor_fn_map); a model's module that imports it lazily
-    (transformers' GenerationMixin) would run that code on meta and fail."""
+    """Import torch._dynamo now: its import makes tensors and reads them (torch 2.6's populate_builtin_to_tensor_
+    fn_map), which fails on meta, where a model's module importing it lazily (GenerationMixin) would run it."""
     import torch._dynamo  # noqa: F401
 
 
@@ -174,9 +168,6 @@ def flatten_mesh(mesh, name: str):
 
 
 # ---- wrapper subclasses (DTensor) and storage resizes, for the per-rank trace (parallel/rank_trace.py) ----
-from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402,F401 - re-exported
-
-
 def storage_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
     """The plain tensors that hold a tensor's storage: a wrapper subclass (DTensor: its local shard) is
     flattened through __tensor_flatten__, recursively; a plain or fake tensor is itself."""
