@@ -129,7 +129,7 @@ def report(rows: list[dict]) -> str:
              "tests/models.py:gpt_1b3 (24 layers, d_model 2048, 16 heads, vocabulary 50257, sequence 1024: "
              "1.3B parameters), AdamW with bf16 autocast. A batch fits when its high estimate (process_bytes_high) stays "
              "under capacity × (1 − margin); the default margin is the worst low error recorded in "
-             "benchmarks/results/accuracy_gpu.md (trainmem/fit.py DEFAULT_MARGIN_GPU), `--margin` overrides it. "
+             "benchmarks/results/accuracy_gpu.md (CudaTarget.fit_margin, trainmem/targets/cuda_target.py), `--margin` overrides it. "
              "Exit code 0: a batch fits; 1: not even batch 1.", "",
              "## The batch search against the exhaustive search", "",
              "The batch search traces two batch sizes, predicts every other candidate's trace from them and replays "

@@ -12,7 +12,10 @@ import pytest
 
 from trainmem.cli import main
 from trainmem.errors import SetupError
-from trainmem.fit import DEFAULT_MARGIN_CPU, DEFAULT_MARGIN_GPU, fit, resolve_margin
+from trainmem.devices import get_device
+from trainmem.fit import Margin, fit, resolve_margin
+from trainmem.targets.cpu_target import CpuTarget
+from trainmem.targets.cuda_target import CudaTarget
 from trainmem.setup import TrainingSetup
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -75,16 +78,17 @@ def _rounded_up(worst_low: float) -> float:
 
 
 @pytest.mark.parametrize("name, margin, worst", [
-    ("accuracy_gpu.md", DEFAULT_MARGIN_GPU, worst_low_gpu), ("accuracy_cpu.md", DEFAULT_MARGIN_CPU, worst_low_cpu)])
+    ("accuracy_gpu.md", Margin(*CudaTarget.fit_margin), worst_low_gpu),
+    ("accuracy_cpu.md", Margin(*CpuTarget.fit_margin), worst_low_cpu)])
 def test_default_margin_covers_the_worst_low_error_recorded(name, margin, worst):
     """Never low: the default margin is at least the worst low error in the results file fit's counter has,
     and it follows a regenerated file (a stale constant fails here with the value to write)."""
     text = (RESULTS / name).read_text()
     low = worst(text)
     assert low < 0, f"{name}: no low row parsed; has the table's format changed?"
-    assert margin.fraction >= -low, f"{name} records {low:+.2%}: raise the default margin in fit.py"
+    assert margin.fraction >= -low, f"{name} records {low:+.2%}: raise the target's fit_margin (targets/)"
     assert margin.fraction == _rounded_up(low), (
-        f"{name} now records a worst low error of {low:+.2%}: set the default margin in fit.py to "
+        f"{name} now records a worst low error of {low:+.2%}: set the target's fit_margin (targets/) to "
         f"{_rounded_up(low)} and its source line to that figure")
     assert f"{low * 100:+.2f}%".replace("+", "") in margin.source.replace("+", "")
 
@@ -102,11 +106,13 @@ def test_the_parsers_read_each_counter():
 
 
 def test_margin_is_checked():
-    assert resolve_margin(None, "cuda") is DEFAULT_MARGIN_GPU and resolve_margin(None, "cpu") is DEFAULT_MARGIN_CPU
-    assert resolve_margin("0.1", "cuda").fraction == 0.1 and resolve_margin(0, "cpu").source == "--margin"
+    gpu, cpu = get_device("a100-40gb"), get_device("cpu")
+    assert resolve_margin(None, gpu) == Margin(*CudaTarget.fit_margin)
+    assert resolve_margin(None, cpu) == Margin(*CpuTarget.fit_margin)
+    assert resolve_margin("0.1", gpu).fraction == 0.1 and resolve_margin(0, cpu).source == "--margin"
     for bad in (1, 1.5, -0.1, "abc", "nan"):
         with pytest.raises(SetupError, match="0 ≤ m < 1"):
-            resolve_margin(bad, "cuda")
+            resolve_margin(bad, gpu)
 
 
 def test_fit_keeps_the_margin():
@@ -174,7 +180,7 @@ def test_cli_margin_and_json(capsys):
 def test_cli_default_margin_names_its_source(capsys):
     code = main(["fit", MLP, "--input-shape", "256", "--device", SMALL_GPU, "--format", "json"])
     result = json.loads(capsys.readouterr().out)
-    assert code == 0 and result["margin"] == DEFAULT_MARGIN_GPU.fraction
+    assert code == 0 and result["margin"] == CudaTarget.fit_margin[0]
     assert "accuracy_gpu.md" in result["margin_source"]
 
 

@@ -149,10 +149,6 @@ def _saved_why(t, k) -> str:
 def _floor_why(t, k) -> str:
     t_parts = ", ".join(f"{name} {format_bytes(v)}" for name, v in t.process_parts.items())
     k_parts = ", ".join(f"{name} {format_bytes(v)}" for name, v in k.process_parts.items())
-    if t.device.kind == "cuda":
-        return ("PyTorch's caching allocator reserves what the step needs (segments of 2 and 20 MiB and up); "
-                "TensorFlow's default maps almost the whole card at start (--tf-memory growth maps what the step "
-                f"needs). PyTorch: {t_parts}; Keras: {k_parts}")
-    return ("what the process holds beyond tensors: importing TensorFlow maps more library pages and allocates "
-            f"more than importing torch, and model.fit builds a graph and a tf.data pipeline. PyTorch: {t_parts}; "
-            f"Keras: {k_parts}")
+    from trainmem.targets import report_words
+
+    return f"{report_words(t.device).keras_floor_contrast} PyTorch: {t_parts}; Keras: {k_parts}"

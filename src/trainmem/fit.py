@@ -6,7 +6,7 @@ context are fixed), so the search estimates candidates one by one: it doubles un
 not fit, then bisects between the last fit and the first miss. A candidate fits when its high
 estimate (`process_bytes_high`: the upper end of what real runs of the setup show) is at most
 `capacity × (1 − margin)`. The margin covers what the high estimate has still been seen to miss: its
-default is the worst low error measured for the counter fit compares (DEFAULT_MARGIN below). When
+default is the worst low error measured for the counter fit compares (default_margin below). When
 even 1 does not fit, the usual remedies are estimated rather than guessed: checkpointing and mixed
 precision by tracing again with them, an 8-bit optimizer and sharding by rule on the traced breakdown.
 
@@ -32,11 +32,12 @@ from collections.abc import Callable
 
 from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
 from trainmem.estimate import Estimate, assemble_traced, estimate, prepare, trace
-from trainmem.devices import DeviceRef
+from trainmem.devices import Device, DeviceRef
 from trainmem.progress import Progress
 from trainmem.estimate.orchestrate import setup_of
 from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
+from trainmem.targets import fit_margin, report_words
 from trainmem.units import format_bytes
 
 SHARDING_WORLD = 8  # the remedy is shown for one node of 8 GPUs
@@ -50,28 +51,19 @@ class Margin:
     source: str
 
 
-# The default margins are the worst low error (estimate below measured) recorded for the counter fit
-# compares, rounded up to the next whole percent: if a real run can exceed our estimate by that much, a
-# batch whose estimate fills the card to the brim would run out of memory. tests/test_fit.py reads both
-# results files and fails when they record a worse low error than these, or when a regenerated table
-# leaves a constant stale.
-# GPU: benchmarks/results/accuracy_gpu.md (2026-12-03), rows whose settings are published, the process
-# (nvidia-smi) and reserved columns (a reserved row bounds nvidia-smi's relative error: the context adds
-# the same bytes to measured and estimated); worst -13.14%, hf-doc-bert-large-b4-fp16 (nvidia-smi, V100).
-# The margin is applied to the high estimate although the table's errors are the expected figure's:
-# the high end is at least the expected figure, so the margin covers the table's worst row either way.
-DEFAULT_MARGIN_GPU = Margin(0.14, "benchmarks/results/accuracy_gpu.md: worst low error of the nvidia-smi and "
-                                  "reserved rows, -13.14% (hf-doc-bert-large-b4-fp16), rounded up")
-# CPU: benchmarks/results/accuracy_cpu.md (2026-12-03), the peak RSS error column; worst -12.32%,
-# resnet_small batch 32 adam.
-DEFAULT_MARGIN_CPU = Margin(0.13, "benchmarks/results/accuracy_cpu.md: worst low error of peak RSS, "
-                                  "-12.32% (resnet_small, batch 32, adam), rounded up")
+# The default margin is the worst low error (estimate below measured) recorded for the counter fit compares on
+# the device's target, rounded up to the next whole percent: if a real run can exceed our estimate by that much,
+# a batch whose estimate fills the device to the brim would run out of memory. Each target holds its own
+# (targets/ fit_margin, with the results file and row); tests/test_fit.py reads both results files and fails
+# when they record a worse low error, or when a regenerated table leaves a constant stale.
+def default_margin(device: Device) -> Margin:
+    return Margin(*fit_margin(device))
 
 
-def resolve_margin(margin: float | None, device_kind: str) -> Margin:
-    """The margin to keep: the caller's (0 ≤ m < 1), else the default for the device's kind."""
+def resolve_margin(margin: float | None, device: Device) -> Margin:
+    """The margin to keep: the caller's (0 ≤ m < 1), else the default for the device's target."""
     if margin is None:
-        return DEFAULT_MARGIN_GPU if device_kind == "cuda" else DEFAULT_MARGIN_CPU
+        return default_margin(device)
     try:
         value = float(margin)
     except (TypeError, ValueError):
@@ -87,9 +79,8 @@ def budget_of(capacity: int, margin: Margin) -> int:
     return int(capacity * (1.0 - margin.fraction))
 
 
-def compared_figure(device_kind: str) -> str:
-    counter = "nvidia-smi" if device_kind == "cuda" else "peak RSS"
-    return f"process_bytes_high (the high estimate of {counter})"
+def compared_figure(device: Device) -> str:
+    return f"process_bytes_high (the high estimate of {report_words(device).process_counter})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +106,7 @@ class FitResult:
     remedies: list[Remedy]
     device_name: str
     capacity: int
-    margin: Margin = DEFAULT_MARGIN_GPU
+    margin: Margin
     compared: str = "process_bytes_high"
     # how the candidates were estimated: the batch sizes traced, those predicted from them, and why
     search: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -239,7 +230,7 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
                    module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
     hf = _is_hf(model)
     target = get_device(device)  # once: "cuda" identifies this machine's GPU (devices.py)
-    kept = resolve_margin(margin, target.kind)
+    kept = resolve_margin(margin, target)
     if sequence and hf:
         from trainmem.frontends.hf import max_sequence_length
 
@@ -260,7 +251,7 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
     tried = [(value, est.process_bytes, est.process_bytes_high, within(est, budget))
              for value, est in found.estimates.items()]
     answer = dict(dimension=dimension, device_name=target.name, capacity=target.capacity_bytes, margin=kept,
-                  compared=compared_figure(target.kind), search=candidates.summary(), failed=sorted(found.failed.items()))
+                  compared=compared_figure(target), search=candidates.summary(), failed=sorted(found.failed.items()))
     if found.best is None:
         return FitResult(best=None, best_estimate=None, first_miss=1, miss_estimate=found.estimates[1], tried=tried,
                          remedies=remedies(model, setup, target, found.estimates[1], options), **answer)

@@ -239,7 +239,7 @@ def device_budgets(devices: Any, margin: float | None) -> tuple[DeviceBudget, ..
             device = get_device(name)
         except TrainmemError as error:
             raise SetupError(error.message, where="--devices") from None
-        kept = resolve_margin(margin, device.kind)
+        kept = resolve_margin(margin, device)
         if device.name not in {b.name for b in out}:
             out.append(DeviceBudget(device, kept.fraction, kept.source, budget_of(device.capacity_bytes, kept)))
     return tuple(out)

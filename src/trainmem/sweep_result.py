@@ -81,11 +81,11 @@ class SweepRow:
 
 def _peak_columns(rows: tuple[SweepRow, ...]) -> list[tuple[str, str]]:
     """(heading, Estimate attribute): a CPU's tensors and peak RSS, a GPU's allocated, reserved and nvidia-smi."""
-    kinds = {row.estimate.device.kind for row in rows if row.estimate is not None}
-    if kinds == {"cpu"}:
-        return [("tensors", "tensor_bytes"), ("process (peak RSS)", "process_bytes")]
-    if kinds == {"cuda"}:
-        return [("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"), ("nvidia-smi", "process_bytes")]
+    from trainmem.targets import report_words
+
+    words = {report_words(row.estimate.device) for row in rows if row.estimate is not None}
+    if len(words) == 1:  # one target: its own columns
+        return list(words.pop().sweep_columns)
     return [("allocated (CPU: tensors)", "allocated_bytes"), ("reserved", "reserved_bytes"),
             ("process", "process_bytes")]
 

@@ -49,7 +49,7 @@ def add_compare_flags(parser: argparse.ArgumentParser) -> None:
     add("--devices", metavar="D1,D2", help="devices to find the largest batch that fits, for each configuration "
         "(devices: `trainmem devices`) (default: none)")
     add("--margin", help="with --devices: fraction of each device's capacity to keep free, 0 ≤ m < 1 (default: "
-        "fit's, the measured worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
+        "fit's, the measured worst low error, each target's fit_margin in trainmem/targets/)")
     add("--time-limit", type=float, metavar="SECONDS", help="stop estimating after this long; the configurations "
         "not reached are listed as not evaluated (default: none)")
     if "--plot" not in parser._option_string_actions:  # noqa: SLF001 - estimate's --plot may be shared one day

@@ -108,20 +108,9 @@ def prepare(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: 
     from trainmem.targets import target_for
 
     target_device = get_device(device)
-    _check_context_fits(target_device, options.get("cuda_context"))
     target = target_for(target_device, setup, **options)
     source = model if isinstance(model, ModelSource) else resolve(model, setup)  # resolved once by estimate()
     return Prepared(source, target_device, depth, options, target)
-
-
-def _check_context_fits(device: Device, cuda_context: int | None) -> None:
-    """A CUDA context as large as the card leaves nothing to train in: a slip of units (1000TiB for 1000MiB),
-    refused rather than answered with 'does not fit'."""
-    if cuda_context is not None and device.kind == "cuda" and cuda_context >= device.capacity_bytes:
-        from trainmem.units import format_bytes
-
-        raise SetupError(f"expected a CUDA context smaller than {device.name}'s {format_bytes(device.capacity_bytes)}, "
-                         f"got {format_bytes(cuda_context)}", where="--cuda-context")
 
 
 def trace(chosen: Prepared, setup: TrainingSetup):

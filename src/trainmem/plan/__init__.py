@@ -44,7 +44,7 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     if setup.parallel.distributed:
         raise SetupError("expected no layout with plan (it enumerates them), got --strategy/--dp/--tp/--pp/"
                          "--world-size", where="--strategy")
-    kept = resolve_margin(margin, "cuda")
+    kept = resolve_margin(margin, chosen.device)
     budget = int(chosen.device.capacity_bytes * (1 - kept.fraction))
     source = resolve(model, setup)
     facts = model_facts(source)

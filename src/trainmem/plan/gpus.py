@@ -34,7 +34,7 @@ def parse_gpus(text: object, where: str = "--gpus") -> Gpus:
         device = get_device(match.group(2))
     except TrainmemError as error:
         raise SetupError(error.message, where=where) from None
-    if device.kind != "cuda":
+    if device.gpu is None:  # the CPU: a plan lays a model out over GPUs
         raise SetupError(f"expected a GPU from `trainmem devices` after the count, got {quote(match.group(2))}",
                          where=where)
     return Gpus(count, device, text.strip())

@@ -78,6 +78,8 @@ class ReportWords:
     allocator_holds: str  # the Estimate field of what the allocator holds (the rest of the process is outside it)
     device_suffix: str  # after the device's name in the one-line answer (" RAM" on the CPU)
     ranks_show_reserved: bool  # the per-rank table has a reserved column
+    sweep_columns: tuple[tuple[str, str], ...]  # a sweep table's peak columns: (heading, Estimate field)
+    keras_floor_contrast: str  # `compare` with Keras: why the process floors of PyTorch and TensorFlow differ here
 
 
 class Target(Protocol):
@@ -92,6 +94,9 @@ class Target(Protocol):
     runtime_words: str
     checkpoint_lists_blocks: bool
     report_words: ReportWords  # what the reports call its figures (a class attribute: no target is built for it)
+    # fit's default margin on this target: the worst low error measured for its process counter, rounded up
+    # (fraction of the capacity, the results file and row it comes from); tests/test_fit.py checks both
+    fit_margin: tuple[float, str]
 
     def module_rounding(self, nbytes: int) -> int: ...
 
@@ -144,3 +149,8 @@ def target_for(device: Device, setup: TrainingSetup, **options: Any) -> Target:
 def report_words(device: Device) -> ReportWords:
     """What the reports call the figures of the device's target."""
     return _target_class(device).report_words
+
+
+def fit_margin(device: Device) -> tuple[float, str]:
+    """The fraction of the device's capacity fit keeps free by default, and where it comes from."""
+    return _target_class(device).fit_margin

@@ -79,7 +79,18 @@ class CudaTarget:
     allocated_name = "max_memory_allocated"
     report_words = ReportWords("nvidia-smi", "as requested", "torch.cuda.max_memory_allocated()",
                                "torch.cuda.max_memory_reserved()", "allocated", "allocated_bytes", "reserved_bytes",
-                               "", True)
+                               "", True, (("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"),
+                                          ("nvidia-smi", "process_bytes")),
+                               "PyTorch's caching allocator reserves what the step needs (segments of 2 and 20 MiB and "
+                               "up); TensorFlow's default maps almost the whole card at start (--tf-memory growth maps "
+                               "what the step needs).")
+    # benchmarks/results/accuracy_gpu.md (2026-12-03), rows whose settings are published, the process (nvidia-smi)
+    # and reserved columns (a reserved row bounds nvidia-smi's relative error: the context adds the same bytes
+    # to measured and estimated); worst -13.14%, hf-doc-bert-large-b4-fp16 (nvidia-smi, V100). fit applies it
+    # to the high estimate although the table's errors are the expected figure's: the high end is at least
+    # the expected figure, so the margin covers the table's worst row either way
+    fit_margin = (0.14, "benchmarks/results/accuracy_gpu.md: worst low error of the nvidia-smi and reserved rows, "
+                        "-13.14% (hf-doc-bert-large-b4-fp16), rounded up")
     runtime_words = ("cuBLAS workspaces, and what the caching allocator charges beyond each request: 512-byte "
                      "rounding, blocks too small to split")
     # drift kept for byte identity (fix in a follow-up): the checkpointing warning gives only the count of
@@ -95,6 +106,14 @@ class CudaTarget:
         --cuda-version or --module-loading fails here, before anything is traced."""
         from trainmem.errors import SetupError
 
+        if cuda_context is not None and cuda_context >= device.capacity_bytes:
+            # a context as large as the card leaves nothing to train in: a slip of units (1000TiB for 1000MiB),
+            # refused rather than answered with 'does not fit'
+            from trainmem.units import format_bytes
+
+            raise SetupError(f"expected a CUDA context smaller than {device.name}'s "
+                             f"{format_bytes(device.capacity_bytes)}, got {format_bytes(cuda_context)}",
+                             where="--cuda-context")
         try:
             config = AllocatorConfig.from_env_string(alloc_conf or "")
         except ValueError as error:

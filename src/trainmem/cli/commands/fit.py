@@ -17,7 +17,7 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
     fit.add_argument("--max-seq", action="store_true", default=None,
                      help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
-                     "worst low error, trainmem/fit.py DEFAULT_MARGIN_GPU / _CPU)")
+                     "worst low error, each target's fit_margin in trainmem/targets/)")
 
 
 def run(options: Options, setup: Any) -> Outcome:
