@@ -39,13 +39,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 from collections.abc import Iterable
 
-from trainmem.alloc.cuda_config import (  # noqa: F401 - AllocatorConfig is part of this module's API
-    K_MIN_LARGE_ALLOC,
-    SIZE_MAX,
-    AllocatorConfig,
-    MiB,
-    power_of_two,
-)
+from trainmem.alloc.cuda_config import K_MIN_LARGE_ALLOC, SIZE_MAX, MiB, power_of_two
+from trainmem.alloc.cuda_config import AllocatorConfig  # noqa: F401 - part of this module's API
 from trainmem.errors import TrainmemError
 
 if TYPE_CHECKING:
@@ -252,7 +247,7 @@ class CudaCachingAllocator:
 
     def malloc(self, key: object, nbytes: int, stream: int = 0) -> None:
         """DeviceCachingAllocator::malloc for a request of nbytes on `stream`, remembered as `key`."""
-        if key in self.active or key in self._empty:
+        if self.holds(key):
             raise ValueError(f"malloc: key {key!r} is already allocated")
         if nbytes == 0:  # CUDACachingAllocator::allocate returns a null pointer without malloc
             self._empty.add(key)
@@ -279,6 +274,9 @@ class CudaCachingAllocator:
         if self.history is not None:
             self.history.append(("alloc", self.active[key].addr, nbytes, stream))
         self._note_peaks()
+
+    def holds(self, key: object) -> bool:  # allocated and not freed (a zero-byte request too: it holds no block)
+        return key in self.active or key in self._empty
 
     def free(self, key: object) -> None:
         """DeviceCachingAllocator::free: allocated drops now; the block returns to its pool."""
@@ -713,6 +711,6 @@ def replay(events: Iterable[DeviceEvent], config: AllocatorConfig = DEFAULTS,
     for event in events:
         if event.action == "alloc":
             allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
-        elif event.key in allocator.active or event.key in allocator._empty:
+        elif allocator.holds(event.key):
             allocator.free(event.key)
     return allocator

@@ -6,6 +6,10 @@ peaks, the memory_snapshot() at the peak (summed), and whether the run ran out o
 
 - `CpuTensorAllocator`: c10's CPU allocator (64-byte posix_memalign, caches nothing; alloc/cpu_heap.py).
 - `CudaAllocator`: PyTorch's caching allocator (alloc/cuda_caching.py) on a card with `capacity` bytes.
+
+Beside the one result, an allocator gives what the drawings need, so that nothing outside alloc/ drives an
+allocator model: `series(events)`, its allocated (and reserved) bytes after every event (report/timeline.py),
+and on a GPU `record(events, count)`, a replay with the allocator's history on (report/memviz.py).
 """
 
 from __future__ import annotations
@@ -35,8 +39,31 @@ class ReplayResult:
                                       # large enough for it
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplaySeries:
+    """The allocator's figures after every event of a stream, as replayed for the estimate."""
+
+    allocated: tuple[int, ...]  # allocated bytes (CPU: live tensor bytes, each rounded to 64 B)
+    reserved: tuple[int, ...] | None  # a caching allocator's reserved bytes; None for one that caches nothing
+
+
+@dataclasses.dataclass
+class Recording:
+    """A replay with the caching allocator's history on: its entries, which stream event made each, where the
+    allocated peak is, and the allocator's state after the last event replayed."""
+
+    entries: list[tuple[str, int, int, int]]  # (action, addr, size, stream) as cuda_caching records them
+    owner: list[int]  # the stream event index behind each entry
+    peak_entry: int  # the alloc entry after which allocated_bytes first reached its maximum
+    allocator: CudaCachingAllocator  # its state after the last event replayed (read it; replay nothing more)
+    alloc_event: dict  # malloc key -> the event index that allocated the live block
+    oom: str | None = None  # the simulated out-of-memory message, when the replay stopped there
+
+
 class Allocator(Protocol):
     def replay(self, events: Sequence[DeviceEvent]) -> ReplayResult: ...
+
+    def series(self, events: Sequence[DeviceEvent]) -> ReplaySeries: ...
 
     def charged(self, nbytes: int) -> int:
         """The bytes a request of `nbytes` is counted as in its category of the breakdown; what the
@@ -52,6 +79,18 @@ class CpuTensorAllocator:
     def replay(self, events: Sequence[DeviceEvent]) -> ReplayResult:
         tensors = cpu_alloc.replay_tensors(list(events))
         return ReplayResult(tensors.peak_index, tensors.live_at_peak, tensors.peak_bytes, None, tensors.peak_bytes)
+
+    def series(self, events: Sequence[DeviceEvent]) -> ReplaySeries:
+        live: dict[int, int] = {}
+        allocated, out = 0, []
+        for event in events:
+            if event.action == "alloc":
+                live[event.key] = cpu_alloc.aligned(event.nbytes)
+                allocated += live[event.key]
+            elif event.key in live:
+                allocated -= live.pop(event.key)
+            out.append(allocated)
+        return ReplaySeries(tuple(out), None)
 
     def charged(self, nbytes: int) -> int:
         return nbytes
@@ -76,6 +115,38 @@ class CudaAllocator:
         # come from a replay without the capacity (the failed replay stopped at the failing request)
         whole = dataclasses.replace(self, config=without_limit(self.config))._replay(events, None)
         return dataclasses.replace(whole, out_of_memory=result.out_of_memory)
+
+    def series(self, events: Sequence[DeviceEvent]) -> ReplaySeries:
+        """On the card's capacity, or, where that replay runs out of memory, on a card large enough (the
+        figures the estimate reports then)."""
+        try:
+            return _series(events, CudaCachingAllocator(self.config, self.capacity))
+        except CudaOutOfMemoryError:
+            return _series(events, CudaCachingAllocator(without_limit(self.config), None))
+
+    def record(self, events: Sequence[DeviceEvent], count: int) -> Recording:
+        """Replay the first `count` events with history on (same config and capacity as `replay`); an
+        out-of-memory stops the recording there and is named in it."""
+        history: list = []
+        allocator = CudaCachingAllocator(self.config, self.capacity, history=history)
+        owner: list[int] = []
+        alloc_event: dict = {}
+        best, peak_entry, oom = -1, 0, None
+        for index, event in enumerate(events[:count]):
+            try:
+                if event.action == "alloc":
+                    allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
+                    alloc_event[event.key] = index
+                elif allocator.holds(event.key):
+                    allocator.free(event.key)
+            except CudaOutOfMemoryError as error:
+                oom = f"{error} (at {event.phase}, op {event.op})"
+            owner.extend([index] * (len(history) - len(owner)))
+            if oom:
+                break
+            if event.action == "alloc" and allocator.allocated_bytes > best:
+                best, peak_entry = allocator.allocated_bytes, len(history) - 1
+        return Recording(history, owner, max(peak_entry, 0), allocator, alloc_event, oom)
 
     def _replay(self, events: Sequence[DeviceEvent], capacity: int | None) -> ReplayResult:
         """One pass. The live set at the allocated peak is rebuilt at the end from the live set then, by
@@ -119,6 +190,21 @@ class CudaAllocator:
             segments = _segments_without_capacity(events, self.config, peak_index)
         return ReplayResult(peak_index, live_before(live, since_peak), allocator.peak_allocated_bytes,
                             allocator.peak_reserved_bytes, tensor_peak, segments, allocator.fragmentation)
+
+
+def _series(events: Sequence[DeviceEvent], allocator: CudaCachingAllocator) -> ReplaySeries:
+    live: set[int] = set()
+    allocated, reserved = [], []
+    for event in events:
+        if event.action == "alloc":
+            live.add(event.key)
+            allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
+        elif event.key in live:
+            live.discard(event.key)
+            allocator.free(event.key)
+        allocated.append(allocator.allocated_bytes)
+        reserved.append(allocator.reserved_bytes)
+    return ReplaySeries(tuple(allocated), tuple(reserved))
 
 
 def live_before(live: dict[int, DeviceEvent], changes: list[tuple[int, DeviceEvent | None]]) -> dict[int, DeviceEvent]:

@@ -37,13 +37,12 @@ has neither. Keras estimates keep no allocator stream (Estimate.replay_input is 
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 from typing import Any
 
-from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError, SegmentInfo
+from trainmem.alloc.cuda_caching import SegmentInfo
 from trainmem.alloc.cuda_config import SIZE_MAX, AllocatorConfig, MiB
-from trainmem.alloc.replay import CudaAllocator
+from trainmem.alloc.replay import CudaAllocator, Recording
 from trainmem.errors import TrainmemError, quote
 from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
 
@@ -55,18 +54,6 @@ SUFFIXES = (".pickle", ".pkl")
 NO_FRAMES: list = []  # one shared empty list: pickle writes it once and refers to it after
 # what record_trace stores without torch.compile and without record_annotations (seen in a torch 2.11 dump)
 UNANNOTATED = {"compile_context": "N/A", "user_metadata": ""}
-
-
-@dataclasses.dataclass
-class _Recording:
-    """One replay with history: the entries, which stream event made each, and where the allocated peak is."""
-
-    entries: list[tuple[str, int, int, int]]  # (action, addr, size, stream) as cuda_caching records them
-    owner: list[int]  # the stream event index behind each entry
-    peak_entry: int  # the alloc entry after which allocated_bytes first reached its maximum
-    allocator: CudaCachingAllocator  # its state after the last event replayed
-    alloc_event: dict[Any, int]  # malloc key -> the event index that allocated the live block
-    oom: str | None = None  # the simulated out-of-memory message, when the replay stopped there
 
 
 def write_snapshot(estimate: Any, path: str, max_entries: int | None = DEFAULT_MAX_ENTRIES) -> str:
@@ -89,13 +76,11 @@ def build_snapshot(estimate: Any, max_entries: int | None = DEFAULT_MAX_ENTRIES)
                                     or max_entries < 1):
         raise TrainmemError(f"expected a whole number of at least 1, got {quote(max_entries)}",
                             where="--snapshot-max-entries")
-    capacity = allocator.capacity  # what cudaMalloc may hand out, as the estimate's replay had it
-    whole = _record(events, allocator.config, capacity, len(events))
+    whole = allocator.record(events, len(events))
     start, stop = _window(whole, max_entries)
     # the segments must be the state where the kept trace ends; when the window stops before the end, the
     # state there comes from a second replay up to the window's last event
-    kept = whole if stop == len(whole.entries) else _record(events, allocator.config, capacity,
-                                                             whole.owner[stop - 1] + 1)
+    kept = whole if stop == len(whole.entries) else allocator.record(events, whole.owner[stop - 1] + 1)
     assert len(kept.entries) == stop, "the replay up to the window's end recorded a different history"
     snapshot = _snapshot_dict(kept, events, start, stop, allocator.config)
     return snapshot, _note(len(whole.entries), start, stop, whole.oom)
@@ -112,31 +97,7 @@ def _cuda_input(estimate: Any) -> tuple[CudaAllocator, tuple]:
     return replay.allocator, tuple(replay.events)
 
 
-def _record(events: tuple, config: AllocatorConfig, capacity: int | None, count: int) -> _Recording:
-    """Replay the first `count` events with history on, as CudaAllocator.replay does (same config and capacity)."""
-    history: list = []
-    allocator = CudaCachingAllocator(config, capacity, history=history)
-    owner: list[int] = []
-    alloc_event: dict[Any, int] = {}
-    best, peak_entry, oom = -1, 0, None
-    for index, event in enumerate(events[:count]):
-        try:
-            if event.action == "alloc":
-                allocator.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
-                alloc_event[event.key] = index
-            elif event.key in allocator.active or event.key in allocator._empty:
-                allocator.free(event.key)
-        except CudaOutOfMemoryError as error:
-            oom = f"{error} (at {event.phase}, op {event.op})"
-        owner.extend([index] * (len(history) - len(owner)))
-        if oom:
-            break
-        if event.action == "alloc" and allocator.allocated_bytes > best:
-            best, peak_entry = allocator.allocated_bytes, len(history) - 1
-    return _Recording(history, owner, max(peak_entry, 0), allocator, alloc_event, oom)
-
-
-def _window(recording: _Recording, max_entries: int | None) -> tuple[int, int]:
+def _window(recording: Recording, max_entries: int | None) -> tuple[int, int]:
     """The kept entries [start, stop): all of them, or max_entries around the allocated peak. The window ends
     after a whole stream event (the segments are the state between two events), and holds the peak."""
     total, owner = len(recording.entries), recording.owner
@@ -188,7 +149,7 @@ class _Frames:
         return self.cache[key]
 
 
-def _snapshot_dict(recording: _Recording, events: tuple, start: int, stop: int, config: AllocatorConfig) -> dict:
+def _snapshot_dict(recording: Recording, events: tuple, start: int, stop: int, config: AllocatorConfig) -> dict:
     frames = _Frames(events)
     created = {}  # segment address -> frames of the event that cudaMalloc'd or mapped it
     for (action, addr, _size, _stream), owner in zip(recording.entries[:stop], recording.owner[:stop]):

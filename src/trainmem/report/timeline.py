@@ -18,8 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from trainmem.alloc.cpu_heap import aligned
-from trainmem.alloc.cuda_caching import CudaCachingAllocator, CudaOutOfMemoryError
+from trainmem.alloc.replay import ReplaySeries
 from trainmem.errors import TrainmemError
 from trainmem.trace.events import Category
 
@@ -71,8 +70,9 @@ def timeline(estimate: Any, max_points: int = DEFAULT_MAX_POINTS) -> Timeline:
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
     events = list(source.events)
-    gpu = hasattr(source.allocator, "config")
-    columns = _gpu_columns(events, source.allocator) if gpu else _replay_columns(events, source.allocator, None)
+    series = source.allocator.series(events)
+    gpu = series.reserved is not None
+    columns = _columns(events, source.allocator.charged, series)
     chosen = _downsample(columns["allocated"], max_points)
     peak_event = max(range(len(events)), key=lambda i: (columns["allocated"][i], -i)) if events else 0
     pick = lambda values: tuple(values[i] for i in chosen)  # noqa: E731
@@ -91,45 +91,24 @@ def timeline(estimate: Any, max_points: int = DEFAULT_MAX_POINTS) -> Timeline:
         modules_at_peak=_modules_at_peak(events, peak_event, source.allocator.charged))
 
 
-def _replay_columns(events: Sequence[Any], allocator: Any, device: CudaCachingAllocator | None) -> dict[str, Any]:
-    """After every event: live charged bytes per category (the allocator's slack added to runtime),
-    allocated, and reserved on a GPU."""
-    charged = allocator.charged
+def _columns(events: Sequence[Any], charged: Any, series: ReplaySeries) -> dict[str, Any]:
+    """After every event: live charged bytes per category (the allocator's slack added to runtime), and the
+    allocator's allocated (and on a GPU reserved) bytes from its own per-event series."""
     live: dict[int, Any] = {}
     sums = dict.fromkeys((str(c) for c in Category), 0)
-    columns: dict[str, Any] = {"categories": {c: [] for c in sums}, "allocated": [], "reserved": []}
-    cpu_allocated = 0
-    for event in events:
+    columns: dict[str, Any] = {"categories": {c: [] for c in sums}, "allocated": list(series.allocated),
+                               "reserved": list(series.reserved or [0] * len(events))}
+    for index, event in enumerate(events):
         if event.action == "alloc":
             live[event.key] = event
             sums[str(event.category)] += charged(event.nbytes)
-            cpu_allocated += aligned(event.nbytes)
-            if device is not None:
-                device.malloc(event.key, event.nbytes, getattr(event, "stream", 0))
         elif event.key in live:
             held = live.pop(event.key)
             sums[str(held.category)] -= charged(held.nbytes)
-            cpu_allocated -= aligned(held.nbytes)
-            if device is not None:
-                device.free(event.key)
-        allocated = device.allocated_bytes if device is not None else cpu_allocated
-        slack = allocated - sum(sums.values())
+        slack = series.allocated[index] - sum(sums.values())
         for name, value in sums.items():
             columns["categories"][name].append(value + (slack if name == str(Category.RUNTIME) else 0))
-        columns["allocated"].append(allocated)
-        columns["reserved"].append(device.reserved_bytes if device is not None else 0)
     return columns
-
-
-def _gpu_columns(events: Sequence[Any], allocator: Any) -> dict[str, Any]:
-    """The columns from a fresh caching allocator as the estimate replayed it: on the card's capacity, or, where
-    that replay runs out of memory, on a card large enough (the figures the estimate reports then; alloc/replay.py)."""
-    from trainmem.alloc.replay import without_limit
-
-    try:
-        return _replay_columns(events, allocator, CudaCachingAllocator(allocator.config, allocator.capacity))
-    except CudaOutOfMemoryError:
-        return _replay_columns(events, allocator, CudaCachingAllocator(without_limit(allocator.config), None))
 
 
 def _downsample(allocated: Sequence[int], max_points: int) -> list[int]:
