@@ -48,7 +48,7 @@ def estimate_case(row: dict) -> tuple[dict | None, str, float]:
         result = trainmem.estimate(ref, device="h200", strategy=row["strategy"], world_size=row["world_size"],
                                    batch_size=row["batch_size_per_rank"], optimizer="adam",
                                    precision=row["precision"], steps=row["steps"], loop=row["loop"],
-                                   cuda_version=row.get("cuda"))
+                                   target_options=trainmem.TargetOptions(cuda_version=row.get("cuda")))
     except Exception as error:  # noqa: BLE001 - the table says which case failed and why
         return None, f"{type(error).__name__}: {str(error).splitlines()[0]}", time.perf_counter() - started
     return result.to_dict(), "", time.perf_counter() - started

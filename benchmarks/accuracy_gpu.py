@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from trainmem import estimate  # noqa: E402
 from trainmem.errors import TrainmemError  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
+from trainmem.setup.target_options import TargetOptions  # noqa: E402
 
 MEASURED = ROOT / "benchmarks/data/gpu_measurements.jsonl"
 PUBLISHED = ROOT / "benchmarks/data/gpu_published.jsonl"
@@ -81,8 +82,9 @@ def evaluate(row: dict) -> dict:
     started = time.perf_counter()
     try:
         est = estimate(model, setup=TrainingSetup.from_mapping(row["setup"], where=row["id"]), device=row["device"],
-                       cuda_context=row.get("cuda_context"), cuda_version=row.get("cuda_version"),
-                       module_loading=row.get("module_loading"))
+                       target_options=TargetOptions(cuda_context=row.get("cuda_context"),
+                                                    cuda_version=row.get("cuda_version"),
+                                                    module_loading=row.get("module_loading")))
     except (TrainmemError, ImportError) as error:
         return _skipped(row, str(error).splitlines()[0])
     estimated = {"allocated_bytes": est.allocated_bytes, "reserved_bytes": est.reserved_bytes,

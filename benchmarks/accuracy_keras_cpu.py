@@ -48,7 +48,7 @@ ZOO = [("mlp", (256, 16384)), ("cnn_bn", (32, 128)), ("resnet_small", (32, 128))
 INTRO = (
     "Adam, sparse categorical cross-entropy (integer labels), `model.fit(x, y, batch_size, epochs=1, verbose=0)` on "
     "numpy arrays of steps × batch samples (2 steps). Measured: VmHWM of fresh processes (measure/keras_child.py, "
-    "which imports nothing of trainmem). Estimated: trainmem.estimate(framework=\"keras\", tf_onednn=...). Target: "
+    "which imports nothing of trainmem). Estimated: trainmem.estimate(framework=\"keras\", target_options={\"tf_onednn\": ...}). Target: "
     "within 5% where the measured RSS exceeds 500 MB (500·10⁶ bytes), and the high end at or above every measured "
     "run. The last three columns are a diagnostic, not the target: the same estimate with the glibc heap replayed "
     "as one arena, one more fresh run with MALLOC_ARENA_MAX=1 (`--arena-check`) and the error between the two. "
@@ -131,7 +131,7 @@ def estimate_row(name: str, setup: TrainingSetup, onednn: str = "auto") -> dict:
     try:
         from trainmem import estimate
 
-        est = estimate(f"{MODELS}:{name}", setup=setup, framework="keras", tf_onednn=onednn)
+        est = estimate(f"{MODELS}:{name}", setup=setup, framework="keras", target_options={"tf_onednn": onednn})
         row = {"path": "trainmem.estimate", "parameters": est.parameters,
                "step_ops": sum(est.coverage["ops"].values()), "unsupported_ops": est.coverage["unsupported_ops"],
                "tensor_peak": est.tensor_bytes, "process_bytes": est.process_bytes,

@@ -218,7 +218,8 @@ def versions() -> dict:
     facts.update(gpu=props.name, total_memory_bytes=props.total_memory,
                  compute_capability=f"{props.major}.{props.minor}",
                  nccl=".".join(map(str, torch.cuda.nccl.version())), cudnn=torch.backends.cudnn.version(),
-                 alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"))
+                 target_options={"alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+                                 or os.environ.get("PYTORCH_ALLOC_CONF")})
     try:
         import pynvml
 

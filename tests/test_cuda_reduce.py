@@ -11,6 +11,7 @@ from pathlib import Path
 from trainmem import estimate
 from trainmem.targets.cuda_reduce import GridFacts, reduce_buffer_bytes
 from trainmem.trace.events import KernelCall, TensorMeta
+from trainmem.setup.target_options import TargetOptions
 
 HISTORY = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "memory_history" / "history.jsonl"
 H200 = GridFacts.of("h200", (9, 0))
@@ -48,7 +49,8 @@ def test_estimate_equals_the_h200_history():
     rows = {row["case"]: row for row in map(json.loads, HISTORY.read_text().splitlines())}
     measured = rows["mlp8192"]
     est = estimate("mlp:2048-8192-8192-8192-1000", device="h200", batch_size=8192, input_shape="2048",
-                   optimizer="adam", loop="inline", cuda_version=measured["cuda"], target_shape="scalar")
+                   optimizer="adam", loop="inline", target_shape="scalar",
+                   target_options=TargetOptions(cuda_version=measured["cuda"]))
     assert est.allocated_bytes == measured["max_memory_allocated"]
     assert est.tensor_bytes == measured["requested_peak"]
     assert est.reserved_bytes >= measured["max_memory_reserved"]

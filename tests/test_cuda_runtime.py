@@ -14,6 +14,7 @@ from trainmem.targets import cuda_stream as cuda_target
 from trainmem.targets.cuda_runtime import EAGER, LAZY, context_fact, resolve_runtime
 from trainmem.targets.cudnn import im2col_bytes
 from trainmem.trace.events import TensorMeta
+from trainmem.setup.target_options import TargetOptions
 
 MiB = 1024**2
 
@@ -61,7 +62,7 @@ def test_runtime_refuses_what_cannot_run():
     with pytest.raises(SetupError, match="module-loading"):
         resolve_runtime("12.1", "sometimes", None)
     with pytest.raises(SetupError, match="GPU --device"):
-        estimate("mlp:8-8", input_shape="8", cuda_version="12.1")
+        estimate("mlp:8-8", input_shape="8", target_options=TargetOptions(cuda_version="12.1"))
 
 
 # Hand-copied from benchmarks/results/cuda_library_images.md (loaded bytes per library and arch):
@@ -72,9 +73,10 @@ CUDNN_ADV_CU11_SM80 = 54_142_700 + 50_571_928  # adv_infer, adv_train (RNN/atten
 
 
 def test_eager_estimate_exceeds_lazy_by_the_context_and_cublas_image():
-    kw = dict(device="a100-40gb", batch_size=2, input_shape="64", cuda_version="11.8")
-    lazy = estimate("mlp:64-64", module_loading="lazy", **kw)
-    eager = estimate("mlp:64-64", module_loading="eager", **kw)
+    kw = dict(device="a100-40gb", batch_size=2, input_shape="64")
+    cuda_11 = TargetOptions(cuda_version="11.8")
+    lazy = estimate("mlp:64-64", target_options=cuda_11.with_values(module_loading="lazy"), **kw)
+    eager = estimate("mlp:64-64", target_options=cuda_11.with_values(module_loading="eager"), **kw)
     assert eager.reserved_bytes == lazy.reserved_bytes
     # CUDA 11.8 takes the measured CUDA 11 build (cuBLAS 11.10.3.66); an A100 runs its sm_80 cubins
     assert eager.process_bytes - lazy.process_bytes == (666_632_192 - 287_047_680) + CUBLAS_CU11_SM80
@@ -83,25 +85,27 @@ def test_eager_estimate_exceeds_lazy_by_the_context_and_cublas_image():
     assert "library_kernels" not in lazy.process_parts
     assert lazy.process_bytes_high >= lazy.process_bytes
     assert lazy.process_bytes_high == lazy.reserved_bytes + 426 * MiB  # no convolutions: only the context range
-    given = estimate("mlp:64-64", cuda_context=500 * MiB, **kw)
+    given = estimate("mlp:64-64", target_options=cuda_11.with_values(cuda_context=500 * MiB), **kw)
     assert given.process_bytes == given.process_bytes_high == given.reserved_bytes + 500 * MiB
 
 
 def test_eager_adds_library_images_by_arch_and_version():
     # a V100 (sm_70) on CUDA 11.2: eager by force, the CUDA 11 build's sm_70 cubins
-    v100 = estimate("mlp:64-64", device="v100-16gb", batch_size=2, input_shape="64", cuda_version="11.2")
+    v100 = estimate("mlp:64-64", device="v100-16gb", batch_size=2, input_shape="64",
+                    target_options=TargetOptions(cuda_version="11.2"))
     assert v100.process_parts["library_kernels"] == CUBLAS_CU11_SM70
     assert v100.process_bytes == v100.reserved_bytes + 1343 * MiB - 2 * MiB + CUBLAS_CU11_SM70
     # convolutions and batch norm initialise cuDNN too; its adv sub-library only in the high figure
-    kw = dict(device="a100-40gb", batch_size=2, input_shape="3,8,8", cuda_version="11.8", module_loading="eager")
+    kw = dict(device="a100-40gb", batch_size=2, input_shape="3,8,8",
+              target_options=TargetOptions(cuda_version="11.8", module_loading="eager"))
     conv = estimate(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)), **kw)
     assert conv.process_parts["library_kernels"] == CUBLAS_CU11_SM80 + CUDNN_CU11_SM80
     runtime = conv.coverage["cuda_runtime"]
     assert runtime["library_kernel_bytes_high"] - runtime["library_kernel_bytes"] == CUDNN_ADV_CU11_SM80
     assert conv.process_bytes_high - conv.process_bytes >= CUDNN_ADV_CU11_SM80
     # no build measured has sm_90 cubins for CUDA 11 (11.10 ships PTX only there): said, not sized
-    h100 = estimate("mlp:64-64", device="h100-80gb", batch_size=2, input_shape="64", cuda_version="11.8",
-                    module_loading="eager")
+    h100 = estimate("mlp:64-64", device="h100-80gb", batch_size=2, input_shape="64",
+                    target_options=TargetOptions(cuda_version="11.8", module_loading="eager"))
     assert "library_kernels" not in h100.process_parts
     assert any("no measured build has code for compute capability 9.0" in w for w in h100.warnings)
 
@@ -169,7 +173,7 @@ def test_workspaces_reach_reserved_and_the_high_figure():
 
     kw = dict(device="a100-40gb", batch_size=64, input_shape="16,32,32")
     off = estimate(model(), **kw)
-    on = estimate(model(), cudnn_benchmark=True, **kw)
+    on = estimate(model(), target_options=TargetOptions(cudnn_benchmark=True), **kw)
     ws = 16 * 9 * 64 * 1024 * 4  # 37,748,736 B: one im2col matrix, more than the cache holds free
     # benchmark off: the point stream has no workspace; the high stream needs a segment for it
     assert off.coverage["cuda_runtime"]["reserved_bytes_high"] >= off.reserved_bytes + ws
@@ -189,7 +193,8 @@ def test_library_notes_are_reported():
     assert all("not added" in n for n in notes if not n.startswith("NCCL"))  # lazy: the bound is stated only
     mlp = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8")
     assert not any(w.startswith("cuDNN kernel images") for w in mlp.warnings)
-    eager = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8", module_loading="eager")
+    eager = estimate("mlp:8-8", device="a100-40gb", batch_size=2, input_shape="8",
+                     target_options=TargetOptions(module_loading="eager"))
     assert any(w.startswith("cuBLAS/cuBLASLt kernel images") and "eager" in w for w in eager.warnings)
 
 

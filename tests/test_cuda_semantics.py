@@ -13,6 +13,7 @@ from trainmem.trace import cuda_autocast
 from trainmem.trace.cuda_autocast import CUDA_POLICY, cuda_autocast_kernels, cuda_autocast_region
 from trainmem.trace.cuda_composites import CudaAttention, CudaFacts
 from trainmem.trace.torch_private import FakeTensorMode, TorchDispatchMode, ops_with_kernel
+from trainmem.setup.target_options import TargetOptions
 
 MB = 10**6
 
@@ -126,12 +127,12 @@ def test_reserved_counts_whole_segments():
 
 def test_allocator_settings_reach_the_replay():
     kw = dict(batch_size=2, input_shape="64", device="a100-40gb")
-    expandable = estimate("mlp:64-64", alloc_conf="expandable_segments:True", **kw)
+    expandable = estimate("mlp:64-64", target_options=TargetOptions(alloc_conf="expandable_segments:True"), **kw)
     assert expandable.allocator.settings == "expandable_segments=True"
     assert expandable.reserved_bytes % (2 * 2**20) == 0  # mapped page by page (2 MiB small, 20 MiB large)
     from trainmem.errors import SetupError
     with pytest.raises(SetupError, match="alloc-conf"):
-        estimate("mlp:64-64", alloc_conf="max_split_size_mb:1", **kw)
+        estimate("mlp:64-64", target_options=TargetOptions(alloc_conf="max_split_size_mb:1"), **kw)
 
 
 def test_bf16_refused_on_a_gpu_without_it():
@@ -238,7 +239,7 @@ def test_cublaslt_workspace_only_where_a_bias_is_fused(tmp_path):
     2.11, Linear(1024, 1024) → ReLU → Linear(1024, 10), Adam, batch 8) allocated once, in forward, and kept;
     its peaks there were 89,387,212 B requested / 89,390,080 B allocated (torch.cuda.memory_stats)."""
     est = estimate("mlp:1024-1024-10", device="h200", batch_size=8, input_shape="1024", optimizer="adam",
-                   loop="step-fn", cuda_version="13.0")
+                   loop="step-fn", target_options=TargetOptions(cuda_version="13.0"))
     assert est.coverage["kernel_rules"]["cuBLASLt workspace, main thread (1,048,576 B)"] == 1
     assert 0 <= est.tensor_bytes - 89_387_212 <= 1024 and 0 <= est.allocated_bytes - 89_390_080 <= 1024
     model = tmp_path / "nobias.py"

@@ -17,6 +17,7 @@ from trainmem.fit import Margin, fit, resolve_margin
 from trainmem.targets.cpu_target import CpuTarget
 from trainmem.targets.cuda_target import CudaTarget
 from trainmem.setup import TrainingSetup
+from trainmem.setup.target_options import TargetOptions
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 fitmod = importlib.import_module("trainmem.fit")  # the module (trainmem.fit the attribute is the function)
@@ -159,7 +160,7 @@ def test_remedies_use_the_high_estimate(monkeypatch):
     spread = 50 * 2**20
     _estimates_with_spread(monkeypatch, spread)
     setup = TrainingSetup.from_mapping({"input_shape": "4096", "optimizer": "adam"})
-    result = fit("mlp:4096-4096-4096", setup, SMALL_GPU, margin=0.1, cuda_context=100 * 2**20)
+    result = fit("mlp:4096-4096-4096", setup, SMALL_GPU, margin=0.1, target_options=TargetOptions(cuda_context=100 * 2**20))
     assert result.best is None and result.remedies
     for remedy in result.remedies:
         assert remedy.process_bytes_high == remedy.process_bytes + spread

@@ -2,6 +2,7 @@
 capacity (torch.cuda.set_per_process_memory_fraction); a run under the cap is the same run."""
 
 import trainmem
+from trainmem.setup.target_options import TargetOptions
 
 HALF = "per_process_memory_fraction:0.5"
 
@@ -15,7 +16,7 @@ def _figures(estimate: trainmem.Estimate) -> dict:
 def test_a_run_under_half_the_card_is_the_same_with_the_fraction():
     setup = dict(device="a100-40gb", batch_size=64, optimizer="adam")
     whole = trainmem.estimate("mlp:1000-1000-10", **setup)
-    half = trainmem.estimate("mlp:1000-1000-10", alloc_conf=HALF, **setup)
+    half = trainmem.estimate("mlp:1000-1000-10", target_options=TargetOptions(alloc_conf=HALF), **setup)
     assert half.to_dict()["allocator"]["settings"] == "per_process_memory_fraction=0.5"
     assert _figures(half) == _figures(whole) and whole.fits
 
@@ -25,7 +26,7 @@ def test_a_run_beyond_half_the_card_does_not_fit_with_the_fraction():
     # in Adam's state: about 26 GB, which a 40 GB card holds and half of it does not
     model = "mlp:40000-40000"
     whole = trainmem.estimate(model, device="a100-40gb", optimizer="adam")
-    half = trainmem.estimate(model, device="a100-40gb", optimizer="adam", alloc_conf=HALF)
+    half = trainmem.estimate(model, device="a100-40gb", optimizer="adam", target_options=TargetOptions(alloc_conf=HALF))
     allocated = whole.to_dict()["peak"]["allocated_bytes"]
     assert 20e9 < allocated < 40e9 and whole.fits and whole.to_dict()["allocator"]["out_of_memory"] is None
     assert not half.fits and "out of memory" in half.to_dict()["allocator"]["out_of_memory"].lower()

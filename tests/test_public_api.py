@@ -1,4 +1,5 @@
 import trainmem
+from trainmem.setup.target_options import TargetOptions
 
 
 def test_all_is_sorted_and_complete():
@@ -79,8 +80,10 @@ def test_a_cuda_context_as_large_as_the_card_is_refused():
     import pytest
 
     with pytest.raises(trainmem.TrainmemError) as info:
-        trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb", cuda_context=1000 * 2**40)
+        trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb",
+                          target_options=TargetOptions(cuda_context=1000 * 2**40))
     assert str(info.value) == ("--cuda-context: expected a CUDA context smaller than a100-40gb's 40.00 GiB, "
                                "got 1000.00 TiB")
-    assert trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb", cuda_context=2**30).process_parts[
+    assert trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb",
+                             target_options=TargetOptions(cuda_context=2**30)).process_parts[
         "cuda_context"] == 2**30

@@ -24,6 +24,7 @@ from trainmem import estimate
 from trainmem.alloc.cuda_caching import replay as cuda_replay
 from trainmem.errors import TrainmemError
 from trainmem.report.memviz import PICKLE_PROTOCOL, build_snapshot, write_snapshot
+from trainmem.setup.target_options import TargetOptions
 
 _memory_viz = pytest.importorskip("torch.cuda._memory_viz")
 
@@ -66,7 +67,7 @@ def llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_llama")
     (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
     return estimate(f"hf:{folder}", device="a100-40gb", batch_size=2, seq_len=32,
-                    alloc_conf="expandable_segments:True")
+                    target_options=TargetOptions(alloc_conf="expandable_segments:True"))
 
 
 def _written(est, tmp_path, max_entries=None):

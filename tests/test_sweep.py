@@ -10,6 +10,7 @@ import pytest
 import trainmem
 from trainmem.cli import main
 from trainmem.sweep import compare_setups, sweep
+from trainmem.setup.target_options import TargetOptions
 
 SMALL, WIDER = "mlp:64-32-8", "mlp:64-128-8"
 ROW_KEYS = {"label", "model", "values", "device", "status", "error", "setup", "peak", "breakdown", "capacity_bytes",
@@ -177,7 +178,8 @@ def test_progress_off_with_no_color_and_open_ended_on_a_terminal(monkeypatch):
 
 
 def test_a_failed_configuration_is_listed_with_its_error():
-    result = sweep(SMALL, {"device": ["cpu", "a100-40gb"]}, alloc_conf="expandable_segments:True")
+    result = sweep(SMALL, {"device": ["cpu", "a100-40gb"]},
+                   target_options=TargetOptions(alloc_conf="expandable_segments:True"))
     assert [row.status for row in result.rows] == ["failed", "estimated"]
     assert "only with a GPU --device" in result.rows[0].error and result.to_dict()["failed"] == 1
     assert "device cpu failed: --device: expected" in str(result)  # the row that failed, and why

@@ -9,6 +9,7 @@ from trainmem.fit import FitResult, fit
 from trainmem.plan import PlanResult, plan
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
 from trainmem.setup.layout import ParallelLayout
+from trainmem.setup.target_options import TargetOptions
 from trainmem.sweep_result import SweepResult
 from trainmem.sweep import compare_setups, sweep  # noqa: E402 - after the result type; `trainmem.sweep` is the function
 
@@ -25,6 +26,7 @@ __all__ = [
     "PlanResult",
     "Precision",
     "SweepResult",
+    "TargetOptions",
     "TrainingSetup",
     "TrainmemError",
     "__version__",

@@ -82,7 +82,7 @@ def compare(model: str, setup: TrainingSetup | None = None, device: str = "cpu",
                             f"got {quote(model)}", where="MODEL")
     torch_est = estimate(model, setup=setup, device=device, framework="torch")
     keras_est = estimate(model, setup=setup, device=device, framework="keras", keras_backend="tensorflow",
-                         tf_memory=tf_memory)
+                         target_options={"tf_memory": tf_memory})
     rows = compare_rows(torch_est, keras_est)
     return Comparison(model, keras_est.device.name, rows, torch_est.to_dict()["peak"], keras_est.to_dict()["peak"])
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
 from trainmem.estimate import Estimate, assemble_traced, estimate, prepare, trace
@@ -37,6 +37,7 @@ from trainmem.progress import Progress
 from trainmem.estimate.orchestrate import setup_of
 from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
+from trainmem.setup.target_options import TargetOptions, refuse_loose_options
 from trainmem.targets import fit_margin, report_words
 from trainmem.units import format_bytes
 
@@ -202,20 +203,16 @@ def within(est: Estimate, budget: int) -> bool:
     return est.process_bytes_high <= budget and est.fits_override is not False
 
 
-TARGET_OPTIONS = ("cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark")
-
-
 def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", *, sequence: bool = False,
         limit: int = 1 << 24, margin: float | None = None, depth: int = 2, exhaustive: bool = False,
-        cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
-        module_loading: str | None = None, cudnn_benchmark: bool | None = None, **setup_values: Any) -> FitResult:
+        target_options: TargetOptions | Mapping[str, Any] | None = None, **setup_values: Any) -> FitResult:
     """Search the batch size (or, with `sequence`, the sequence length: --seq-len of an hf: model, else the
     first input's first dimension) on `device`, keeping `margin` (a fraction of the capacity; default: the
     measured worst low error for the device's kind) free. An hf: model's search stops at its position limit.
 
     It is called as estimate() is: `fit(model, device="a100-80gb", optimizer="adamw", input_shape="1024")`,
     with `setup=TrainingSetup(...)`, or both (the one reader, estimate.orchestrate.setup_of); `device` and
-    the target options are estimate()'s (a name, a torch.device or a Device). The older positional form
+    `target_options` are estimate()'s (a name, a torch.device or a Device; a TargetOptions of its CUDA keys). The older positional form
     `fit(model, setup, device)` still works. The batch search searches batch_size, so a batch_size keyword is
     refused there (it is the batch of the sequence search). The batch search traces twice and predicts the
     other candidates (module docstring); `exhaustive` traces every candidate, as the sequence search does."""
@@ -225,9 +222,9 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
         raise SetupError(f"expected no batch_size for fit(): it searches the batch size (give sequence=True to "
                          f"search the sequence length at a batch size), got batch_size={setup_values['batch_size']!r}",
                          where="fit()")
+    refuse_loose_options(setup_values, "fit()")
     setup = setup_of(setup, setup_values, "fit()")
-    options = dict(depth=depth, cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
-                   module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
+    options = dict(depth=depth, **TargetOptions.of(target_options, "fit()").cuda_only("fit()"))
     hf = _is_hf(model)
     target = get_device(device)  # once: "cuda" identifies this machine's GPU (devices.py)
     kept = resolve_margin(margin, target)
@@ -351,8 +348,8 @@ class _EveryCandidateTraced(_Candidates):
 
     def estimate(self, value: int) -> Estimate:
         self.traced.append(value)
-        return estimate(self.model, setup=_with_value(self.setup, value, self.sequence, self.hf), device=self.device,
-                        **self.options)
+        return _estimate_with(self.model, _with_value(self.setup, value, self.sequence, self.hf), self.device,
+                              self.options)
 
     def summary(self) -> dict[str, Any]:
         return {"traced": sorted(self.traced), "predicted": [], "how": "traced, each one"}
@@ -372,7 +369,7 @@ class ScaledBatches(_Candidates):
 
     def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any],
                  limit: int) -> None:
-        target_options = {k: v for k, v in options.items() if k in TARGET_OPTIONS}
+        target_options = {k: v for k, v in options.items() if k in TargetOptions.CUDA_KEYS}
         self.setup, self.limit = setup, limit
         self.prepared = prepare(model, setup, device, options.get("depth", 2), **target_options)
         self.real: dict[int, Any] = {}  # batch -> its real TraceResult
@@ -477,10 +474,16 @@ def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate
 
 
 
+def _estimate_with(model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any]) -> Estimate:
+    """estimate() with fit's options: the report depth and the CUDA target's options."""
+    cuda = {key: value for key, value in options.items() if key in TargetOptions.CUDA_KEYS}
+    return estimate(model, setup=setup, device=device, depth=options.get("depth", 2), target_options=cuda)
+
+
 def _traced_again(what: str, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict) -> Remedy:
     """A remedy estimated by tracing with it; one whose trace fails says so (its figures are unknown)."""
     try:
-        est = estimate(model, setup=setup, device=device, **options)
+        est = _estimate_with(model, setup, device, options)
     except Exception as error:  # noqa: BLE001 - the other remedies and the answer stand
         return Remedy(what, 0, "traced again", 0, failure_reason(error))
     return Remedy(what, est.process_bytes, "traced again", est.process_bytes_high)

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainmem.errors import SetupError, quote
 from trainmem.frontends import Kind
+from trainmem.setup.target_options import TargetOptions
 
 REFUSE, WARN = "refuse", "warn"
 # options whose flag is not their key with dashes: the run's length is --steps (key run_steps), the traced steps
@@ -27,7 +28,7 @@ def flag_of(key: str) -> str:
     """The command-line flag of an option key."""
     return FLAG_OF_KEY.get(key, f"--{key.replace('_', '-')}")
 # The CUDA stack of the target run (targets/cuda_target.py): meaningless for a CPU estimate.
-CUDA_KEYS = ("cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark")
+CUDA_KEYS = TargetOptions.CUDA_KEYS
 _INTEGER_DTYPES = ("int64", "int32", "uint8")
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from trainmem.errors import NothingEvaluated, SetupError, TrainmemError, failure_reason, quote, unknown_key
 from trainmem.setup import SETUP_KEYS, TrainingSetup
+from trainmem.setup.target_options import TargetOptions, refuse_loose_options
 from trainmem.sweep_result import DeviceBudget, LargestBatch, SweepResult, SweepRow
 
 # The most configurations one command estimates. Each is a whole trace and replay: `time trainmem estimate
@@ -36,8 +37,8 @@ MAX_CONFIGURATIONS = 64
 # fit's own search limit (fit.fit's `limit`): the largest batch searched
 FIT_LIMIT = 1 << 24
 ALIASES = {"batch": "batch_size"}
-# The other run options a sweep may change: the device, and the CUDA run's (flag_rules.CUDA_KEYS).
-RUN_KEYS = frozenset({"device", "cuda_context", "alloc_conf", "cuda_version", "module_loading", "cudnn_benchmark"})
+# The other run options a sweep may change: the device, and the CUDA run's (TargetOptions.CUDA_KEYS).
+RUN_KEYS = frozenset({"device", *TargetOptions.CUDA_KEYS})
 SWEEP_KEYS = frozenset(SETUP_KEYS | RUN_KEYS) - {"inputs", "parallel", "steps"}
 # Keys whose one value holds commas or is a list (a shape, name patterns, LoRA's k=v list): the comma-separated
 # text form cannot list several; trainmem.sweep() takes them as Python lists.
@@ -58,7 +59,7 @@ class Configuration:
     label: tuple[tuple[str, str], ...]  # (column, value) pairs that tell it from the others
     setup: TrainingSetup
     device: str
-    options: dict[str, Any]  # estimate()'s other keywords: the CUDA run's options, tf_memory
+    options: TargetOptions  # how the target runs: the CUDA run's options, tf_memory
 
 
 def canonical_key(typed: str) -> str:
@@ -197,7 +198,7 @@ class _Largest:
             raise SetupError(f"expected a PyTorch model with --devices (fit searches PyTorch models), got "
                              f"{quote(model_name(config.model))}", where="--devices")
         setup_key = repr(dataclasses.replace(config.setup, batch_size=1))
-        target_options = {k: v for k, v in config.options.items() if k != "tf_memory"}
+        target_options = config.options.cuda()
         out = {}
         for budget in self.budgets:
             key = (id(source), setup_key, budget.name, repr(sorted(target_options.items())))
@@ -216,7 +217,7 @@ class _Largest:
 
         if config.setup.parallel.distributed:  # per-rank estimates: fit's own path (every candidate traced)
             found = fit(source, config.setup, budget.device, margin=budget.margin, limit=self.limit,
-                        **target_options)
+                        target_options=TargetOptions(**target_options))
             return LargestBatch(found.best, found.first_miss, found.search.get("how", ""), failed=tuple(found.failed))
         candidates = ScaledBatches(source, config.setup, budget.device, {"depth": 2, **target_options}, self.limit)
         target = candidates.prepared.target
@@ -270,7 +271,7 @@ def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets
                 continue
             try:
                 source = sources.of(config.model, config.setup)
-                est = estimate(source, setup=config.setup, device=config.device, **config.options)
+                est = estimate(source, setup=config.setup, device=config.device, target_options=config.options)
                 found = largest.of(config, source) if budgets else {}
                 rows.append(SweepRow(config.label, model_name(config.model), est.device.name, config.setup, est, found))
             except Exception as error:  # noqa: BLE001 - listed as failed with why, never as not fitting
@@ -291,32 +292,38 @@ def run(configurations: Sequence[Configuration], columns: Sequence[str], budgets
 
 def sweep(models: Any, over: Any = None, *, setup: TrainingSetup | None = None, device: str | None = None,
           devices: Any = None, margin: float | None = None, time_limit: float | None = None,
-          max_configurations: int = MAX_CONFIGURATIONS, progress: Any = None, **setup_values: Any) -> SweepResult:
+          max_configurations: int = MAX_CONFIGURATIONS, progress: Any = None,
+          target_options: TargetOptions | Mapping[str, Any] | None = None, **setup_values: Any) -> SweepResult:
     """Estimate every model (a reference or a list of them) at every combination of the swept values.
 
     `over` is `{"batch_size": [1, 2, 4], "precision": ["fp32", "bf16-mixed"]}` or the CLI's text,
     "batch=1,2,4 precision=fp32,bf16-mixed"; keys are the setup's (as estimate() takes them) and the run's
-    (device, alloc_conf, …). The other keywords fix the setup as in estimate(). `devices` ("a100-40gb,h100-80gb"
+    (device, alloc_conf, …). `target_options` and the other keywords fix how the target runs and the setup, as
+    in estimate(). `devices` ("a100-40gb,h100-80gb"
     or a list) adds the largest batch that fits each, as trainmem.fit finds it (keeping `margin`, fit's
     default otherwise). Past `time_limit` seconds the remaining configurations are not evaluated."""
     models = [models] if isinstance(models, str) or not isinstance(models, Sequence) else list(models)
     if not models:
         raise SetupError("expected at least one model, got none", where="sweep()")
+    refuse_loose_options(setup_values, "sweep()")
+    fixed_options = TargetOptions.of(target_options, "sweep()")
     axes = parse_sweep(over, _text_converters(over), where="sweep()")
     for axis in axes:
-        if axis.key in setup_values or (axis.key == "device" and device is not None):
+        if axis.key in setup_values or (axis.key == "device" and device is not None) or \
+                (axis.key in TargetOptions.CUDA_KEYS and getattr(fixed_options, axis.key) is not None):
             raise SetupError(f"expected {axis.key}= or a sweep over {axis.shown}, got both", where="sweep()")
     check_count(models, axes, max_configurations, where="sweep()")
     budgets = device_budgets(devices, margin)
-    fixed_run = {"device": device or "cpu", **{k: setup_values.pop(k) for k in list(setup_values) if k in RUN_KEYS}}
+    fixed_run = {"device": device or "cpu"}
     base = _base_values(setup, setup_values)
     configs = []
     for model, picked in grid(models, axes):
         chosen = {axis.key: axis.values[index] for axis, index in picked}
         run_values = {**fixed_run, **{k: v for k, v in chosen.items() if k in RUN_KEYS}}
         built = _setup_from({**base, **{k: v for k, v in chosen.items() if k not in RUN_KEYS}}, picked)
-        configs.append(Configuration(model, label_of(model, len(models) > 1, picked), built,
-                                     run_values.pop("device"), run_values))
+        device_here = run_values.pop("device")
+        configs.append(Configuration(model, label_of(model, len(models) > 1, picked), built, device_here,
+                                     fixed_options.with_values(**run_values)))
     columns = (["model"] if len(models) > 1 else []) + [axis.shown for axis in axes]
     return run(configs, columns, budgets, time_limit, progress)
 
@@ -339,7 +346,7 @@ def compare_setups(models: Any, setups: Any, *, device: str = "cpu", devices: An
             built = given if isinstance(given, TrainingSetup) else \
                 TrainingSetup.from_mapping(dict(given), where=f"compare_setups() {name}")
             label = ((("model", model_name(model)),) if len(models) > 1 else ()) + (("setup", str(name)),)
-            configs.append(Configuration(model, label, built, device, {}))
+            configs.append(Configuration(model, label, built, device, TargetOptions()))
     return run(configs, (["model"] if len(models) > 1 else []) + ["setup"], budgets, time_limit, progress)
 
 

@@ -91,6 +91,7 @@ def configurations(options: Any) -> tuple[list, list[str], list[str]]:
     """Every (model, swept values) as a sweep.Configuration, each checked as its flags would be; the table's
     configuration columns; the warnings the flag table gives beyond the command's own."""
     from trainmem.cli.options import Options, check_run_options, gpu_options, setup_from_options
+    from trainmem.setup.target_options import TargetOptions
     from trainmem.sweep import Configuration, check_count, grid, label_of, parse_sweep
 
     models = [options.model, *(options.values.get("more_models") or [])]
@@ -108,7 +109,7 @@ def configurations(options: Any) -> tuple[list, list[str], list[str]]:
         origins = {**options.origins, **{axis.key: f"{where} {axis.shown}={axis.texts[i]}" for axis, i in picked}}
         here = Options({**options.values, **chosen, "model": model}, {**options.given, **chosen}, origins)
         warnings += [line for line in check_run_options(here, "compare") if line not in known | set(warnings)]
-        run = {**gpu_options(here), **({"tf_memory": here.tf_memory} if here.tf_memory is not None else {})}
+        run = TargetOptions(**gpu_options(here), tf_memory=here.tf_memory)
         configs.append(Configuration(model, label_of(model, len(models) > 1, picked), setup_from_options(here),
                                      here.device, run))
     columns = (["model"] if len(models) > 1 else []) + [axis.shown for axis in axes]

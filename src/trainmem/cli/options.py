@@ -144,13 +144,21 @@ def check_framework_options(options: Options, where) -> None:
 
 
 def gpu_options(options: Options) -> dict[str, Any]:
-    from trainmem.flag_rules import CUDA_KEYS
+    """The CUDA target's options given (flags, TOML), read: --cuda-context's size in bytes."""
+    from trainmem.setup.target_options import TargetOptions
     from trainmem.units import parse_bytes
 
-    chosen = {key: options.given[key] for key in CUDA_KEYS if key in options.given}
+    chosen = {key: options.given[key] for key in TargetOptions.CUDA_KEYS if key in options.given}
     if "cuda_context" in chosen:
         chosen["cuda_context"] = parse_bytes(str(chosen["cuda_context"]), options.origins["cuda_context"])
     return chosen
+
+
+def target_options(options: Options) -> Any:
+    """How the target runs (setup/target_options.py TargetOptions): the CUDA options given and TensorFlow's."""
+    from trainmem.setup.target_options import TargetOptions
+
+    return TargetOptions(**gpu_options(options), tf_memory=options.tf_memory, tf_onednn=options.tf_onednn)
 
 
 def check_output_options(options: Options) -> None:
@@ -182,5 +190,4 @@ def check_output_options(options: Options) -> None:
 
 
 def framework_options(options: Options) -> dict[str, Any]:
-    return {"framework": options.framework, "keras_backend": options.keras_backend, "tf_memory": options.tf_memory,
-            "tf_onednn": options.tf_onednn}
+    return {"framework": options.framework, "keras_backend": options.keras_backend}

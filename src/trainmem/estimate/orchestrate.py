@@ -4,12 +4,14 @@ It never asks what the device is; the target answers (targets/__init__.py)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from trainmem.devices import Device, DeviceRef, get_device
 from trainmem.errors import SetupError
 from trainmem.estimate.result import Estimate, LeanLoop
 from trainmem.setup import Loop, TrainingSetup
+from trainmem.setup.target_options import TargetOptions, refuse_loose_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,27 +42,26 @@ def setup_of(setup: TrainingSetup | None, setup_values: dict[str, Any], where: s
 
 
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", depth: int = 2,
-             cuda_context: int | None = None, alloc_conf: str | None = None, cuda_version: str | None = None,
-             module_loading: str | None = None, cudnn_benchmark: bool | None = None,
-             compare_loop: bool = False, framework: str = "auto", keras_backend: str | None = None,
-             tf_memory: str | None = None, tf_onednn: str | None = None, **setup_values: Any) -> Estimate:
+             target_options: TargetOptions | Mapping[str, Any] | None = None, compare_loop: bool = False,
+             framework: str = "auto", keras_backend: str | None = None, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
     input_shape="1000", …), the same names as the CLI flags and TOML keys (`setup_of`). `device` is a
     name ("cpu", "h100-80gb", "custom:capacity=24GiB,cc=8.9"), a torch.device or a trainmem.Device;
     "cuda" / torch.device("cuda") means this machine's GPU and is refused where none is visible
-    (devices.py). For a GPU `device`, `cuda_context` overrides the catalog's CUDA-context bytes and
-    `alloc_conf` is a PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True"); `cuda_version` ("12.4"),
-    `module_loading` ("lazy"/"eager") and `cudnn_benchmark` describe the target run's CUDA stack.
+    (devices.py). `target_options` (a TargetOptions, or a dict of its keys) says how the target runs: its CUDA
+    stack on a GPU `device` (setup/target_options.py), and TensorFlow's memory mode and oneDNN (below).
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
     deleting the loop's references early would save (`lean_loop`). Both traces share one preparation: the model
     reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
-    on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off."""
+    on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off; `tf_memory`:
+    TensorFlow's GPU memory mode (targets/tf_gpu.py)."""
+    refuse_loose_options(setup_values, "estimate()")
     setup = setup_of(setup, setup_values, "estimate()")
-    options = dict(cuda_context=cuda_context, alloc_conf=alloc_conf, cuda_version=cuda_version,
-                   module_loading=module_loading, cudnn_benchmark=cudnn_benchmark)
+    run = TargetOptions.of(target_options, "estimate()")
+    options, tf_memory, tf_onednn = run.cuda(), run.tf_memory, run.tf_onednn
     model = _framework_source(model, setup, framework, keras_backend)
     if _is_keras_source(model):
         from trainmem.estimate.keras_estimate import estimate_keras

@@ -84,7 +84,7 @@ def measure_on_gpu(model_ref: str, setup, device: str, **options: Any) -> dict[s
     target = device
     if device == "cuda":
         target = f"custom:capacity={measured['total_memory_bytes']}B,cc={measured['compute_capability']}"
-    est = estimate(model_ref, setup=setup, device=target, **options)
+    est = estimate(model_ref, setup=setup, device=target, target_options=options)
     figures = {"allocated_bytes": ("max_memory_allocated", est.allocated_bytes),
                "reserved_bytes": ("max_memory_reserved", est.reserved_bytes),
                "process_bytes": ("process_bytes", est.process_bytes)}

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.cli.options import Options, framework_options, gpu_options
+from trainmem.cli.options import Options, framework_options, target_options
 from trainmem.cli.outcome import EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
 from trainmem.cli.parser import add_output_flags
 
@@ -22,7 +22,7 @@ def run(options: Options, setup: Any) -> Outcome:
     from trainmem.estimate import estimate
 
     result = estimate(options.model, setup=setup, device=options.device, depth=options.depth,
-                      compare_loop=True, **framework_options(options), **gpu_options(options))
+                      target_options=target_options(options), compare_loop=True, **framework_options(options))
     written = write_outputs(result, options)
     if options.quiet:
         from trainmem.report.text import render_quiet

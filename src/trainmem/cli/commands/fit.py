@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.cli.options import Options, gpu_options
+from trainmem.cli.options import Options, target_options
 from trainmem.cli.outcome import EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
 from trainmem.errors import TrainmemError, quote
 
@@ -29,6 +29,6 @@ def run(options: Options, setup: Any) -> Outcome:
                             f"the batch sizes you consider), got a Keras model {quote(options.model)}", where="MODEL")
 
     result = fit(options.model, setup, options.device, sequence=bool(options.max_seq), margin=options.margin,
-                 **gpu_options(options))
+                 target_options=target_options(options))
     text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
