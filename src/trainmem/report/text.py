@@ -47,10 +47,10 @@ LOOP_WORDS = {  # trace/loops.py has the code each loop stands for
 
 
 def _loop_line(est) -> str:
-    """The training loop the estimate traced: PyTorch's loop by --loop, or, for a Keras model, the loop its
-    frontend resolved (frontends/keras_torch.py: model.fit's, which --loop does not change)."""
+    """The training loop the estimate traced: the loop its frontend resolved where one did (a Keras model:
+    model.fit's, which --loop does not change; trace/keras_torch_step.py), else PyTorch's loop by --loop."""
     resolved = getattr(est, "resolved", None) or {}
-    if resolved.get("framework") == "keras" and resolved.get("loop"):
+    if resolved.get("loop"):
         return f"  loop: {resolved['loop']}"
     return f"  loop {est.setup.loop}: {LOOP_WORDS[str(est.setup.loop)]}"
 
