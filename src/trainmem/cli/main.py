@@ -13,6 +13,7 @@ import os
 import sys
 
 from trainmem.cli.commands import ARGS_COMMANDS, SETUP_COMMANDS
+from trainmem.cli.encoding import for_stream
 from trainmem.cli.options import check_run_options, merge_options, option_keys, setup_from_options
 from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, INTERRUPTED_LINE, Outcome
 from trainmem.cli.parser import build_parser
@@ -68,14 +69,14 @@ def _main(argv: list[str] | None) -> int:
             args = parser.parse_args(argv)
             outcome = run_command(args, parser)
             for line in outcome.warnings:
-                print(line, file=sys.stderr)
-            print(outcome.text)
+                print(for_stream(line, sys.stderr), file=sys.stderr)
+            print(for_stream(outcome.text, sys.stdout))
             sys.stdout.flush()  # a closed pipe shows here, inside the try, not at the interpreter's exit
             return outcome.code
         except TrainmemError as error:
             if debug:
                 raise
-            print(f"trainmem: error: {error}", file=sys.stderr)
+            print(for_stream(f"trainmem: error: {error}", sys.stderr), file=sys.stderr)
             return EXIT_BAD_INPUT
         except KeyboardInterrupt:  # Ctrl-C where the handler could not be installed
             print(INTERRUPTED_LINE.decode().strip(), file=sys.stderr)
@@ -89,8 +90,8 @@ def _main(argv: list[str] | None) -> int:
         except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
             if debug:
                 raise
-            print(f"trainmem: error: {type(error).__name__}: {one_line_of(error)} (rerun with --debug for the "
-                  "traceback)", file=sys.stderr)
+            print(for_stream(f"trainmem: error: {type(error).__name__}: {one_line_of(error)} (rerun with --debug "
+                             "for the traceback)", sys.stderr), file=sys.stderr)
             return EXIT_BAD_INPUT
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+from typing import Any
 
 from trainmem.cli.options import RUN_DEFAULTS
 from trainmem.errors import TrainmemError
@@ -20,6 +22,11 @@ def _version() -> str:
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's usage dump becomes our one line
         raise TrainmemError(f"{message} (see {self.prog} --help)", where="command line")
+
+    def _print_message(self, message: str, file: Any = None) -> None:  # --help on a stream that is not UTF-8
+        from trainmem.cli.encoding import for_stream
+
+        super()._print_message(for_stream(message, file or sys.stderr) if message else message, file)
 
 
 def setup_default(name: str, words: str | None = None) -> str:
