@@ -33,6 +33,7 @@ def test_a_stream_that_encodes_the_text_gets_it_unchanged():
     assert for_stream("ok", object()) == "ok"  # no encoding attribute: UTF-8
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("args", [
     ["estimate", "mlp:1000-100-10", "--input-shape", "1000", "--batch-size", "8"],
     ["estimate", "mlp:1000-100-10", "--input-shape", "1000", "--batch-size", "8", "--device", "a100-40gb"],

@@ -46,6 +46,7 @@ def test_fit_refuses_tensorflow_options():
         trainmem.fit("mlp:8-4", device="a100-40gb", input_shape="8", target_options={"tf_memory": "growth"})
 
 
+@pytest.mark.heavy
 def test_the_options_reach_the_target():
     plain = trainmem.estimate("mlp:8-4", **GPU)
     given = trainmem.estimate("mlp:8-4", target_options=TargetOptions(cuda_context=2**30), **GPU)
