@@ -272,6 +272,10 @@ def command_report(args) -> None:
              "against it (`pip install -e .`, which keeps the torch); the baseline is the dev environment .venv (torch "
              f"{baseline['environment']['torch']}, the pin of the Makefile). Every torch here but the baseline is "
              "a CUDA build, run on this machine's CPU.", ""]
+    commits = {record["environment"]["checkout"] for record in features} - {(others[0] if others else baseline)
+                                                                           ["environment"]["checkout"]}
+    if commits:  # the feature matrix was rerun after a later change than the core tests
+        lines += [f"The feature matrix below ran from commit {', '.join(sorted(commits))}.", ""]
     if features:
         lines += feature_matrix(features, {record["environment"]["torch"]: record for record in [baseline] + others})
     lines += ["## Environments and core tests", "",
