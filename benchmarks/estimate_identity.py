@@ -47,6 +47,18 @@ def cases() -> list[tuple[str, str, dict, dict]]:
     return found
 
 
+def _keywords(options: dict) -> dict:
+    """estimate()'s keywords for the case's options at the code under test: the CUDA options as target_options
+    where that code has TargetOptions, as loose keywords in the code before it (so one script runs both sides)."""
+    import trainmem
+
+    if not hasattr(trainmem, "TargetOptions"):
+        return options
+    run_keys = set(trainmem.TargetOptions.keys())
+    given = {key: value for key, value in options.items() if key in run_keys}
+    return {**{k: v for k, v in options.items() if k not in run_keys}, "target_options": given}
+
+
 def run(out: Path, only: str | None) -> None:
     from trainmem import estimate
     from trainmem.setup import TrainingSetup
@@ -57,7 +69,7 @@ def run(out: Path, only: str | None) -> None:
                 continue
             started = time.perf_counter()
             try:
-                est = estimate(model, setup=TrainingSetup.from_mapping(setup, where=case), **options)
+                est = estimate(model, setup=TrainingSetup.from_mapping(setup, where=case), **_keywords(options))
                 payload = json.dumps(est.to_dict(), sort_keys=True, default=str)
                 text = str(est)
             except Exception as error:  # noqa: BLE001 - an error is an outcome to compare too
