@@ -82,7 +82,7 @@ def run_estimates() -> list[dict]:
         started = time.perf_counter()
         try:
             est = estimate(case["model"], setup=TrainingSetup.from_mapping(case["setup"], where=case["id"]),
-                           device=case["device"], **case["options"])
+                           device=case["device"], target_options=case["options"])
         except Exception as error:  # noqa: BLE001 - a failure under this torch is the finding to report
             results.append({"id": case["id"], "error": f"{type(error).__name__}: {str(error).splitlines()[0]}",
                             "seconds": time.perf_counter() - started})
