@@ -400,6 +400,10 @@ def _user_file(name: str, body: str, *flags: str, factory: str = "factory") -> C
 
 SMALL_FACTORY = "import torch.nn as nn\n\ndef factory():\n    return nn.Linear(10, 2)\n"
 USER_TENSOR_BYTES = 16000 * 16000 * 4  # what py-user-file-allocates-at-import's file allocates: 1 GB
+# that case's RSS growth is measured against the runner's resident set before it, part of which (freed heap
+# pages, file pages) may leave meanwhile: under torch 2.6 it grew 976 MiB for the 976.6 MiB tensor (make compat).
+# At least 99% of the tensor still shows that the user's own code allocated it for real.
+USER_TENSOR_SEEN = USER_TENSOR_BYTES * 99 // 100
 
 
 def _counting_file(directory: Path) -> list[str]:
@@ -569,7 +573,7 @@ def _cases() -> list[Case]:
         # it as code. What we do: run it, answer, and not add to it (the RSS grows by the user's tensor).
         c("py-user-file-allocates-at-import",
           _user_file("greedy.py", "import torch\nHOARD = torch.ones(16000, 16000)\n" + SMALL_FACTORY, "--input-shape", "10"),
-          0, rss_limit=USER_TENSOR_BYTES + RSS_GROWTH_LIMIT, rss_at_least=USER_TENSOR_BYTES, order=1),
+          0, rss_limit=USER_TENSOR_BYTES + RSS_GROWTH_LIMIT, rss_at_least=USER_TENSOR_SEEN, order=1),
         c("py-file-runs-once", _counting_file, 0, check=_ran_once),
         c("fit-file-runs-once", lambda d: ["fit", *_counting_file(d)[1:]], 0, check=_ran_once),  # one search, one run
         c("fit-prints-with-json", ("fit", _factory("prints"), "--input-shape", "10", "--format", "json"), 0,
