@@ -33,6 +33,14 @@ def tmp_factory(tmp_path):
     return write
 
 
+@pytest.fixture(autouse=True)
+def _no_allocator_settings_from_the_environment(monkeypatch):
+    """The CLI takes PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF from the environment (cli/options.py
+    with_environment): a developer's own setting would move every GPU figure. Tests that want one set it."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_user_calibration(tmp_path_factory):
     """Tests see the bundled calibrations only: a `trainmem calibrate` the developer ran on this machine (the

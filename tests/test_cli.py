@@ -675,3 +675,46 @@ def test_a_safetensors_header_cannot_claim_more_than_the_file_holds(tmp_path, ca
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
     code, out, err = run(["estimate", str(path)], capsys)
     one_line_exit_2(code, out, err, "expected tensor 'weight' whose data_offsets span shape × itemsize bytes")
+
+
+# ---- PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF in the environment (cli/options.py with_environment) ----
+
+ENV_RUN = ["estimate", "mlp:256-256-10", "--input-shape", "256", "--batch-size", "8", "--format", "json"]
+
+
+def _settings(capsys, args):
+    code = main(args)
+    captured = capsys.readouterr()
+    data = json.loads(captured.out) if code == 0 else None
+    return code, (data or {}).get("allocator", {}).get("settings"), captured.err
+
+
+def test_the_environments_allocator_settings_are_the_runs(monkeypatch, capsys):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    code, settings, err = _settings(capsys, [*ENV_RUN, "--device", "a100-40gb"])
+    assert code == 0 and settings == "expandable_segments=True"
+    assert "allocator settings 'expandable_segments:True' from PYTORCH_CUDA_ALLOC_CONF in the environment" in err
+    # the flag wins; on the CPU the variable means nothing and is not read
+    code, settings, err = _settings(capsys, [*ENV_RUN, "--device", "a100-40gb", "--alloc-conf", "max_split_size_mb:64"])
+    assert code == 0 and "expandable" not in settings and "environment" not in err
+    code, _, err = _settings(capsys, ENV_RUN)
+    assert code == 0 and "environment" not in err
+
+
+def test_pytorch_cuda_alloc_conf_is_read_before_pytorch_alloc_conf(monkeypatch, capsys):
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    code, settings, err = _settings(capsys, [*ENV_RUN, "--device", "a100-40gb"])
+    assert code == 0 and "from PYTORCH_ALLOC_CONF in the environment" in err
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    code, settings, err = _settings(capsys, [*ENV_RUN, "--device", "a100-40gb"])
+    assert code == 0 and settings == "expandable_segments=True"
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("garbage", "expected allocator settings (key:value,…), allocator setting 'garbage'"),
+    ("backend:cudaMallocAsync", "expected the native caching allocator, got backend:cudaMallocAsync"),
+])
+def test_bad_settings_in_the_environment_name_the_variable(monkeypatch, capsys, value, says):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", value)
+    code, _, err = _settings(capsys, [*ENV_RUN, "--device", "a100-40gb"])
+    assert code == 2 and err.startswith(f"trainmem: error: PYTORCH_CUDA_ALLOC_CONF in the environment: {says}")

@@ -14,7 +14,8 @@ import sys
 
 from trainmem.cli.commands import ARGS_COMMANDS, SETUP_COMMANDS
 from trainmem.cli.encoding import for_stream
-from trainmem.cli.options import check_run_options, merge_options, option_keys, setup_from_options
+from trainmem.cli.options import (check_run_options, environment_notes, merge_options, option_keys,
+                                  setup_from_options, with_environment)
 from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, INTERRUPTED_LINE, Outcome
 from trainmem.cli.parser import build_parser
 from trainmem.cli.process import ctrl_c_ends_the_process, stdout_wants_colour, user_output_to_stderr
@@ -24,8 +25,8 @@ from trainmem.errors import TrainmemError, quote
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
     if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
         return ARGS_COMMANDS[args.command](args)
-    options = merge_options(args, option_keys(parser)).with_values(model=args.model)
-    warnings = check_run_options(options, args.command)
+    options = with_environment(merge_options(args, option_keys(parser)).with_values(model=args.model))
+    warnings = environment_notes(options) + check_run_options(options, args.command)
     setup = setup_from_options(options)
     options = options.with_values(colour=stdout_wants_colour())  # read before stdout is pointed at stderr below
     with user_output_to_stderr():

@@ -58,6 +58,48 @@ def option_keys(parser: argparse.ArgumentParser) -> set[str]:
     return keys
 
 
+# The environment's allocator settings, in the order c10's CUDAAllocatorConfig reads them (torch 2.13,
+# c10/cuda/CUDAAllocatorConfig.h: PYTORCH_CUDA_ALLOC_CONF, then PYTORCH_ALLOC_CONF): the run the user estimates
+# takes them, so the estimate does too unless --alloc-conf (or a --setup file) says otherwise.
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def with_environment(options: Options) -> Options:
+    """The options with the allocator settings of the environment where none were given, on a GPU --device
+    (on the CPU they mean nothing); `origins` names the variable, so a message about them names it too."""
+    if "alloc_conf" in options.given or str(options.values.get("device", "cpu")).strip().lower() == "cpu":
+        return options
+    for name in ALLOC_CONF_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            _check_environment_alloc_conf(name, value)
+            return Options({**options.values, "alloc_conf": value}, {**options.given, "alloc_conf": value},
+                           {**options.origins, "alloc_conf": f"{name} in the environment"})
+    return options
+
+
+def _check_environment_alloc_conf(name: str, value: str) -> None:
+    """Refuse bad settings naming the variable (the target's own check would blame --alloc-conf)."""
+    from trainmem.alloc.cuda_config import AllocatorConfig
+
+    where = f"{name} in the environment"
+    try:
+        config = AllocatorConfig.from_env_string(value)
+    except ValueError as error:
+        raise TrainmemError(f"expected allocator settings (key:value,…), {error}", where=where) from None
+    if config.backend != "native":
+        raise TrainmemError("expected the native caching allocator, got backend:cudaMallocAsync (CUDA's own pool is "
+                            "not modelled; --alloc-conf overrides the environment)", where=where)
+
+
+def environment_notes(options: Options) -> list[str]:
+    """One line for each setting taken from the environment (printed on stderr with the warnings)."""
+    origin = options.origins.get("alloc_conf", "")
+    if origin.endswith(" in the environment"):
+        return [f"allocator settings {options.values['alloc_conf']!r} from {origin} (--alloc-conf overrides them)"]
+    return []
+
+
 def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
     from trainmem.flag_rules import explicit, flag_of
     from trainmem.setup import read_setup_file
