@@ -138,8 +138,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-context", metavar="SIZE", help="GPU devices: CUDA context bytes in nvidia-smi "
                         "(default: the device's)")
     parser.add_argument("--alloc-conf", metavar="SETTINGS", help="GPU devices: PYTORCH_CUDA_ALLOC_CONF of the "
-                        "run, e.g. expandable_segments:True (default: PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF, "
-                        "from the environment; none)")
+                        "run, e.g. expandable_segments:True (default: PYTORCH_[CUDA_]ALLOC_CONF of the environment; none)")
     parser.add_argument("--cuda-version", metavar="X.Y", help="GPU devices: the run's CUDA (default: this "
                         "torch's; CPU builds: 12.8)")
     parser.add_argument("--module-loading", choices=MODULE_LOADING.choices, help="GPU devices: CUDA_MODULE_LOADING of "
