@@ -25,7 +25,7 @@ import dataclasses
 from collections import defaultdict
 
 from trainmem.alloc.gc_paused import gc_paused
-from trainmem.alloc.device_events import DeviceEvent
+from trainmem.alloc.device_events import DeviceEvent, live_after
 
 ALIGNMENT = 64  # c10's posix_memalign alignment
 PAGE = 4096
@@ -73,13 +73,7 @@ def replay_tensors(stream: list[DeviceEvent]) -> TensorReplay:
         elif event.key in live:
             live.discard(event.key)
             current -= aligned(event.nbytes)
-    at_peak: dict[int, DeviceEvent] = {}
-    for event in stream[: peak_index + 1]:
-        if event.action == "alloc":
-            at_peak[event.key] = event
-        else:
-            at_peak.pop(event.key, None)
-    return TensorReplay(peak, peak_index, at_peak, current)
+    return TensorReplay(peak, peak_index, live_after(stream, peak_index), current)
 
 
 class GlibcModel:

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from trainmem.alloc.device_events import live_after
 from trainmem.alloc.replay import ReplaySeries
 from trainmem.errors import TrainmemError
 from trainmem.trace.events import Category
@@ -137,13 +138,7 @@ def _bands(phases: Sequence[str], steps: Sequence[int]) -> tuple[Band, ...]:
 
 def _modules_at_peak(events: Sequence[Any], peak_event: int, charged) -> dict[str, int]:
     """Bytes each module owns at the peak: every block alive there, charged to the module that allocated it."""
-    live: dict[int, Any] = {}
-    for event in events[: peak_event + 1]:
-        if event.action == "alloc":
-            live[event.key] = event
-        else:
-            live.pop(event.key, None)
     owners: dict[str, int] = {}
-    for event in live.values():
+    for event in live_after(events, peak_event).values():
         owners[event.module] = owners.get(event.module, 0) + charged(event.nbytes)
     return dict(sorted(owners.items(), key=lambda item: -item[1]))
