@@ -16,7 +16,6 @@ def test_a_dict_of_its_keys_reads_as_the_options():
     assert TargetOptions.of(None, "here") == TargetOptions()
     options = TargetOptions(alloc_conf="expandable_segments:True")
     assert TargetOptions.of(options, "here") is options
-    assert options.given() == {"alloc_conf": "expandable_segments:True"}
     assert set(options.cuda()) == set(TargetOptions.CUDA_KEYS) and "tf_memory" not in options.cuda()
 
 

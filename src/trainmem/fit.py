@@ -369,9 +369,8 @@ class ScaledBatches(_Candidates):
 
     def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any],
                  limit: int) -> None:
-        target_options = {k: v for k, v in options.items() if k in TargetOptions.CUDA_KEYS}
         self.setup, self.limit = setup, limit
-        self.prepared = prepare(model, setup, device, options.get("depth", 2), **target_options)
+        self.prepared = prepare(model, setup, device, options.get("depth", 2), **_cuda_options(options))
         self.real: dict[int, Any] = {}  # batch -> its real TraceResult
         self.assembled: dict[int, Estimate] = {}  # batch -> the estimate of its real trace
         self.predicted: dict[int, Estimate] = {}  # batch -> the estimate of its predicted trace
@@ -474,10 +473,15 @@ def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate
 
 
 
+def _cuda_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The CUDA target's options among fit's (the others: the report depth)."""
+    return {key: value for key, value in options.items() if key in TargetOptions.CUDA_KEYS}
+
+
 def _estimate_with(model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any]) -> Estimate:
     """estimate() with fit's options: the report depth and the CUDA target's options."""
-    cuda = {key: value for key, value in options.items() if key in TargetOptions.CUDA_KEYS}
-    return estimate(model, setup=setup, device=device, depth=options.get("depth", 2), target_options=cuda)
+    return estimate(model, setup=setup, device=device, depth=options.get("depth", 2),
+                    target_options=_cuda_options(options))
 
 
 def _traced_again(what: str, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict) -> Remedy:

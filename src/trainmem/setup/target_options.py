@@ -63,10 +63,6 @@ class TargetOptions:
                              where=where)
         return self.cuda()
 
-    def given(self) -> dict[str, Any]:
-        """The options set (not None), by name."""
-        return {key: value for key in self.keys() if (value := getattr(self, key)) is not None}
-
     def with_values(self, **values: Any) -> TargetOptions:
         return dataclasses.replace(self, **values)
 
