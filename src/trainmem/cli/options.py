@@ -79,17 +79,11 @@ def with_environment(options: Options) -> Options:
 
 
 def _check_environment_alloc_conf(name: str, value: str) -> None:
-    """Refuse bad settings naming the variable (the target's own check would blame --alloc-conf)."""
-    from trainmem.alloc.cuda_config import AllocatorConfig
+    """Refuse bad settings naming the variable (the target's own check, on the value passed on, would blame
+    --alloc-conf)."""
+    from trainmem.targets.cuda_target import allocator_config
 
-    where = f"{name} in the environment"
-    try:
-        config = AllocatorConfig.from_env_string(value)
-    except ValueError as error:
-        raise TrainmemError(f"expected allocator settings (key:value,…), {error}", where=where) from None
-    if config.backend != "native":
-        raise TrainmemError("expected the native caching allocator, got backend:cudaMallocAsync (CUDA's own pool is "
-                            "not modelled; --alloc-conf overrides the environment)", where=where)
+    allocator_config(value, f"{name} in the environment", "allocator", "; --alloc-conf overrides the environment")
 
 
 def environment_notes(options: Options) -> list[str]:

@@ -67,6 +67,21 @@ def on_streams(stream: DeviceStream, trace: Trace) -> DeviceStream:
     return dataclasses.replace(stream, events=named(stream.events), events_high=high)
 
 
+def allocator_config(settings: str, where: str, named: str = "PYTORCH_CUDA_ALLOC_CONF", hint: str = "") -> AllocatorConfig:
+    """Allocator settings read and checked: the native caching allocator only (the one modelled). An error names
+    `where` the settings came from (a flag, an environment variable); `hint` ends the backend's refusal."""
+    from trainmem.errors import SetupError
+
+    try:
+        config = AllocatorConfig.from_env_string(settings)
+    except ValueError as error:
+        raise SetupError(f"expected {named} settings (key:value,…), {error}", where=where) from None
+    if config.backend != "native":
+        raise SetupError(f"expected the native caching allocator, got backend:cudaMallocAsync (CUDA's own pool is "
+                         f"not modelled{hint})", where=where)
+    return config
+
+
 @dataclasses.dataclass(frozen=True)
 class CudaTarget:
     """A GPU (devices.Device of kind "cuda") with its allocator settings, CUDA runtime and context."""
@@ -114,14 +129,7 @@ class CudaTarget:
             raise SetupError(f"expected a CUDA context smaller than {device.name}'s "
                              f"{format_bytes(device.capacity_bytes)}, got {format_bytes(cuda_context)}",
                              where="--cuda-context")
-        try:
-            config = AllocatorConfig.from_env_string(alloc_conf or "")
-        except ValueError as error:
-            raise SetupError(f"expected PYTORCH_CUDA_ALLOC_CONF settings (key:value,…), {error}",
-                             where="--alloc-conf") from None
-        if config.backend != "native":
-            raise SetupError("expected the native caching allocator, got backend:cudaMallocAsync "
-                             "(CUDA's own pool is not modelled)", where="--alloc-conf")
+        config = allocator_config(alloc_conf or "", "--alloc-conf")
         if setup.precision.value.startswith("bf16") and not device.gpu.bf16:
             # name what the user typed: --qlora fills in bf16 itself, so blaming --precision would point
             # at a flag never given (TrainingSetup.flag_for)
