@@ -115,7 +115,7 @@ FINDINGS = """What the table shows (measured here, not fitted):
   are within about 2.4% of TensorFlow's own requests (benchmarks/results/tf_tensor_peak.md): not explained;
   embedding_bag at batch 256 is 6.6% low (-4.8% with one arena).
 - lstm: the step's op count in the table leaves out the 433 ops of the While loops' functions
-  (KerasTraced.function_ops); the per-op cost counts them."""
+  (trace_keras's KerasFacts.function_ops); the per-op cost counts them."""
 TARGET, OVER = 0.05, 500 * 10**6  # within 5% where the measured RSS exceeds 500 MB
 MIB = 2**20
 
@@ -146,7 +146,7 @@ def estimate_row(name: str, setup: TrainingSetup, onednn: str = "auto") -> dict:
         traced = trace_keras(getattr(keras_models, name), setup, name=name)
         figures = tf_cpu_figures(traced, setup, onednn=onednn)
         row = {"path": "trace_keras + tf_cpu_figures", "parameters": traced.parameters,
-               "step_ops": sum(traced.op_counts.values()), "unsupported_ops": traced.unsupported_ops,
+               "step_ops": sum(traced.op_counts.values()), "unsupported_ops": traced.framework.unsupported_ops,
                "tensor_peak": figures.tensor_peak, "process_bytes": figures.process_bytes,
                "process_high": figures.process_high, "parts": figures.parts}
         warnings = figures.warnings

@@ -53,7 +53,7 @@ FEATURES = 4096  # wide_input's features: a sample is 4,096 float32 and one int3
 
 
 def step_op_counts(names) -> dict[str, int]:
-    """Ops of the train step as the estimate counts them: sum(KerasTraced.op_counts) of trace_keras, so that
+    """Ops of the train step as the estimate counts them: sum(op_counts) of trace_keras's TraceResult, so that
     the per-op cost is in the tracer's own unit (a change in what the tracer counts needs a new fit)."""
     sys.path.insert(0, str(MODELS.parent))
     import keras_models

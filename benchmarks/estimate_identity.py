@@ -44,6 +44,30 @@ def cases() -> list[tuple[str, str, dict, dict]]:
         found.append((f"gpu/{row['id']}", model, row["setup"],
                       {"device": row["device"], "cuda_context": row.get("cuda_context"),
                        "cuda_version": row.get("cuda_version"), "module_loading": row.get("module_loading")}))
+    return found + keras_cases()
+
+
+# Keras on TensorFlow: each CPU path (oneDNN on and off) and each GPU memory mode, on the Keras zoo
+# (benchmarks/keras_models.py) and the seed MLP spec; JSON and text as the CLI prints them
+KERAS_CPU = [("mlp", 256), ("cnn_bn", 32), ("resnet_small", 32), ("lstm", 64), ("transformer_encoder", 16),
+             ("embedding_bag", 256)]
+KERAS_GPU = [("mlp", 256, "t4", "default"), ("cnn_bn", 32, "a100-40gb", "growth"),
+             ("transformer_encoder", 16, "h100-80gb", "limit:4GiB")]
+
+
+def keras_cases() -> list[tuple[str, str, dict, dict]]:
+    models = str(ROOT / "benchmarks" / "keras_models.py")
+    found = [(f"keras/seed_mlp/onednn_{onednn}", "mlp:1000-100-100-100-100-10",
+              {"batch_size": 256, "optimizer": "adam", "input_shape": "1000"},
+              {"framework": "keras", "tf_onednn": onednn}) for onednn in ("on", "off")]
+    for name, batch in KERAS_CPU:
+        for onednn in ("on", "off"):
+            found.append((f"keras/cpu/{name}/b{batch}/onednn_{onednn}", f"{models}:{name}",
+                          {"batch_size": batch, "optimizer": "adam"}, {"framework": "keras", "tf_onednn": onednn}))
+    for name, batch, device, mode in KERAS_GPU:
+        found.append((f"keras/gpu/{name}/b{batch}/{device}/{mode}", f"{models}:{name}",
+                      {"batch_size": batch, "optimizer": "adam"},
+                      {"framework": "keras", "device": device, "tf_memory": mode}))
     return found
 
 

@@ -145,7 +145,7 @@ def test_seed_mlp_counts_parameters_and_adam_slots_exactly(seed):
     assert seed.parameters == seed.trainable_parameters == 131_410
     # adam.py build(): momentums and velocities per parameter (fp32); base_optimizer.py: `iterations`
     # (int64) and `learning_rate` (float32) scalars
-    assert seed.optimizer_slot_bytes == 2 * 4 * 131_410 + 8 + 4
+    assert seed.framework.optimizer_slot_bytes == 2 * 4 * 131_410 + 8 + 4
     state = sum(r.nbytes for r in seed.trace.storages.values() if r.category == Category.OPTIMIZER_STATE)
     assert state == 2 * 4 * 131_410
 
@@ -154,7 +154,7 @@ def test_seed_mlp_keeps_each_hidden_relu_output_and_the_loss_gradient(seed):
     # MatMul's output is forwarded through BiasAdd into Relu (one buffer per layer); ReluGrad and the
     # next layer's weight gradient read it: 256×100 fp32 kept per hidden layer. The logits die in the
     # loss; SparseSoftmaxCrossEntropyWithLogits' backprop output (256×10) is kept for the gradient.
-    rows = {row.name: row for row in seed.layers}
+    rows = {row.name: row for row in seed.framework.layers}
     for name in ("dense_0", "dense_1", "dense_2", "dense_3"):
         assert rows[name].activation_bytes == 256 * 100 * 4
         assert rows[name].output_shape == (256, 100)
@@ -176,7 +176,7 @@ def test_seed_mlp_lifetimes_end_at_the_last_use(seed):
     live = live_at(trace, len(trace.events))
     assert {trace.storages[sid].category for sid in live} <= {
         Category.PARAMETERS, Category.OPTIMIZER_STATE, Category.OPTIMIZER_SCALARS, Category.BUFFERS, Category.RUNTIME}
-    assert not seed.unsupported_ops
+    assert not seed.framework.unsupported_ops
     assert any(call.op == "MatMul" for call in trace.kernel_calls)
 
 
@@ -200,7 +200,7 @@ def test_conv_batchnorm_model():
     buffers = sum(r.nbytes for r in traced.trace.storages.values() if r.category == Category.BUFFERS and r.phase == Phase.INIT)
     assert buffers >= 2 * 8 * 4
     # Grappler's remapper fuses Conv2D + BiasAdd on the CPU; the first layer needs no input gradient
-    assert traced.runtime_graph == "grappler"
+    assert traced.framework.runtime_graph == "grappler"
     conv = [c for c in traced.trace.kernel_calls if "Conv2D" in c.op]
     assert {c.op for c in conv} == {"_FusedConv2D", "Conv2DBackpropFilter"}
     assert conv[0].outputs[0].shape == (8, 16, 16, 8) and conv[0].args[-1]["padding"] == "SAME"
@@ -233,19 +233,19 @@ def test_lstm_loop_accumulators_are_sized_from_the_loop_body():
     traced = _trace(build, batch_size=4)
     assert traced.parameters == 4 * (8 * 32 + 32 * 32 + 32) + 32 * 10 + 10
     assert traced.op_counts.get("While", 0) + traced.op_counts.get("StatelessWhile", 0) == 2
-    assert "While" not in traced.unsupported_ops and not any("unknown size" in w and "While" in w for w in traced.warnings)
+    assert "While" not in traced.framework.unsupported_ops and not any("unknown size" in w and "While" in w for w in traced.warnings)
     # the forward loop keeps, for the gradient loop, one 4×32 fp32 gate tensor per step per accumulator
     lists = [r.nbytes for r in traced.trace.storages.values() if r.op == "While" and r.dtype == "variant" and r.step == 0]
     assert lists.count(20 * 4 * 32 * 4) >= 6
-    rows = {row.name: row for row in traced.layers}
+    rows = {row.name: row for row in traced.framework.layers}
     assert rows["lstm"].activation_bytes >= 6 * 20 * 4 * 32 * 4
     # the loops' bodies and conditions are ops of their own executors, counted apart from the step's:
     # the forward body alone holds the cell's MatMuls, the gradient body theirs, each with an _Arg per loop var
-    assert traced.function_ops > 2 * 10
+    assert traced.framework.function_ops > 2 * 10
 
 
 def test_a_step_without_functions_counts_no_function_ops(seed):
-    assert seed.function_ops == 0
+    assert seed.framework.function_ops == 0
 
 
 def test_unsupported_setups_are_refused():
@@ -260,7 +260,7 @@ def test_unsupported_setups_are_refused():
 def test_bf16_keeps_bf16_weights_and_slots():
     traced = _trace(seed_mlp, batch_size=8, precision="bf16")
     assert traced.parameters == 131_410
-    assert traced.optimizer_slot_bytes == 2 * 2 * 131_410 + 8 + 4  # Keras's "bfloat16" policy: bf16 variables
+    assert traced.framework.optimizer_slot_bytes == 2 * 2 * 131_410 + 8 + 4  # Keras's "bfloat16" policy: bf16 variables
 
 
 def _rss() -> int:

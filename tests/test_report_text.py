@@ -215,8 +215,8 @@ def test_other_renderers_keep_the_shared_table():
 
 
 def test_an_estimate_with_its_own_report_keeps_it(est):
-    """cli.py calls render_text(result, colour=True) on a terminal: a subclass with its own report (KerasEstimate)
-    must still print that one."""
+    """cli.py calls render_text(result, colour=True) on a terminal: a subclass with its own report must still print
+    that one, and so must an estimate with a framework section (Keras on TensorFlow's report)."""
     import dataclasses as dc
 
     from trainmem.estimate.result import Estimate
@@ -228,6 +228,14 @@ def test_an_estimate_with_its_own_report_keeps_it(est):
 
     own = Own(**{f.name: getattr(est, f.name) for f in dc.fields(Estimate)})
     assert render_text(own, colour=True) == "its own report"
-    from trainmem.estimate.keras_estimate import KerasEstimate
 
-    assert KerasEstimate.__str__ is not Estimate.__str__  # the class this guards
+    class Section:
+        def to_json(self) -> dict:
+            return {"framework": {"name": "other"}}
+
+        def render(self, estimate) -> str:
+            return f"the section's report of {estimate.model_name}"
+
+    with_section = dc.replace(est, framework=Section())
+    assert render_text(with_section, colour=True) == str(with_section) == f"the section's report of {est.model_name}"
+    assert with_section.to_dict()["framework"] == {"name": "other"} and "framework" not in est.to_dict()

@@ -33,7 +33,7 @@ def _trace(allocs: list[tuple[int, int, Category]], frees: list[int]) -> Trace:
 
 
 def _traced(trace: Trace, ops: int = 100):
-    return SimpleNamespace(trace=trace, op_counts={"MatMul": ops})
+    return SimpleNamespace(trace=trace, op_counts={"MatMul": ops}, input_bytes=0, framework=SimpleNamespace(function_ops=0))
 
 
 def test_parts_by_hand():

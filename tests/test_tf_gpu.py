@@ -72,7 +72,7 @@ def _trace(conv: bool = False) -> SimpleNamespace:
     for seq, (action, sid) in enumerate(order):
         nbytes, _category, phase = sizes[sid]
         trace.events.append(Event(seq, action, nbytes, sid, phase, "dense", "Conv2D" if sid == 3 else "Op", 0))
-    return SimpleNamespace(trace=trace, jit_compile_on_gpu=False)
+    return SimpleNamespace(trace=trace, framework=SimpleNamespace(jit_compile_on_gpu=False))
 
 
 CARD = "custom:capacity=8GiB,cc=7.5"  # limit 6886 MiB by default (test_default_memory_limit)

@@ -111,11 +111,11 @@ def explain(traced, setup: TrainingSetup, breakdown: dict[str, int], runtime_wor
 
 
 def _loop_words(traced, setup: TrainingSetup) -> str:
-    """The loop whose names keep batches alive: model.fit's for a Keras model (trace/keras_torch_step.py puts it
-    in the trace's resolved values), else the --loop traced."""
+    """The loop whose names keep batches alive: the loop the frontend resolved where one did (a Keras model:
+    model.fit's, trace/keras_torch_step.py puts it in the trace's resolved values), else the --loop traced."""
     resolved = getattr(traced, "resolved", None) or {}
-    if resolved.get("framework") == "keras":
-        return "model.fit"
+    if resolved.get("loop"):
+        return resolved["loop"].split("'s ")[0]  # its name, before the words that explain it ("model.fit's (…)")
     return f"{setup.loop}"
 
 

@@ -24,6 +24,7 @@ from trainmem.alloc.cuda_caching import (CudaCachingAllocator, CudaOutOfMemoryEr
                                          replay as cuda_replay, round_size)
 from trainmem.alloc.cuda_config import AllocatorConfig
 from trainmem.alloc.device_events import DeviceEvent
+from trainmem.trace.events import Category
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,3 +252,13 @@ def glibc_heap(events: Sequence[DeviceEvent]) -> HeapReplay:
     return HeapReplay(cpu_alloc.replay_actions(interleaved.actions),
                       cpu_alloc.replay_actions(interleaved.actions, pinned=True),
                       interleaved.objects, interleaved.defaulted_ops, small_objects.load_table())
+
+
+def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:
+    """Bytes at the allocated peak by category: each live block as the allocator charges its request
+    (`Allocator.charged`); what the allocator holds beyond that (alignment, blocks kept whole) is `runtime`."""
+    breakdown = {str(c): 0 for c in Category}
+    for event in replayed.live.values():
+        breakdown[str(event.category)] += charged(event.nbytes)
+    breakdown[str(Category.RUNTIME)] += replayed.allocated - sum(breakdown.values())
+    return breakdown

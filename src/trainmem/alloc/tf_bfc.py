@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
-from trainmem.alloc.replay import ReplayResult, live_before
+from trainmem.alloc.replay import live_before
 from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category
 
@@ -389,20 +389,3 @@ def _result(allocator: BfcAllocator, at_peak: dict, peak_index: int, tensor_peak
                      tuple(allocator.region_history), chunks, asked,
                      {key: event for key, (event, _size) in at_peak.items()}, tensor_peak,
                      s.largest_alloc_size, allocator.garbage_collections, zero, failure)
-
-
-@dataclasses.dataclass(frozen=True)
-class TfBfcAllocator:
-    """The BFC allocator behind alloc.replay's Allocator protocol: allocated = peak_bytes_in_use, reserved
-    = the regions' peak. The breakdown counts each request at its 256-B rounding; chunks kept whole
-    (not split) are the rest, in `runtime`."""
-
-    config: BfcConfig
-
-    def charged(self, nbytes: int) -> int:
-        return rounded_bytes(nbytes)
-
-    def replay(self, events: Sequence[DeviceEvent]) -> ReplayResult:
-        r = replay_bfc(events, self.config)
-        return ReplayResult(r.peak_index, r.live_events, r.peak_in_use, r.peak_region_bytes, r.tensor_peak,
-                            out_of_memory=r.out_of_memory)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from trainmem.alloc.replay import ReplayResult
+from trainmem.alloc.replay import ReplayResult, breakdown_at_peak
 from trainmem.baselines import baselines
 from trainmem.devices import Device
 from trainmem.estimate.result import AllocatorSummary, Estimate, ModuleRow, ReplayInput
@@ -24,37 +24,31 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
     process = target.process_memory(source, setup, traced, stream, replayed)
     peak_event = stream.events[replayed.peak_index]
     settings = target.allocator_settings()
+    own = process.framework  # a target of another framework reports some rows in its own terms
     return Estimate(
         model_name=source.name, setup=setup, device=device,
         # the model's own parameter count, LoRA's adapters beside it (as a model card counts)
         parameters=traced.parameters - traced.adapter_parameters, trainable_parameters=traced.trainable_parameters,
-        tensor_bytes=replayed.tensor_peak, process_bytes=sum(process.parts.values()), breakdown=breakdown,
-        peak_phase=str(peak_event.phase), peak_module=peak_event.module, peak_op=peak_event.op,
+        tensor_bytes=own.tensor_bytes if own else replayed.tensor_peak, process_bytes=sum(process.parts.values()),
+        breakdown=breakdown, peak_phase=str(peak_event.phase), peak_module=peak_event.module, peak_op=peak_event.op,
         peak_step=peak_event.step,
-        modules=module_table(traced, replayed.live, depth, target.module_rounding),
+        modules=own.modules if own else module_table(traced, replayed.live, depth, target.module_rounding),
         warnings=tuple(process.leading_warnings + list(traced.warnings) + process.warnings
                        + _checkpointing(traced.checkpointed, target.checkpoint_lists_blocks)),
-        explanation=explain(traced, setup, breakdown, target.runtime_words), process_parts=process.parts,
-        coverage={"ops": dict(traced.op_counts), "kernel_rules": stream.rules, **process.coverage},
+        explanation=own.explanation if own else explain(traced, setup, breakdown, target.runtime_words),
+        process_parts=process.parts,
+        coverage=own.coverage if own else {"ops": dict(traced.op_counts), "kernel_rules": stream.rules,
+                                           **process.coverage},
         allocated_bytes=replayed.allocated if replayed.reserved is not None else None,
         reserved_bytes=replayed.reserved,
         allocator=allocator_summary(replayed, settings) if settings is not None else None,
         fits_override=None if replayed.out_of_memory is None else False,
-        baselines=baselines(traced, setup, replayed.allocated, target.allocated_name),
+        baselines=() if own else baselines(traced, setup, replayed.allocated, target.allocated_name),
         process_bytes_high=process.high, quantized_parameters=traced.quantized_parameters,
         adapter_parameters=traced.adapter_parameters, quantized_storage_bytes=traced.quantized_storage_bytes,
         resolved=traced.resolved,
-        replay_input=ReplayInput(tuple(stream.events), allocator, device.capacity_bytes))
-
-
-def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:
-    """Bytes at the allocated peak by category: each live block as the allocator charges its request;
-    what the allocator holds beyond that (alignment, blocks kept whole) is `runtime`."""
-    breakdown = {str(c): 0 for c in Category}
-    for event in replayed.live.values():
-        breakdown[str(event.category)] += charged(event.nbytes)
-    breakdown[str(Category.RUNTIME)] += replayed.allocated - sum(breakdown.values())
-    return breakdown
+        replay_input=ReplayInput(tuple(stream.events), allocator, device.capacity_bytes),
+        framework=own.section if own else None)
 
 
 def allocator_summary(replayed: ReplayResult, settings: str) -> AllocatorSummary:

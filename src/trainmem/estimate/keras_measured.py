@@ -23,7 +23,7 @@ from trainmem.units import format_bytes
 
 @dataclasses.dataclass(frozen=True)
 class KerasMeasured:
-    estimate: Any  # estimate/keras_estimate.py KerasEstimate
+    estimate: Any  # estimate/result.py Estimate, with its Keras section
     measured: Any  # measure/keras_cpu.py KerasMeasurement
 
     @property
@@ -60,10 +60,10 @@ def measure_keras_beside_estimate(model_ref: str, setup: TrainingSetup, *, runs:
     """Estimate first (a model that cannot be traced is not run); then `runs` real fits in fresh processes.
     Without `force`, a run the estimate says does not fit this machine's memory is refused."""
     from trainmem.errors import MeasureError
-    from trainmem.estimate.keras_estimate import estimate_keras
+    from trainmem.estimate.orchestrate import estimate
     from trainmem.measure.keras_cpu import measure_keras
 
-    est = estimate_keras(model_ref, setup, "cpu")
+    est = estimate(model_ref, setup=setup, device="cpu", framework="keras")
     if not est.fits and not force:
         raise MeasureError(f"expected a run that fits this machine's memory, the estimate says "
                            f"{format_bytes(est.process_bytes)} (--force runs it anyway)", where=model_ref)

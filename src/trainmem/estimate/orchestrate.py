@@ -63,14 +63,11 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     run = TargetOptions.of(target_options, "estimate()")
     options, tf_memory, tf_onednn = run.cuda(), run.tf_memory, run.tf_onednn
     model = _framework_source(model, setup, framework, keras_backend)
-    if _is_keras_source(model):
-        from trainmem.estimate.keras_estimate import estimate_keras
-
+    if _is_keras_source(model):  # Keras on TensorFlow: its own trace, the TensorFlow targets, the same assembler
         if setup.parallel.distributed:
             raise SetupError("expected a PyTorch model with --strategy (many ranks are traced with torch.distributed), "
                              f"got a Keras model {model.name!r}", where="--strategy")
-
-        return estimate_keras(model, setup, device, depth=depth, memory_mode=tf_memory, onednn=tf_onednn, **options)
+        return _estimate_on_tensorflow(model, setup, device, depth, run)
     if tf_onednn is not None:
         raise SetupError(f"expected a Keras model on TensorFlow with --tf-onednn, got a PyTorch model {model.name!r}",
                          where="--tf-onednn")
@@ -87,6 +84,23 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
         lean = dataclasses.replace(setup, loop=Loop.LEAN)
         return _with_lean_loop(est, assemble_traced(chosen, lean, trace(chosen, lean)))
     return est
+
+
+def _estimate_on_tensorflow(source: Any, setup: TrainingSetup, device: DeviceRef, depth: int,
+                            run: TargetOptions) -> Estimate:
+    """A KerasSource (frontends/keras_ref.py) traced as model.fit runs its step on TensorFlow
+    (trace/keras_graph.py), on the TensorFlow target of the device (targets/tf_targets.py)."""
+    from trainmem.estimate.assemble import assemble
+    from trainmem.targets import target_for
+    from trainmem.trace.keras_graph import trace_keras
+
+    target_device = get_device(device)
+    target = target_for(target_device, setup, "tensorflow", tf_memory=run.tf_memory, tf_onednn=run.tf_onednn,
+                        **run.cuda())
+    traced = trace_keras(source.build, setup, name=source.name)
+    traced = dataclasses.replace(traced, resolved={"framework": "keras", "keras_backend": "tensorflow",
+                                                   "source": source.kind})
+    return assemble(source, setup, target_device, target, traced, depth)
 
 
 def _framework_source(model: Any, setup: TrainingSetup, framework: str, keras_backend: str | None) -> Any:

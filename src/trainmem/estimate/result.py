@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 from trainmem.baselines import Baseline
 from trainmem.devices import Device
@@ -96,6 +96,18 @@ class ReplayInput:
     capacity_bytes: int  # the device's capacity
 
 
+class FrameworkSection(Protocol):
+    """The typed section of an Estimate that only one framework has (targets/keras_section.py KerasSection)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys it adds to the estimate's JSON."""
+        ...
+
+    def render(self, est: Estimate) -> str:
+        """The estimate's terminal report, in the framework's own terms."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """The answer: peaks, what is alive at the peak, where it happens, and why.
@@ -136,8 +148,11 @@ class Estimate:
     # many ranks (estimate/per_rank.py): one row per distinct rank role; this Estimate is the most loaded's
     ranks: tuple[RankEstimate, ...] = ()
     parallel: dict[str, Any] | None = None  # layout, most_loaded, spread_bytes, host RAM, notes, cross_checks
-    # the stream and allocator behind the figures (None for Keras estimates); many ranks: the most loaded's
+    # the stream and allocator behind the figures; many ranks: the most loaded's
     replay_input: ReplayInput | None = dataclasses.field(default=None, repr=False, compare=False)
+    # what only a framework other than PyTorch reports, with its own JSON keys and text report (Keras on
+    # TensorFlow: targets/keras_section.py KerasSection); None for PyTorch
+    framework: FrameworkSection | None = None
 
     def __post_init__(self) -> None:
         # frozen: the two defaults are settled once, here (dataclasses.replace passes the settled values on,
@@ -179,6 +194,7 @@ class Estimate:
             **({"ranks": [row.to_dict() for row in self.ranks], "parallel": self.parallel}
                if self.parallel is not None else {}),
             "warnings": list(self.warnings),
+            **(self.framework.to_json() if self.framework is not None else {}),
         }
 
     def __str__(self) -> str:

@@ -40,13 +40,11 @@ def _e(value: Any) -> str:
 
 
 def _timeline_or_none(estimate: Any, max_points: int) -> tuple[Any, str]:
-    """The estimate's timeline, or None and the one line that says why there is none (a Keras estimate)."""
+    """The estimate's timeline, or None and the one line that says why there is none."""
     from trainmem.report.timeline import timeline
 
     if getattr(estimate, "replay_input", None) is None:
-        keras = getattr(estimate, "framework", "") == "keras"
-        return None, ("no timeline for Keras estimates: they keep no allocator replay" if keras
-                      else "no timeline: this estimate keeps no allocator replay")
+        return None, "no timeline: this estimate keeps no allocator replay"
     return timeline(estimate, max_points=max_points), ""
 
 
@@ -249,8 +247,7 @@ def render_html(estimate: Any) -> str:
 
     t, why = _timeline_or_none(estimate, PAGE_POINTS)
     if t is None:
-        got = "a Keras estimate" if getattr(estimate, "framework", "") == "keras" else "an estimate"
-        raise TrainmemError(f"expected a PyTorch estimate (its allocator replay draws the timeline), got {got} "
+        raise TrainmemError("expected an estimate with its allocator replay (it draws the timeline), got one "
                             "that keeps none", where=WHERE)
     data = _point_data(t, _allocated_name(estimate))
     body = "".join([_summary(estimate), _timeline_section(estimate, t, interactive=True), _modules_section(t),
@@ -269,7 +266,7 @@ def render_html(estimate: Any) -> str:
 def notebook_html(estimate: Any) -> str:
     """A notebook cell's view: the summary and the timeline as SVG, no script (Jupyter may not run one)."""
     t, why = _timeline_or_none(estimate, NOTEBOOK_POINTS)
-    if t is None:  # a Keras estimate: its own text report (report/keras_text.py), whose figures are TensorFlow's
+    if t is None:  # no replay to draw: the text report
         return f'<div class="tm"><style>{CSS}</style><pre>{_e(str(estimate))}</pre><p class="muted">{_e(why)}</p></div>'
     return (f'<div class="tm"><style>{CSS}</style>{_summary(estimate)}'
             f"{_timeline_section(estimate, t, interactive=False)}</div>")

@@ -6,21 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmem.estimate.result import ModuleRow, module_label, step_label
+from trainmem.estimate.result import module_label, step_label
 from trainmem.report.style import table
 from trainmem.targets import report_words
 from trainmem.units import format_bytes
-
-
-def module_rows(traced, live: dict[int, Any]) -> tuple[ModuleRow, ...]:
-    """One row per Keras layer (traced.layers, in the model's order) and one for what no layer owns (the
-    loss, the optimizer's updates): parameters, activations kept for backward, bytes alive at the peak."""
-    at_peak: dict[str, int] = {}
-    for event in live.values():
-        at_peak[event.module] = at_peak.get(event.module, 0) + event.nbytes
-    rows = [ModuleRow(row.name, row.parameters, row.activation_bytes, at_peak.pop(row.name, 0)) for row in traced.layers]
-    rest = sum(at_peak.values())
-    return tuple(rows + [ModuleRow(module_label(""), 0, 0, rest)])
 
 
 def _shape(shape: Any) -> str:
@@ -30,22 +19,11 @@ def _shape(shape: Any) -> str:
 
 
 def _peak_table(est) -> list[str]:
+    """The target's labelled peak rows (targets/tf_targets.py), the verdict beside the process's, the last."""
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
-    figures = est.tf_figures
-    if est.device.kind == "cuda":
-        return table([
-            ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B as requested"],
-            ["in use (peak)", format_bytes(est.allocated_bytes), f"{est.allocated_bytes:,} B  "
-             "tf.config.experimental.get_memory_info('GPU:0')['peak']"],
-            ["BFC regions", format_bytes(est.reserved_bytes or 0), f"{est.reserved_bytes or 0:,} B  memory mode "
-             f"{figures.get('memory_mode')}, limit {format_bytes(figures.get('memory_limit', 0))}"],
-            ["process (nvidia-smi)", format_bytes(est.process_bytes), verdict],
-        ], "lrl")
-    return table([
-        ["tensors (live storage)", format_bytes(est.tensor_bytes), f"{est.tensor_bytes:,} B"],
-        ["allocated", format_bytes(est.allocated_bytes), "= tensors: TensorFlow's CPU allocator caches nothing"],
-        ["process (peak RSS)", format_bytes(est.process_bytes), verdict],
-    ], "lrl")
+    rows = [[label, format_bytes(value), note] for label, value, note in est.framework.peak_rows]
+    rows[-1][2] = verdict
+    return table(rows, "lrl")
 
 
 def _layer_table(est) -> list[str]:
@@ -53,7 +31,7 @@ def _layer_table(est) -> list[str]:
     at_peak = {row.module: row.bytes_at_peak for row in est.modules}
     rows = [["Layer (type)", "Output Shape", "Param #", "kept for backward", "at peak"]]
     rows += [[f"{row.name} ({row.class_name})", _shape(row.output_shape), f"{row.parameters:,}",
-              format_bytes(row.activation_bytes), format_bytes(at_peak.get(row.name, 0))] for row in est.layers]
+              format_bytes(row.activation_bytes), format_bytes(at_peak.get(row.name, 0))] for row in est.framework.layers]
     rest = at_peak.get(module_label(""), 0)
     rows.append([f"{module_label('')}: loss, gradients' tape, optimizer", "", "", "", format_bytes(rest)])
     return table(rows, "llrrr")
@@ -76,14 +54,14 @@ def render_keras(est) -> str:
     out += table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
     out += ["", f"Process memory ({report_words(est.device).process_counter})"]
     out += table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
-    out += ["", "What TensorFlow's numbers are"] + [f"  · {line}" for line in est.tf_explanation]
+    out += ["", "What TensorFlow's numbers are"] + [f"  · {line}" for line in est.framework.explanation]
     out += ["", "Layers (as model.summary() lists them)", *_layer_table(est)]
     out += ["", "How this adds up (by hand → traced)"]
     for row in est.explanation.rows:
         out.append(f"  {row.what}: {row.formula} = {row.hand_bytes:,} B → traced {row.traced_bytes:,} B")
         if row.note:
             out.append(f"      {row.note}")
-    out += ["", f"Order assumed: {est.order}"]
+    out += ["", f"Order assumed: {est.framework.order}"]
     if est.warnings:
         out += ["", "Assumptions and warnings"] + [f"  - {w}" for w in est.warnings]
     return "\n".join(out)

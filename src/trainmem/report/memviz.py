@@ -31,8 +31,9 @@ memory_viz's Active Memory Timeline sums the alloc entries' sizes, which c10 rec
 (orig_size), so its peak is the requested-bytes peak (the estimate's tensor_bytes); max_memory_allocated
 (allocated_bytes) adds each block's rounding to 512 B, which the trace does not carry.
 
-CPU estimates are refused: the snapshot is the caching allocator's segments and blocks, and c10's CPU allocator
-has neither. Keras estimates keep no allocator stream (Estimate.replay_input is None) and are refused too.
+Estimates on another allocator are refused, each in one line naming it: the snapshot is PyTorch's caching
+allocator's segments and blocks; c10's CPU allocator has neither, and TensorFlow's BFC allocator (a Keras model
+on a GPU) has its own.
 """
 
 from __future__ import annotations
@@ -89,12 +90,18 @@ def build_snapshot(estimate: Any, max_entries: int | None = DEFAULT_MAX_ENTRIES)
 def _cuda_input(estimate: Any) -> tuple[CudaAllocator, tuple]:
     replay = getattr(estimate, "replay_input", None)
     if replay is None:
-        raise TrainmemError("expected a PyTorch estimate (the snapshot replays its allocator's event stream), "
-                            "got one without it (Keras estimates keep none)", where=WHERE)
+        raise TrainmemError("expected an estimate with its allocator replay (the snapshot replays its event "
+                            "stream), got one without it", where=WHERE)
     if not isinstance(replay.allocator, CudaAllocator):
         raise TrainmemError("expected a GPU --device (a memory snapshot replays PyTorch's CUDA caching "
-                            f"allocator), got {estimate.device.name}", where=WHERE)
+                            f"allocator), got {estimate.device.name}" + _other_allocator(replay.allocator), where=WHERE)
     return replay.allocator, tuple(replay.events)
+
+
+def _other_allocator(allocator: Any) -> str:
+    """What the estimate replayed instead, where a GPU device has another allocator (Keras on TensorFlow)."""
+    named = getattr(allocator, "label", "")
+    return f", whose estimate replays {named}" if named else ""
 
 
 def _window(recording: Recording, max_entries: int | None) -> tuple[int, int]:

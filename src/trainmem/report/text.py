@@ -251,8 +251,10 @@ def _baselines_section(est, style: Style) -> list[str]:
 
 def render_text(est, colour: bool = False) -> str:
     """The terminal report. Plain text unless `colour` (the CLI passes report.style.use_colour(sys.stdout)).
-    An estimate whose class has a report of its own (KerasEstimate: report/keras_text.py) gets that one,
-    plain."""
+    An estimate with a framework section (Keras on TensorFlow: report/keras_text.py) gets that section's report,
+    plain; so does one whose class has a report of its own."""
+    if est.framework is not None:
+        return est.framework.render(est)
     if type(est).__str__ is not Estimate.__str__:
         return str(est)
     style = Style(colour)

@@ -66,8 +66,8 @@ def timeline(estimate: Any, max_points: int = DEFAULT_MAX_POINTS) -> Timeline:
     """The estimate's step as at most `max_points` points (each bucket's highest event)."""
     source = getattr(estimate, "replay_input", None)
     if source is None:
-        raise TrainmemError("expected a PyTorch estimate (its allocator replay draws the timeline), got a "
-                            f"{getattr(estimate, 'framework', 'Keras')} estimate, which keeps none", where="--plot/--html")
+        raise TrainmemError("expected an estimate with its allocator replay (it draws the timeline), got one "
+                            "that keeps none", where="--plot/--html")
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
     events = list(source.events)

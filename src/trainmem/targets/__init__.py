@@ -8,8 +8,10 @@ besides the allocator (`ProcessMemory`).
 
 - cpu_target.CpuTarget: kernel rules in cpu_kernels.py (oneDNN in onednn/), the runtime floor in cpu_runtime.py;
 - cuda_target.CudaTarget: the stream in cuda_stream.py (cuDNN workspaces in cudnn.py), the CUDA context and
-  library images in cuda_runtime.py, every CUDA rule with its source and test in cuda_rules.py.
-`target_for(device, setup, **options)` picks one; nothing else asks what the device is.
+  library images in cuda_runtime.py, every CUDA rule with its source and test in cuda_rules.py;
+- tf_targets.TfCpuTarget and TfGpuTarget: Keras's fit step on TensorFlow (tf_cpu.py, tf_gpu.py), reporting
+  Keras's layers in keras_section.py.
+`target_for(device, setup, framework, **options)` picks one; nothing else asks what the device is.
 """
 
 from __future__ import annotations
@@ -62,6 +64,21 @@ class ProcessMemory:
     leading_warnings: list[str]  # said before the trace's own warnings (a run that fails says so first)
     warnings: list[str]  # the runtime's assumptions, after the trace's warnings
     coverage: dict[str, Any]  # what the target adds to `coverage` after ops and kernel_rules
+    framework: FrameworkFigures | None = None  # a target of another framework: the rows it reports in its own terms
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameworkFigures:
+    """What a target of a framework other than PyTorch (targets/tf_targets.py) reports in its own terms, where the
+    assembler would otherwise derive it from a PyTorch trace: the tensor peak its own stream reaches (kernel
+    temporaries included), the per-module rows (Keras's layers), the hand arithmetic, the coverage, and the
+    Estimate's framework section (its JSON keys and text report). No rules of thumb are set beside it."""
+
+    tensor_bytes: int
+    modules: tuple  # estimate.result.ModuleRow
+    explanation: Any  # explain.Explanation
+    coverage: dict[str, Any]
+    section: Any  # estimate.result.FrameworkSection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +146,12 @@ class Target(Protocol):
         ...
 
 
-def _target_class(device: Device) -> Any:
-    """The one place that maps a device kind to its target."""
+def _target_class(device: Device, framework: str = "torch") -> Any:
+    """The one place that maps a device kind (and the framework that runs on it) to its target."""
+    if framework == "tensorflow":
+        from trainmem.targets.tf_targets import TfCpuTarget, TfGpuTarget
+
+        return TfGpuTarget if device.kind == "cuda" else TfCpuTarget
     if device.kind == "cuda":
         from trainmem.targets.cuda_target import CudaTarget
 
@@ -140,15 +161,17 @@ def _target_class(device: Device) -> Any:
     return CpuTarget
 
 
-def target_for(device: Device, setup: TrainingSetup, **options: Any) -> Target:
-    """The target for a device (devices.Device), its options checked. Options (cuda_context, alloc_conf,
-    cuda_version, module_loading, cudnn_benchmark) are the CUDA target's; the CPU target refuses them."""
-    return _target_class(device).create(device, setup, **options)
+def target_for(device: Device, setup: TrainingSetup, framework: str = "torch", **options: Any) -> Target:
+    """The target for a device (devices.Device) running `framework` ("torch", or "tensorflow" for Keras on
+    TensorFlow), its options checked. Options (cuda_context, alloc_conf, cuda_version, module_loading,
+    cudnn_benchmark) are PyTorch's CUDA target's, tf_memory and tf_onednn TensorFlow's; each target refuses the
+    others' in one line."""
+    return _target_class(device, framework).create(device, setup, **options)
 
 
-def report_words(device: Device) -> ReportWords:
+def report_words(device: Device, framework: str = "torch") -> ReportWords:
     """What the reports call the figures of the device's target."""
-    return _target_class(device).report_words
+    return _target_class(device, framework).report_words
 
 
 def fit_margin(device: Device) -> tuple[float, str]:

@@ -267,7 +267,7 @@ def tensor_heap(traced: Any, steps: int, *, onednn: bool, threads: int, ahead: i
 
 def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps: int | None = None,
                    onednn: str = "auto") -> TfCpuFigures:
-    """TensorFlow CPU figures for a traced Keras train step (trace/keras_traced.py KerasTraced): the
+    """TensorFlow CPU figures for a traced Keras train step (a TraceResult of trace/keras_graph.py trace_keras): the
     tensor and allocator peaks (kernel temporaries included), and the process's peak RSS by part (those of
     the larger high point). `onednn` (auto|on|off) picks the path as `onednn_choice` does."""
     from trainmem.targets.tf_cpu_kernels import tf_cpu_device_stream
@@ -281,8 +281,8 @@ def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps:
     tensors = replay_tensors(events)
     # ops inside function bodies (While/If branches: the LSTM's loop) are graph ops too; a trace that counts
     # them apart says so in `function_ops` (the LSTM of benchmarks/keras_models.py: 294 in 12 functions)
-    step_ops = sum(traced.op_counts.values()) + int(getattr(traced, "function_ops", 0) or 0)
-    batch = getattr(traced, "input_bytes", 0) or batch_bytes(traced.trace)
+    step_ops = sum(traced.op_counts.values()) + traced.framework.function_ops
+    batch = traced.input_bytes or batch_bytes(traced.trace)
     threads = int(floor["inter_op_threads"]) or int(floor["nproc"])  # 0: TensorFlow's default, one per core
     pooling = choice.on and not uses_system_alloc()
     ahead = round(batches_ahead(floor, steps))  # whole batches tf.data keeps gathered ahead, in the pool

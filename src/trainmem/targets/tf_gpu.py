@@ -1,5 +1,5 @@
 """What TensorFlow holds on a GPU while Keras trains, and what each of its three numbers shows. No TensorFlow
-import: the step comes as a KerasTraced (trace/keras_traced.py), the GPU as a devices.Device.
+import: the step comes as the TraceResult of trace_keras (trace/keras_graph.py), the GPU as a devices.Device.
 
 * The memory limit of TF's GPU device (tensorflow/core/common_runtime/gpu/gpu_device.cc,
   SingleVirtualDeviceMemoryLimit): `available` is the free memory cuMemGetInfo reports once the CUDA context
@@ -148,21 +148,16 @@ def parse_mode(mode: str) -> tuple[str, float | int | None]:
 
 def tf_gpu_figures(traced, device, memory_mode: str = "default", *, context_bytes: int | None = None,
                    min_sys_memory_mb: int | None = None, garbage_collection: bool = True) -> TfGpuFigures:
-    """The figures of `traced` (a KerasTraced) on `device` (a devices.Device of kind cuda) in `memory_mode`."""
-    if device.gpu is None:
-        raise SetupError(f"expected a GPU device for TensorFlow's GPU figures, got {device.name!r}", where="--device")
-    context, context_high, context_words = _context(device, context_bytes)
-    kind, value = parse_mode(memory_mode)
-    limit = _limit(kind, value, device, context, min_sys_memory_mb)
-    config = BfcConfig(limit.limit, allow_growth=kind == "growth", garbage_collection=garbage_collection,
-                       device_free=limit.available)
+    """The figures of `traced` (trace_keras's TraceResult) on `device` (a devices.Device of kind cuda) in `memory_mode`."""
+    context, context_high, context_words = _context(_gpu(device), context_bytes)
+    kind, limit, config = _bfc_setting(device, memory_mode, context, min_sys_memory_mb, garbage_collection)
     point, high, gaps = device_streams(traced.trace)
-    replay = replay_bfc(point, config, optional=_is_scratch)
-    replay_high = replay_bfc(high, config, optional=_is_scratch)
+    replay = replay_bfc(point, config, optional=is_scratch)
+    replay_high = replay_bfc(high, config, optional=is_scratch)
     needed = replay.peak_in_use
     if replay.out_of_memory is not None:
         roomy = dataclasses.replace(config, memory_limit=1 << 50, device_free=None)
-        needed = replay_bfc(point, roomy, optional=_is_scratch).peak_in_use
+        needed = replay_bfc(point, roomy, optional=is_scratch).peak_in_use
     in_use_high, regions_high = _high(replay_high, config)
     regions = replay.peak_region_bytes
     parts = {"CUDA context": context, "BFC regions": regions}
@@ -171,6 +166,32 @@ def tf_gpu_figures(traced, device, memory_mode: str = "default", *, context_byte
                         max(regions_high, regions), sum(parts.values()), context_high + max(regions_high, regions),
                         parts, dict(replay.live_at_peak), replay.out_of_memory, needed, warnings,
                         _explain(kind, limit, replay, regions, context), replay)
+
+
+def bfc_config(device, memory_mode: str = "default", context_bytes: int | None = None) -> BfcConfig:
+    """The BFC allocator TensorFlow builds on `device` in `memory_mode` (what tf_gpu_figures replays)."""
+    context = _context(_gpu(device), context_bytes)[0]
+    return _bfc_setting(device, memory_mode, context, None, True)[2]
+
+
+def _gpu(device):
+    if device.gpu is None:
+        raise SetupError(f"expected a GPU device for TensorFlow's GPU figures, got {device.name!r}", where="--device")
+    return device
+
+
+def _bfc_setting(device, memory_mode: str, context: int, min_sys_memory_mb: int | None,
+                 garbage_collection: bool) -> tuple[str, MemoryLimit, BfcConfig]:
+    kind, value = parse_mode(memory_mode)
+    limit = _limit(kind, value, device, context, min_sys_memory_mb)
+    config = BfcConfig(limit.limit, allow_growth=kind == "growth", garbage_collection=garbage_collection,
+                       device_free=limit.available)
+    return kind, limit, config
+
+
+def is_scratch(event: DeviceEvent) -> bool:
+    """cuDNN's scratch: a request that may fail (TF then skips that algorithm), alloc/tf_bfc.py replay_bfc."""
+    return event.category == Category.RUNTIME and event.op.startswith("cuDNN")
 
 
 def _context(device, given: int | None) -> tuple[int, int, str]:
@@ -197,10 +218,6 @@ def _high(replay_high: BfcReplay, config: BfcConfig) -> tuple[int, int]:
     if replay_high.optional_failed:
         return config.memory_limit, config.memory_limit
     return replay_high.peak_in_use, replay_high.peak_region_bytes
-
-
-def _is_scratch(event: DeviceEvent) -> bool:
-    return event.category == Category.RUNTIME and event.op.startswith("cuDNN")
 
 
 # ---- the device streams
@@ -307,7 +324,7 @@ def _warnings(traced, kind: str, limit: MemoryLimit, context_words: str, gaps: l
            "explicit-GEMM (im2col) workspace, the high lets each convolution take up to the 4 GiB "
            "TF_CUDNN_WORKSPACE_LIMIT_IN_MB cap", "cuBLAS/cuDNN handles and the kernels they load lazily are not "
                                                   "sized (covered by the context's high figure)"]
-    if getattr(traced, "jit_compile_on_gpu", False):
+    if traced.framework.jit_compile_on_gpu:
         out.append("Keras compiles the step with XLA on a GPU (jit_compile='auto'): XLA packs temporaries into "
                    "its own buffers in the same BFC allocator, so the op-by-op stream here is an approximation")
     if kind == "default":

@@ -11,6 +11,7 @@ executor holds tensors.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -19,13 +20,14 @@ from trainmem.setup import Loss, TrainingSetup
 from trainmem.trace import keras_setup
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.keras_attribution import LayerHooks, layer_rows, variables_of
-from trainmem.trace.keras_traced import KerasTraced
+from trainmem.trace.keras_traced import KerasFacts
 from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners, tensor_info
 from trainmem.trace.tf_loops import LOOP_OPS, function_ops, loop_sizes
 from trainmem.trace.tf_grappler import optimized_step, stateful
 from trainmem.trace.tf_lifetimes import ready_order, replay, tensor_peak
 from trainmem.trace.tf_ops import StepGraph
 from trainmem.trace.tf_private import flatten_layers
+from trainmem.trace.traced import TraceResult
 
 ORDER = ("the ops in the order the step's graph was built (forward, loss, gradients from the loss back, "
          "optimizer updates layer by layer): a topological order TensorFlow's executor may follow; the "
@@ -40,7 +42,7 @@ READY_ORDER = ("each op as soon as its inputs are ready, first ready first (exec
                "(forward, loss, gradients, optimizer); the real executor's threads run between the two")
 
 
-def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, grappler: bool = True) -> KerasTraced:
+def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, grappler: bool = True) -> TraceResult:
     """Trace one Keras model's fit step; `build` is called inside a fresh tf.Graph and returns the model.
     With `grappler` the replayed graph is the one Grappler makes of the step for the CPU (tf_grappler.py)."""
     from trainmem.frontends.keras_import import import_keras, import_tensorflow
@@ -74,9 +76,9 @@ def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, gr
                          f"{one_line(error)}", where=name) from error
     result, order = _replay_higher(step_graph, setup.steps)
     traced = _traced(model, step_graph, hooks, result, notes, setup, keras)
-    traced = dataclasses.replace(traced, order=order)
-    return dataclasses.replace(traced, runtime_graph="grappler" if grappler and not notes else "unoptimized",
-                               function_ops=in_functions)
+    facts = dataclasses.replace(traced.framework, order=order, function_ops=in_functions,
+                                runtime_graph="grappler" if grappler and not notes else "unoptimized")
+    return dataclasses.replace(traced, framework=facts)
 
 
 def _replay_higher(step_graph: StepGraph, steps: int) -> tuple[Any, str]:
@@ -202,7 +204,7 @@ def _known_shapes(record: Any, before: tuple | None) -> Any:
 
 
 def _traced(model: Any, step: StepGraph, hooks: LayerHooks, result: Any, warnings: list[str],
-            setup: TrainingSetup, keras: Any) -> KerasTraced:
+            setup: TrainingSetup, keras: Any) -> TraceResult:
     trace = result.trace
     counts: dict[str, int] = {}
     for op in step.ops:
@@ -219,12 +221,16 @@ def _traced(model: Any, step: StepGraph, hooks: LayerHooks, result: Any, warning
     trainable = sum(int(_numel(w)) for w in model.trainable_weights)
     first_inputs = sum(r.nbytes for r in trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0)
     buffers = sum(v.nbytes for v in step.variables.values() if v.category == Category.BUFFERS)
-    return KerasTraced(
+    layers = layer_rows(model, hooks, trace)
+    facts = KerasFacts(optimizer_slot_bytes=slot_bytes, layers=layers, unsupported_ops=dict(result.unsupported),
+                       order=ORDER, jit_compile_on_gpu=_jit_on_gpu(model))
+    # the torch-shaped facts (module outputs, leaf modules, trainable shapes) are the torch report's: a Keras
+    # model's layers and their weights are in `facts.layers`
+    return TraceResult(
         trace=trace, parameters=int(model.count_params()), trainable_parameters=trainable,
-        optimizer_slot_bytes=slot_bytes, layers=layer_rows(model, hooks, trace),
-        op_counts=counts, unsupported_ops=dict(result.unsupported), order=ORDER, warnings=notes,
-        model_name=model.name, input_bytes=first_inputs, buffer_bytes=buffers,
-        runtime_graph="unoptimized", jit_compile_on_gpu=_jit_on_gpu(model))
+        module_parameters={row.name: row.parameters for row in layers}, op_counts=Counter(counts), warnings=notes,
+        checkpointed=[], model_name=model.name, output_elements={}, parameter_modules=set(), trainable_shapes=[],
+        leaf_modules=set(), buffer_bytes=buffers, input_bytes=first_inputs, framework=facts)
 
 
 def _numel(weight: Any) -> int:

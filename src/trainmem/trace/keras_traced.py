@@ -1,11 +1,10 @@
-"""What tracing a Keras model's training step on TensorFlow yields (trace/keras_graph.py), in types that
-need no TensorFlow: the targets (targets/tf_cpu.py, targets/tf_gpu.py) and the report read these."""
+"""What tracing a Keras model's training step on TensorFlow yields (trace/keras_graph.py) beside the TraceResult every
+framework hands on, in types that need no TensorFlow: the TensorFlow targets and the Keras report read these."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from trainmem.trace.events import Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,25 +20,18 @@ class LayerRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class KerasTraced:
-    """A Keras model's `fit` step traced as TensorFlow's executor runs it.
+class KerasFacts:
+    """What only a Keras trace knows, beside the TraceResult every framework hands on (trace/traced.py):
+    `TraceResult.framework` of a Keras model's `fit` step traced as TensorFlow's executor runs it.
 
-    `trace` holds storages with Category/Phase, module = the Keras layer whose call made the op ("" for
-    the loss, optimizer and metric ops outside layers), op = the TensorFlow op type. Variables (weights,
+    The TraceResult's `trace` holds storages with Category/Phase, module = the Keras layer whose call made the op
+    ("" for the loss, optimizer and metric ops outside layers), op = the TensorFlow op type. Variables (weights,
     optimizer slots, the iteration counter, metric totals) are storages allocated in Phase.INIT."""
 
-    trace: Trace
-    parameters: int  # model.count_params()
-    trainable_parameters: int
     optimizer_slot_bytes: int  # every optimizer variable: per-parameter slots and its scalars
     layers: tuple[LayerRow, ...]
-    op_counts: dict[str, int]  # op type -> ops of the step (one step)
     unsupported_ops: dict[str, int]  # op types traced by size alone: no rule says how they hold memory
     order: str  # the executor order assumed, in words
-    warnings: list[str]
-    model_name: str = ""
-    input_bytes: int = 0  # one batch (x and y)
-    buffer_bytes: int = 0  # non-trainable weights and metric variables
     runtime_graph: str = "unoptimized"  # "grappler" when the trace follows the graph after Grappler's passes
     jit_compile_on_gpu: bool = False  # what Keras's jit_compile="auto" picks where a GPU is present
     function_ops: int = 0  # ops inside the functions step ops call (While bodies…), not in op_counts

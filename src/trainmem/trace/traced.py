@@ -33,3 +33,6 @@ class TraceResult:
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
     parallel_notes: list[str] = dataclasses.field(default_factory=list)  # many ranks: what the strategies assumed
+    # what only the recording framework knows, for its target and report: None for PyTorch; Keras on TensorFlow's
+    # trace/keras_traced.py KerasFacts (layer table, optimizer slots, the executor order assumed)
+    framework: Any = None
