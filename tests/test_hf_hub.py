@@ -370,6 +370,57 @@ def test_the_limits_keep_every_bundled_config_and_refuse_one_layer_more():
         checked_config({**TINY, "text_config": {"n_layer": 10**5}}, "config.json")
 
 
+# rotary settings as released configs write them: each must pass (a refusal here would refuse a real model)
+RELEASED_ROPES = [
+    {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+     "rope_type": "llama3"},  # Llama 3.1
+    {"type": "longrope", "long_factor": [1.0, 1.2], "short_factor": [1.0, 1.0]},  # Phi-3.5
+    {"type": "su", "long_factor": [1.0, 1.2], "short_factor": [1.0, 1.0]},  # Phi-3's first configs
+    {"type": "mrope", "mrope_section": [16, 24, 24]},  # Qwen2-VL
+    {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+     "original_max_position_embeddings": 4096},  # DeepSeek-V3
+    {"type": "dynamic", "factor": 2.0}, {"rope_type": "linear", "factor": 8.0},  # Falcon, Gemma 3
+    {"full_attention": {"rope_type": "default", "rope_theta": 1e6},  # transformers 5: one per layer type
+     "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4}},
+    {"full_attention": None, "sliding_attention": {"rope_type": "default"}}, None, {},
+]
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+def test_released_rope_settings_pass(key):
+    for rope in RELEASED_ROPES:
+        assert checked_config({**TINY, key: rope, "rope_theta": 5e5, "partial_rotary_factor": 0.5}, "config.json")
+    # a repository's own code may read its own types: only transformers' classes are held to transformers' types
+    assert checked_config({**TINY, "auto_map": {"AutoModelForCausalLM": "modeling_x.X"},
+                           key: {"type": "its-own", "factor": 2.0}}, "config.json")
+
+
+@pytest.mark.parametrize("changes, where, words", [
+    ({"head_dim": 0}, "head_dim", "positive whole number"),
+    ({"text_config": {"head_dim": -8}}, "text_config.head_dim", "positive whole number"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings", "positive whole number"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads", "divisor of num_attention_heads (4)"),
+    ({"rope_theta": 0}, "rope_theta", "above 0"),
+    ({"partial_rotary_factor": 2}, "partial_rotary_factor", "from 0 to 1"),
+    ({"rope_scaling": "linear"}, "rope_scaling", "an object such as"),
+    ({"rope_scaling": {"type": "warp", "factor": 2.0}}, "rope_scaling.type", "got 'warp'"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "rope_scaling.factor", "factor for rope type 'linear', got none"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": None}}, "rope_scaling.factor", "got null"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": -1}}, "rope_scaling.factor", "above 0"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": "2"}}, "rope_scaling.factor", "above 0, got the string"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}},
+     "rope_scaling.high_freq_factor", "high_freq_factor for rope type 'llama3'"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": "x"}}, "rope_scaling.long_factor",
+     "list of numbers"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "warp"}}},
+     "rope_parameters.sliding_attention.rope_type", "got 'warp'"),
+])
+def test_bad_sizes_and_rope_settings_name_the_key(changes, where, words):
+    with pytest.raises(ModelRefError) as error:
+        checked_config({**TINY, **changes}, "model/config.json")
+    assert error.value.where == f"model/config.json: {where}" and words in error.value.message, str(error.value)
+
+
 # --- hostile hf: references through the CLI -------------------------------------------------------------------
 
 def _write(tmp: Path, name: str, content: str | bytes) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 from trainmem.errors import ModelRefError, SetupError
 from trainmem.frontends import hf_hub
 from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, clip_text
+from trainmem.frontends.hf_rope import ROPE_KEYS, check_rope, check_rope_number
 
 TABLE = Path(__file__).with_name("data") / "hf_configs.json"
 DEFAULT_SEQ_LEN = 512
@@ -59,11 +60,16 @@ MAX_EXPERTS = 4096
 # Nesting of a config's JSON: real ones are 3 deep (text_config.rope_scaling.…); json.loads itself
 # stops at Python's recursion limit, but transformers copies and compares configs recursively.
 MAX_CONFIG_DEPTH = 32
-# Widths, vocabularies and head counts: each a positive whole number (transformers divides by some and
-# sizes tensors by all; 0 fails as a division by zero, "wide" deep inside a layer's constructor).
+# Widths, vocabularies, head counts and sizes, position limits and the batch's shapes (read by _batch_maker):
+# each a positive whole number (transformers divides by some and sizes tensors by all; 0 fails as a division
+# by zero, head_dim 0 as 0.0 raised to a negative power in the rotary embedding, "wide" deep inside a layer's
+# constructor, a negative position limit as a sequence length below 1).
 SIZE_KEYS = frozenset(("hidden_size", "intermediate_size", "vocab_size", "n_embd", "d_model", "d_ff",
                        "num_attention_heads", "num_key_value_heads", "n_head", "num_heads", "encoder_attention_heads",
-                       "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim"))
+                       "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
+                       "head_dim", "d_kv", "kv_channels", "attention_head_size",
+                       "max_position_embeddings", "n_positions", "max_target_positions", "max_source_positions",
+                       "num_mel_bins", "num_channels", "image_size"))
 INT64_MAX = 2**63 - 1  # every number becomes a tensor size or an index somewhere: beyond int64 is not a model
 # Fields of a config.json that describe the checkpoint, not the architecture, dropped as the bundled
 # table drops them: the dtype the weights were saved in (training dtypes come from --precision), how they
@@ -226,6 +232,7 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
         raise ModelRefError(f"expected auto_map as an object of class references, got {clip_text(repr(auto_map), 60)}",
                             where=where)
     stack: list[tuple[Any, str, int]] = [(config, "", 1)]
+    ropes: list[tuple[Any, str]] = []  # rope_scaling / rope_parameters, checked once the nesting is known bounded
     while stack:  # iterative: a hostile nesting depth cannot exhaust the interpreter's stack here
         value, path, depth = stack.pop()
         if depth > MAX_CONFIG_DEPTH:
@@ -238,7 +245,11 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
             key_path = f"{path}.{key}" if path else str(key)
             if isinstance(item, (dict, list)):
                 stack.append((item, key_path, depth + 1))
+            if key in ROPE_KEYS and isinstance(value, dict):
+                ropes.append((item, key_path))
             _check_number(str(key).lower(), item, key_path, where)
+    for value, key_path in sorted(ropes, key=lambda rope: rope[1]):
+        check_rope(value, key_path, where, own_code=bool(_model_code(auto_map)))
     return dict(config)
 
 
@@ -250,6 +261,7 @@ def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
                             where=f"{where}: {clip_text(key_path, 60)}")
     if key in SIZE_KEYS:
         _check_size(key, value, key_path, where)
+    check_rope_number(key, value, key_path, where)
     # counts: num_hidden_layers, encoder_layers, n_layer …; not an index such as vision_feature_layer: -2
     is_layer_count = key.endswith("layers") or key in ("n_layer", "depth", "depths")
     counts = [value] if isinstance(value, int) else value if key == "depths" and isinstance(value, list) else []
@@ -287,6 +299,12 @@ def _check_heads(config: dict[str, Any], path: str, where: str) -> None:
             key_path = f"{path}.{width_key}" if path else width_key
             raise ModelRefError(f"expected a multiple of {heads_key} ({heads:,}), got {width:,}",
                                 where=f"{where}: {clip_text(key_path, 60)}")
+    # grouped-query attention shares each key/value head among a whole number of query heads
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
+        key_path = f"{path}.num_key_value_heads" if path else "num_key_value_heads"
+        raise ModelRefError(f"expected a divisor of num_attention_heads ({heads:,}), got {kv_heads:,}",
+                            where=f"{where}: {clip_text(key_path, 60)}")
 
 
 def _no_constant(name: str) -> None:
