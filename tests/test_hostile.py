@@ -458,6 +458,10 @@ def _cases() -> list[Case]:
         c("dropout-negative", (*MLP, "--dropout", "-0.1"), 2, ("--dropout",)),
         c("dropout-nan", (*MLP, "--dropout", "nan"), 2, ("--dropout",)),
         c("steps-zero", (*MLP, "--steps", "0"), 2, ("--steps",)),
+        c("steps-million", (*MLP, "--steps", str(10**6)), 2, ("--steps", "1,000")),
+        c("trace-steps-million", (*MLP, "--trace-steps", str(10**6)), 2, ("--trace-steps", "16")),
+        c("trace-steps-17", (*MLP, "--trace-steps", "17"), 2, ("--trace-steps", "16")),
+        c("measure-steps-million", ("measure", "mlp:10-5", "--steps", str(10**6)), 2, ("--steps", "1,000")),
         c("max-grad-norm-negative", (*MLP, "--max-grad-norm", "-1"), 2, ("--max-grad-norm",)),
         # --- names in flags ------------------------------------------------------------------------------
         c("optimizer-unknown", (*MLP, "--optimizer", "adamx"), 2, ("--optimizer", "adamx")),
@@ -653,6 +657,8 @@ def _cases() -> list[Case]:
         c("toml-reads-dev-zero", lambda d: [*MLP, "--setup", _link(d, "run.toml", "/dev/zero")], 2, ("run.toml",)),
         c("toml-fifo-without-writer", lambda d: [*MLP, "--setup", _fifo_at(d, "run.toml")], 2, ("run.toml",), order=1),
         c("toml-20-megabyte-value", _big_toml, 2, ("run.toml",)),
+        c("toml-trace-steps-million", _toml("steps = 1000000\n"), 2, ("run.toml: steps", "16")),
+        c("toml-run-steps-million", _toml("run_steps = 1000000\n"), 2, ("run.toml: run_steps", "1,000")),
         c("toml-is-a-directory", lambda d: [*MLP, "--setup", str(d)], 2, ("toml-is-a-directory",)),
         # --- checkpoints: never unpickled freely ---------------------------------------------------------
         c("checkpoint-pickle-runs-code", _malicious_zip_checkpoint, 2, ("evil.pt",), check=_no_marker),

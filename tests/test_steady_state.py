@@ -13,7 +13,9 @@ import pytest
 import trainmem
 from trainmem.alloc.replay import glibc_heap
 from trainmem.alloc.steady_state import MAX_STEPS, compose, steady_heap
+from trainmem.cli import main
 from trainmem.errors import TrainmemError
+from trainmem.setup import MAX_RUN_STEPS, MAX_TRACE_STEPS, TrainingSetup
 
 MODELS = str(Path(__file__).with_name("models.py"))
 CASES = [("mlp:64-32-10", {"input_shape": "64"}), (f"{MODELS}:tiny_gpt", {"target_shape": "128"}),
@@ -94,7 +96,8 @@ def test_the_estimate_reports_the_run_length_and_steps_flag_is_checked():
     assert long.process_bytes >= short.process_bytes
     said = [w for w in long.warnings if "steady_state" in w]
     assert len(said) == 1 and f"after {long.coverage['heap_steps']} steps" in said[0]
-    with pytest.raises(TrainmemError, match="--steps"):
+    # the keyword the call gave, as for every other setup value (--steps on the command line)
+    with pytest.raises(TrainmemError, match=r"estimate\(run_steps=…\): expected a positive integer"):
         trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2, run_steps=0)
 
 
@@ -105,3 +108,29 @@ def test_steps_on_a_gpu_is_warned_about_by_its_own_name(capsys):
                  "--quiet"])
     err = capsys.readouterr().err
     assert code == 0 and "warning: --steps: ignored: only CPU peak RSS depends on the run's length" in err
+
+
+def test_the_run_length_and_the_traced_steps_are_bounded():
+    assert TrainingSetup(run_steps=MAX_RUN_STEPS).run_steps == MAX_RUN_STEPS
+    with pytest.raises(TrainmemError, match="at most 1,000 steps") as error:
+        TrainingSetup(run_steps=MAX_RUN_STEPS + 1)
+    assert error.value.where == "--steps"
+    with pytest.raises(TrainmemError) as error:
+        TrainingSetup.from_mapping({"run_steps": 10**6}, origins={"run_steps": "run.toml: run_steps"})
+    assert error.value.where == "run.toml: run_steps"  # not the file's `steps`, nor --steps
+    with pytest.raises(TrainmemError, match="--trace-steps"):
+        TrainingSetup(steps=10**6)
+
+
+def test_the_cli_traces_at_most_sixteen_steps(capsys):
+    assert main(["estimate", "mlp:10-5", "--trace-steps", str(MAX_TRACE_STEPS + 1)]) == 2
+    assert f"--trace-steps: expected at most {MAX_TRACE_STEPS} traced steps" in capsys.readouterr().err
+
+
+def test_steps_help_names_its_bounds():
+    from trainmem.cli.parser import build_parser
+
+    parser = build_parser()
+    estimate = parser._subparsers._group_actions[0].choices["estimate"]  # noqa: SLF001
+    steps = next(action for action in estimate._actions if "--steps" in action.option_strings)  # noqa: SLF001
+    assert f"1 to {MAX_RUN_STEPS:,}" in steps.help

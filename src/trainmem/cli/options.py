@@ -145,6 +145,7 @@ def check_run_options(options: Options, command: str) -> list[str]:
             raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
     if options.runs > MAX_RUNS:
         raise TrainmemError(f"expected at most {MAX_RUNS} runs, got {options.runs:,}", where=where("runs"))
+    check_trace_steps(options, where)
     check_framework_options(options, where)
     check_output_options(options)
     device = options.device
@@ -154,6 +155,17 @@ def check_run_options(options: Options, command: str) -> list[str]:
         raise TrainmemError(getattr(error, "message", str(error)), where=where("device")) from None
     run = Invocation(command, options.model, reference_kind(options.model), device, gpu, options.given, options.origins)
     return check(run)
+
+
+def check_trace_steps(options: Options, where) -> None:
+    """The hidden --trace-steps (key steps): at most MAX_TRACE_STEPS traced, refused before the first; the
+    Python API's bound (TrainingSetup) is the longer one measure's real runs need."""
+    from trainmem.setup import MAX_TRACE_STEPS
+
+    steps = options.given.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > MAX_TRACE_STEPS:
+        raise TrainmemError(f"expected at most {MAX_TRACE_STEPS} traced steps (two are enough: later steps are "
+                            f"composed from them), got {steps:,}", where=where("steps"))
 
 
 def check_framework_options(options: Options, where) -> None:

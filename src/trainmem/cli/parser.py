@@ -79,6 +79,7 @@ def references_help() -> str:
 
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     from trainmem.frontends.hf import DEFAULT_SEQ_LEN
+    from trainmem.setup import MAX_RUN_STEPS
 
     d = setup_default
     parser.add_argument("model", help="a model reference (see MODEL references below)")
@@ -129,9 +130,9 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
                         + d("loop"))
     parser.add_argument("--steps", dest="run_steps", type=int, metavar="N",
-                        help="the run's length in optimizer steps, for CPU peak RSS (glibc's heap keeps growing "
-                             "after the first steps; two are traced, the last repeated) (default: a long run, "
-                             "repeated until the heap stops growing, at most 32 steps)")
+                        help=f"the run's length in optimizer steps, 1 to {MAX_RUN_STEPS:,}, for CPU peak RSS (glibc's heap keeps "
+                             "growing after the first steps; two are traced, the last repeated; measure runs N real "
+                             "steps) (default: a long run, repeated until the heap stops growing, at most 32 steps)")
     parser.add_argument("--trace-steps", dest="steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", metavar="DEVICE", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9"
                         + run_default("device"))

@@ -82,6 +82,16 @@ MAX_ELEMENTS = 2**63 - 1
 # runs accumulate up to a few hundred micro-batches (a global batch of 1,024 from micro-batches of 1 on
 # 8 GPUs is 128); 1,024 covers them with room, and tracing more would take minutes to say the same.
 MAX_GRAD_ACCUM = 1024
+# The run's length (--steps, run_steps) and the steps traced (steps): the CPU heap's growth is replayed by
+# doubling the run until it stops moving (alloc/steady_state.py: within 32 steps by default, and never more
+# events than a bounded replay holds, a few hundred steps of a small model), and `trainmem measure` runs that
+# many real steps in each fresh process. 1,000 is far past where a heap still grows; a million is a typo that
+# would measure for hours.
+MAX_RUN_STEPS = 1000
+# Steps traced on fake tensors (--trace-steps, hidden): each is a whole forward, backward and optimizer step,
+# seconds for a large model; two are enough, the later ones are composed from them (alloc/steady_state.py).
+# 16 leaves room to check that composition against a longer real trace (tests/test_steady_state.py).
+MAX_TRACE_STEPS = 16
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 
@@ -201,8 +211,13 @@ class TrainingSetup:
         if self.grad_accum > MAX_GRAD_ACCUM:
             raise expected(f"at most {MAX_GRAD_ACCUM:,} micro-batches per optimizer step", self.grad_accum, "--grad-accum")
         _check_positive_int(self.steps, "--trace-steps")
+        if self.steps > MAX_RUN_STEPS:  # measure's real runs carry their length here (the CLI traces at most 16)
+            raise expected(f"at most {MAX_RUN_STEPS:,} steps", self.steps, "--trace-steps")
         if self.run_steps is not None:
             _check_positive_int(self.run_steps, "--steps")
+            if self.run_steps > MAX_RUN_STEPS:
+                raise expected(f"at most {MAX_RUN_STEPS:,} steps (trainmem's limit; without --steps the run is "
+                               "taken as a long one)", self.run_steps, "--steps")
         if self.seq_len is not None:
             _check_positive_int(self.seq_len, "--seq-len")
         if self.lora is not None:
@@ -361,7 +376,8 @@ def read_setup_file(path: str | Path) -> dict[str, Any]:
 def _blame_origin(error: SetupError, origins: Mapping[str, str]) -> SetupError:
     """Re-aim an error raised for a flag ('--batch-size') at where its value came from."""
     flag = (error.where or "").split(" ")[0]
-    key = flag.removeprefix("--").replace("-", "_")
+    # two flags are not their key with dashes (flag_rules.FLAG_OF_KEY): --steps is run_steps, --trace-steps steps
+    key = {"--steps": "run_steps", "--trace-steps": "steps"}.get(flag) or flag.removeprefix("--").replace("-", "_")
     if flag.startswith("--") and key in origins and origins[key] != flag:
         return type(error)(error.message, where=origins[key])
     if key.startswith("input_") and "inputs" in origins:
