@@ -417,6 +417,57 @@ def _ran_once(directory: Path) -> str | None:
     return None if runs == 1 else f"the user's file ran {runs} times, expected once"
 
 
+# A model file that leaves a mark when trainmem imports it: a case refused before anything is traced leaves none
+MARKING_FACTORY = "from pathlib import Path\nPath(__file__).with_name('marker').touch()\n" + SMALL_FACTORY
+
+
+def _marking_case(*flags: str, command: str = "estimate") -> Callable[[Path], list[str]]:
+    """`command model.py:factory FLAGS` in the case's directory (the runner's working directory there)."""
+    def build(directory: Path) -> list[str]:
+        return [command, f"{_write(directory, 'model.py', MARKING_FACTORY)}:factory", "--input-shape", "10", *flags]
+    return build
+
+
+def _link_to_model(output: str, *flags: str, target: str = "model.py", command: str = "estimate",
+                   models: tuple[str, ...] = ()) -> Callable[[Path], list[str]]:
+    """OUTPUT is a symbolic link (to the model's own file by default): writing through it would overwrite it."""
+    def build(directory: Path) -> list[str]:
+        argv = _marking_case(*flags, command=command)(directory)
+        _link(directory, output, target)
+        return [*argv[:2], *models, *argv[2:]]
+    return build
+
+
+def _fifo_output(output: str, *flags: str) -> Callable[[Path], list[str]]:
+    def build(directory: Path) -> list[str]:
+        _fifo_at(directory, output)
+        return _marking_case(*flags)(directory)
+    return build
+
+
+def _folder_output(output: str, *flags: str) -> Callable[[Path], list[str]]:
+    def build(directory: Path) -> list[str]:
+        (directory / output).mkdir()
+        return _marking_case(*flags)(directory)
+    return build
+
+
+def _nothing_escaped(directory: Path) -> str | None:
+    """A link to a file that does not exist yet: following it would create that file outside the folder."""
+    if (directory.parent / "escaped.html").exists():
+        return "the report was written through the link, outside the case's folder"
+    return _untouched(directory)
+
+
+def _untouched(directory: Path) -> str | None:
+    """Neither traced (no marker) nor the model's file overwritten through a link."""
+    if (directory / "marker").exists():
+        return "the model's file was imported: the refusal came after the trace began"
+    if (directory / "model.py").read_text() != MARKING_FACTORY:
+        return "model.py was overwritten through the link"
+    return None
+
+
 MLP = ("estimate", "mlp:10-5")  # a model every flag case can run fast
 HUGE_MLP = "mlp:50000-50000-50000-50000"  # 7.5 billion parameters: fits no CPU here, traces on fake in a second
 
@@ -458,6 +509,7 @@ def _cases() -> list[Case]:
         c("dropout-negative", (*MLP, "--dropout", "-0.1"), 2, ("--dropout",)),
         c("dropout-nan", (*MLP, "--dropout", "nan"), 2, ("--dropout",)),
         c("steps-zero", (*MLP, "--steps", "0"), 2, ("--steps",)),
+        # a million steps: traced for ever, measured for hours; refused at once, naming the bound
         c("steps-million", (*MLP, "--steps", str(10**6)), 2, ("--steps", "1,000")),
         c("trace-steps-million", (*MLP, "--trace-steps", str(10**6)), 2, ("--trace-steps", "16")),
         c("trace-steps-17", (*MLP, "--trace-steps", "17"), 2, ("--trace-steps", "16")),
@@ -659,6 +711,7 @@ def _cases() -> list[Case]:
         c("toml-20-megabyte-value", _big_toml, 2, ("run.toml",)),
         c("toml-trace-steps-million", _toml("steps = 1000000\n"), 2, ("run.toml: steps", "16")),
         c("toml-run-steps-million", _toml("run_steps = 1000000\n"), 2, ("run.toml: run_steps", "1,000")),
+        c("toml-html-missing-folder", _toml('html = "missing/report.html"\n'), 2, ("run.toml: html", "missing")),
         c("toml-is-a-directory", lambda d: [*MLP, "--setup", str(d)], 2, ("toml-is-a-directory",)),
         # --- checkpoints: never unpickled freely ---------------------------------------------------------
         c("checkpoint-pickle-runs-code", _malicious_zip_checkpoint, 2, ("evil.pt",), check=_no_marker),
@@ -764,6 +817,38 @@ def _cases() -> list[Case]:
           ("config.json: rope_scaling.high_freq_factor",)),
         c("hf-rope-per-layer-unknown-type", _hf_case({"rope_parameters": {"full_attention": {"rope_type": "warp"}}}),
           2, ("config.json: rope_parameters.full_attention.rope_type", "warp")),
+        # --- output files: refused before the model's file is even imported; never written through a link ----
+        c("output-html-missing-folder", _marking_case("--html", "missing/report.html"), 2,
+          ("--html", "missing/report.html", "existing folder"), check=_no_marker),
+        c("output-html-in-a-file", _marking_case("--html", "model.py/report.html"), 2,
+          ("--html", "model.py/report.html", "not a folder"), check=_no_marker),
+        c("output-html-wrong-suffix", _marking_case("--html", "report.txt"), 2, ("--html", "report.txt", ".html"),
+          check=_no_marker),
+        c("output-html-is-a-folder", _folder_output("folder.html", "--html", "folder.html"), 2,
+          ("--html", "folder.html", "folder"), check=_no_marker),
+        c("output-html-fifo", _fifo_output("report.html", "--html", "report.html"), 2, ("--html", "report.html", "FIFO"),
+          check=_no_marker),
+        c("output-snapshot-wrong-suffix", _marking_case("--device", "a100-40gb", "--memory-snapshot", "snapshot.txt"), 2,
+          ("--memory-snapshot", "snapshot.txt", ".pickle"), check=_no_marker),
+        c("output-snapshot-missing-folder", _marking_case("--device", "a100-40gb", "--memory-snapshot",
+                                                          "missing/snapshot.pickle"), 2,
+          ("--memory-snapshot", "missing/snapshot.pickle"), check=_no_marker),
+        c("output-plot-wrong-suffix", _marking_case("--plot", "timeline.pdf"), 2, ("--plot", "timeline.pdf", ".png"),
+          check=_no_marker),
+        c("output-plot-missing-folder", _marking_case("--plot", "missing/timeline.svg"), 2,
+          ("--plot", "missing/timeline.svg"), check=_no_marker),
+        c("output-html-link-to-model", _link_to_model("report.html", "--html", "report.html"), 2,
+          ("--html", "report.html", "symbolic link", "remove the link"), check=_untouched),
+        c("output-html-dangling-link", _link_to_model("report.html", "--html", "report.html", target="../escaped.html"),
+          2, ("--html", "report.html", "symbolic link"), check=_nothing_escaped),
+        c("output-snapshot-link-to-model", _link_to_model("snapshot.pickle", "--device", "a100-40gb",
+                                                          "--memory-snapshot", "snapshot.pickle"), 2,
+          ("--memory-snapshot", "snapshot.pickle", "symbolic link"), check=_untouched),
+        c("output-plot-link-to-model", _link_to_model("timeline.svg", "--plot", "timeline.svg"), 2,
+          ("--plot", "timeline.svg", "symbolic link"), check=_untouched),
+        c("compare-plot-link-to-model", _link_to_model("peaks.svg", "--plot", "peaks.svg", command="compare",
+                                                       models=("mlp:10-5",)), 2,
+          ("--plot", "peaks.svg", "symbolic link"), check=_untouched),
         # --- processes of their own ----------------------------------------------------------------------
         c("sigint-in-a-looping-factory", ("estimate", _factory("loops_forever")), 130, process="sigint"),
         c("sigint-during-a-trace", ("estimate", _factory("endless_forward"), "--input-shape", "10"), 130, process="sigint"),

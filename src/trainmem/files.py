@@ -28,6 +28,10 @@ def regular_file(ref: str, what: str, error_type: type[TrainmemError] = ModelRef
         raise error_type(f"expected {what}, could not look at it: {getattr(error, 'strerror', None) or error}",
                          where=short(ref)) from None
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        raise error_type(f"expected {what}, got {kind}", where=short(ref))
+        raise error_type(f"expected {what}, got {kind_of(mode)}", where=short(ref))
     return path, size
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, in words: "a FIFO", "a directory" …"""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")

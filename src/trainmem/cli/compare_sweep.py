@@ -127,7 +127,12 @@ def run_compare(options: Any):
     result = run(configs, columns, budgets, limit, warnings=warnings)
     written = []
     if options.values.get("plot"):
-        result.write_plot(options.plot, where=options.origins.get("plot", "--plot"))
+        from trainmem.cli.options import output_paths
+        from trainmem.cli.output_files import write_safely
+
+        where = options.origins.get("plot", "--plot")
+        path = (options.values.get("output_paths") or output_paths(options))["plot"]
+        write_safely(path, options.plot, where, lambda staged: result.write_plot(staged, where=where))
         written.append(f"trainmem: wrote the plot of peaks to {options.plot}")
     text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
     # an error is no answer: 1 only when a configuration was estimated and none fits (sweep.run raises when every

@@ -15,7 +15,7 @@ import sys
 from trainmem.cli.commands import ARGS_COMMANDS, SETUP_COMMANDS
 from trainmem.cli.encoding import for_stream
 from trainmem.cli.options import (check_run_options, environment_notes, merge_options, option_keys,
-                                  setup_from_options, with_environment)
+                                  setup_from_options, with_environment, with_output_paths)
 from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, INTERRUPTED_LINE, Outcome
 from trainmem.cli.parser import build_parser
 from trainmem.cli.process import ctrl_c_ends_the_process, stdout_wants_colour, user_output_to_stderr
@@ -26,6 +26,7 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ou
     if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
         return ARGS_COMMANDS[args.command](args)
     options = with_environment(merge_options(args, option_keys(parser)).with_values(model=args.model))
+    options = with_output_paths(options)  # against the directory trainmem started in: the model's code may chdir
     warnings = environment_notes(options) + check_run_options(options, args.command)
     setup = setup_from_options(options)
     options = options.with_values(colour=stdout_wants_colour())  # read before stdout is pointed at stderr below

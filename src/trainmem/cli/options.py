@@ -181,7 +181,7 @@ def check_framework_options(options: Options, where) -> None:
     if options.tf_onednn is not None and options.tf_onednn not in ("auto", "on", "off"):
         raise TrainmemError(f"expected auto|on|off, got {quote(options.tf_onednn)}", where=where("tf_onednn"))
     if options.tf_memory is not None:
-        from trainmem.targets.tf_gpu import parse_mode
+        from trainmem.targets.tf.gpu_memory import parse_mode
 
         if not isinstance(options.tf_memory, str):
             raise TrainmemError(f"expected text, got {quote(options.tf_memory)}", where=where("tf_memory"))
@@ -209,26 +209,27 @@ def target_options(options: Options) -> Any:
     return TargetOptions(**gpu_options(options), tf_memory=options.tf_memory, tf_onednn=options.tf_onednn)
 
 
+def output_paths(options: Options) -> dict[str, str]:
+    """The output files given (--plot, --html, --memory-snapshot), each checked and made absolute against the
+    current directory (cli/output_files.py): key → path."""
+    from trainmem.cli.output_files import output_paths as checked
+    from trainmem.flag_rules import flag_of
+
+    return checked(options.values, lambda key: options.origins.get(key, flag_of(key)))
+
+
+def with_output_paths(options: Options) -> Options:
+    """The options with `output_paths` added: run while the flags are read, before the model's code can change
+    the working directory, so that a relative path means the directory trainmem started in."""
+    return options.with_values(output_paths=output_paths(options))
+
+
 def check_output_options(options: Options) -> None:
     """The output files' names and the snapshot's cap, checked before anything is traced."""
     from trainmem.flag_rules import flag_of
 
     where = lambda key: options.origins.get(key, flag_of(key))  # noqa: E731
-    for key, suffixes in (("plot", (".png", ".svg")), ("html", (".html", ".htm")), ("memory_snapshot", None)):
-        path = options.values[key]
-        if path is None:
-            continue
-        if not isinstance(path, str) or not path.strip():
-            raise TrainmemError(f"expected a file name, got {quote(path)}", where=where(key))
-        if suffixes and not path.lower().endswith(suffixes):
-            raise TrainmemError(f"expected a file name ending in {' or '.join(suffixes)}, got {quote(path)}",
-                                where=where(key))
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise TrainmemError(f"expected a file in an existing folder, got {quote(path)} ({folder} does not "
-                                "exist)", where=where(key))
-        if os.path.isdir(path):
-            raise TrainmemError(f"expected a file name, got the folder {quote(path)}", where=where(key))
+    output_paths(options)
     limit = options.snapshot_max_entries
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise TrainmemError(f"expected a whole number of at least 1, got {quote(limit)}",

@@ -41,24 +41,35 @@ def run(options: Options, setup: Any) -> Outcome:
 
 
 def write_outputs(result: Any, options: Options) -> tuple[str, ...]:
-    """--plot, --html and --memory-snapshot: each file written, one stderr line each (what was cut, if anything)."""
+    """--plot, --html and --memory-snapshot: each file written (cli/output_files.py: to the path resolved when the
+    flags were read, never through a symbolic link), one stderr line each (what was cut, if anything)."""
+    from trainmem.cli.options import output_paths
+    from trainmem.cli.output_files import write_safely
+    from trainmem.flag_rules import flag_of
+
+    paths = options.values.get("output_paths")
+    paths = output_paths(options) if paths is None else paths
     lines = []
+
+    def write(key: str, writer: Callable[[str], Any]) -> Any:
+        return write_safely(paths[key], options.values[key], options.origins.get(key, flag_of(key)), writer)
+
     if options.plot:
         from trainmem.report.plot import write_timeline_plot
 
-        write_timeline_plot(result, options.plot)
+        write("plot", lambda path: write_timeline_plot(result, path))
         lines.append(f"trainmem: wrote the timeline plot to {options.plot}")
     if options.html:
         from trainmem.report.html import write_html
 
-        write_html(result, options.html)
+        write("html", lambda path: write_html(result, path))
         lines.append(f"trainmem: wrote the HTML report to {options.html}")
     if options.memory_snapshot:
         from trainmem.report.memviz import write_snapshot
         from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
 
         limit = options.snapshot_max_entries or DEFAULT_MAX_ENTRIES
-        note = write_snapshot(result, options.memory_snapshot, limit)
+        note = write("memory_snapshot", lambda path: write_snapshot(result, path, limit))
         lines.append(f"trainmem: wrote the memory snapshot to {options.memory_snapshot}" + (f" ({note})" if note else ""))
     return tuple(lines)
 
