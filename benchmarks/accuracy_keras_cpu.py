@@ -4,14 +4,14 @@ steps × batch samples.
 
 Measured: measure/keras_child.py in --runs fresh processes (VmHWM; median, min–max). It imports nothing
 of trainmem: keras, the model's factory file, compile, fit.
-Estimated: trainmem.estimate(ref, framework="keras") end to end: trace/keras_graph.py trace_keras (the fit
-step traced in a tf.Graph from shapes alone) and targets/tf_cpu.py tf_cpu_figures (import floor + fit
+Estimated: trainmem.estimate(ref, framework="keras") end to end: trace/tf/keras_graph.py trace_keras (the fit
+step traced in a tf.Graph from shapes alone) and targets/tf/cpu_process.py tf_cpu_figures (import floor + fit
 machinery + per-op graph cost + the data fit holds + glibc's resident heap for the traced tensors); every constant of tf_cpu comes from
 benchmarks/calibrate_tf_cpu.py's synthetic models, none from this table.
 Target (issue #12): within 5% of the measured median on every row whose RSS exceeds 500 MB; and (issue 21)
 the high end at or above every measured run.
 
-TensorFlow's two CPU paths (targets/tf_cpu.py): `--onednn on|off` runs every measured process with
+TensorFlow's two CPU paths (targets/tf/cpu_process.py): `--onednn on|off` runs every measured process with
 TF_ENABLE_ONEDNN_OPTS=1/0 and estimates with the same setting (--tf-onednn); each path keeps its own data,
 benchmarks/data/accuracy_keras_cpu_onednn_{on,off}.jsonl. The results file has a section per path measured
 on this machine, and the earlier AMD EPYC table (oneDNN off, benchmarks/data/accuracy_keras_cpu.jsonl) as it
@@ -52,7 +52,7 @@ INTRO = (
     "within 5% where the measured RSS exceeds 500 MB (500·10⁶ bytes), and the high end at or above every measured "
     "run. The last three columns are a diagnostic, not the target: the same estimate with the glibc heap replayed "
     "as one arena, one more fresh run with MALLOC_ARENA_MAX=1 (`--arena-check`) and the error between the two. "
-    "Each section is one TensorFlow CPU path (targets/tf_cpu.py): oneDNN on, where the MklCPUAllocator pools "
+    "Each section is one TensorFlow CPU path (targets/tf/cpu_process.py): oneDNN on, where the MklCPUAllocator pools "
     "requests of 256 KiB and more in a BFC allocator that keeps every page it wrote (alloc/tf_mkl_cpu.py), and "
     "oneDNN off, where every tensor is glibc's.")
 THIS_CPU = ("Sapphire Rapids: /proc/cpuinfo flags avx512_vnni, avx512_bf16, amx_tile, amx_bf16, amx_int8, "
@@ -140,8 +140,8 @@ def estimate_row(name: str, setup: TrainingSetup, onednn: str = "auto") -> dict:
     except TypeError:  # an estimate() without framework=
         import keras_models
 
-        from trainmem.targets.tf_cpu import tf_cpu_figures
-        from trainmem.trace.keras_graph import trace_keras
+        from trainmem.targets.tf.cpu_process import tf_cpu_figures
+        from trainmem.trace.tf.keras_graph import trace_keras
 
         traced = trace_keras(getattr(keras_models, name), setup, name=name)
         figures = tf_cpu_figures(traced, setup, onednn=onednn)
@@ -299,7 +299,7 @@ def main() -> None:
     parser.add_argument("--re-estimate", action="store_true",
                         help="estimate again beside the measurements kept in the .jsonl (after a change to the model)")
     args = parser.parse_args()
-    from trainmem.targets.tf_cpu import onednn_choice
+    from trainmem.targets.tf.cpu_process import onednn_choice
 
     if args.onednn:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if args.onednn == "on" else "0"

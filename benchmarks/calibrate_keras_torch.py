@@ -47,7 +47,7 @@ OUT = ROOT / "src/trainmem/targets/data/keras_torch_floor.json"
 REQUEST = {"model": MODEL, "mode": "rss", "seed": 0,
            "setup": {"batch_size": 1, "optimizer": "adam", "input_shape": "8"}}
 # the `import` kind: Keras imported on torch before the child's own run, which then trains the torch model
-IMPORT_FIRST = ("import json, sys\nfrom trainmem.frontends.keras_import import import_keras\nimport_keras('torch')\n"
+IMPORT_FIRST = ("import json, sys\nfrom trainmem.frontends.keras.imports import import_keras\nimport_keras('torch')\n"
                 "from trainmem.measure import child\nprint(json.dumps(child.run(json.loads(sys.argv[1]))))")
 PROBE = ("import {mods}\n"
          "f = {{l.split(':')[0]: int(l.split()[1]) * 1024 for l in open('/proc/self/status') if ':' in l "

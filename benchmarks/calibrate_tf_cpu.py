@@ -1,4 +1,4 @@
-"""Measure what a TensorFlow CPU training process holds besides the model's tensors, for targets/tf_cpu.py.
+"""Measure what a TensorFlow CPU training process holds besides the model's tensors, for targets/tf/cpu_process.py.
 
 Every figure comes from fresh processes running measure/keras_child.py (import tensorflow and keras,
 build, compile, model.fit on numpy arrays, VmHWM), on synthetic models from benchmarks/keras_models.py
@@ -20,10 +20,10 @@ that are not in the accuracy table:
    held at each point, the user's arrays included); 2048 × 8 against 256 × 64 (the same dataset) gives
    the batches tf.data holds at the end of a step (the next one gathered while the step ran), and `setup_base` is what fit's set-up adds besides the data.
    With oneDNN on, the MklCPUAllocator's pool keeps the pages of the step's tensors (the batch it consumed
-   included) at the end of a step, and the estimate replays those itself (targets/tf_cpu.py): the batches held
+   included) at the end of a step, and the estimate replays those itself (targets/tf/cpu_process.py): the batches held
    are then what the rise leaves beyond the replayed pool's own difference between the two points.
 Each path (--onednn on|off: TF_ENABLE_ONEDNN_OPTS=1/0 in every measured process) has its own constants: the
-run replaces the entry of this CPU class (targets/tf_cpu.py isa_class) and path in
+run replaces the entry of this CPU class (targets/tf/cpu_process.py isa_class) and path in
 src/trainmem/targets/data/tf_cpu_floor.json, with the versions, CPU, load and this command, and keeps the others.
 
     python benchmarks/calibrate_tf_cpu.py [--runs 5] [--onednn on|off]
@@ -59,7 +59,7 @@ def step_op_counts(names) -> dict[str, int]:
     import keras_models
 
     from trainmem.setup import TrainingSetup
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     setup = TrainingSetup(batch_size=1, steps=1)
     return {name: sum(trace_keras(getattr(keras_models, name), setup, name=name).op_counts.values()) for name in names}
@@ -97,8 +97,8 @@ def pool_rise(onednn: bool) -> float:
     import keras_models
 
     from trainmem.setup import TrainingSetup
-    from trainmem.targets.tf_cpu import tensor_heap
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.targets.tf.cpu_process import tensor_heap
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     heaps = []
     for name, batch, steps in DATA_POINTS[1:]:
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--onednn", choices=("on", "off"), help="TF_ENABLE_ONEDNN_OPTS=1/0 in every measured "
                         "process (default: TensorFlow's own choice here)")
     args = parser.parse_args()
-    from trainmem.targets.tf_cpu import isa_class, onednn_choice
+    from trainmem.targets.tf.cpu_process import isa_class, onednn_choice
 
     if args.onednn:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if args.onednn == "on" else "0"

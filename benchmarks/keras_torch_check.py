@@ -67,11 +67,11 @@ def transformer():
 
 ESTIMATE = """
 import json, sys
-from trainmem.frontends.keras_import import import_keras
+from trainmem.frontends.keras.imports import import_keras
 import_keras("torch")
 from trainmem.devices import get_device
 from trainmem.estimate.orchestrate import Prepared, assemble_traced, trace
-from trainmem.frontends.keras_torch import resolve_keras_torch
+from trainmem.frontends.keras.torch_backend import resolve_keras_torch
 from trainmem.setup import TrainingSetup
 from trainmem.targets import target_for
 from trainmem.trace.events import Category

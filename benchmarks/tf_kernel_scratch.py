@@ -1,4 +1,4 @@
-"""TensorFlow's CPU kernel temporaries (targets/tf_cpu_kernels.py) against TensorFlow's own records.
+"""TensorFlow's CPU kernel temporaries (targets/tf/cpu_kernel_rules.py) against TensorFlow's own records.
 
 1. Per kernel: small graphs (one convolution, its loss and both gradients; a depthwise one; a max pool)
    run once in a tf.compat.v1 Session with RunOptions FULL_TRACE. Each node's allocation_records are the
@@ -106,7 +106,7 @@ def _temp_peak(records: list[int], out_bytes: list[int]) -> int:
 
 def rule_peaks(case, cpu) -> dict:
     """The rules' temporary peak per op for the case's shapes (KernelCalls built from the shapes)."""
-    from trainmem.targets.tf_cpu_kernels import kernel_scratch
+    from trainmem.targets.tf.cpu_kernel_rules import kernel_scratch
     from trainmem.trace.events import KernelCall, TensorMeta
 
     kind, n, h, w, c, k, o, s, pad = case
@@ -191,9 +191,9 @@ def traced_step(name: str) -> dict:
     """The traced step's growth through the BFC model, without and with the kernels' temporaries."""
     from trainmem.alloc.tf_bfc import BfcConfig, replay_bfc
     from trainmem.setup import TrainingSetup
-    from trainmem.targets.tf_cpu_kernels import tf_cpu_device_stream
+    from trainmem.targets.tf.cpu_kernel_rules import tf_cpu_device_stream
     from trainmem.trace.events import Phase
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     builder, batch = STEP_MODELS[name]
     trace = trace_keras(builder, TrainingSetup(steps=2, batch_size=batch), name=name).trace
@@ -253,7 +253,7 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--step":
         print(json.dumps(measure_step(sys.argv[2])))
         return
-    from trainmem.targets.tf_cpu_kernels import cpu_facts
+    from trainmem.targets.tf.cpu_kernel_rules import cpu_facts
 
     cpu = cpu_facts()
     parts = sys.argv[1:] or ["kernels", "steps"]
@@ -275,7 +275,7 @@ def render(body: str) -> str:
     """The results file: what was run, the tables, and what they say (NOTES)."""
     return ("# TensorFlow CPU kernel temporaries: rules vs TensorFlow's records\n\n"
             "`.venv/bin/python benchmarks/tf_kernel_scratch.py` (tensorflow-cpu 2.21, Keras 3.15.1, oneDNN off: "
-            "AVX2-only AMD EPYC, 2 cores). Rules: src/trainmem/targets/tf_cpu_kernels.py.\n\n" + body + "\n\n"
+            "AVX2-only AMD EPYC, 2 cores). Rules: src/trainmem/targets/tf/cpu_kernel_rules.py.\n\n" + body + "\n\n"
             + NOTES)
 
 

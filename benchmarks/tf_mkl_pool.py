@@ -4,7 +4,7 @@ With oneDNN on, TensorFlow's CPU allocator is the MklCPUAllocator, and get_memor
 BFC pool (requests of 256 KiB and more): "current" and "peak" chunk bytes in use. One fresh process per
 run (TF_ENABLE_ONEDNN_OPTS=1): build, compile, the accuracy table's data (measure/keras_child.py's
 make_data: steps × batch samples), get_memory_info after build and after fit, VmHWM. The estimate's side:
-targets/tf_cpu.py pool_stream through alloc/tf_mkl_cpu.py replay_pool: the weights with their
+targets/tf/cpu_process.py pool_stream through alloc/tf_mkl_cpu.py replay_pool: the weights with their
 initializers' tensors, the dataset tensor fit keeps in the pool to the end and the batch tf.data holds ahead,
 then the trace's steps (trace_keras + tf_cpu_kernels, oneDNN on): its peak in use and the pages it writes.
 What the trace does not see shows as the difference: the oneDNN kernels' scratchpads (allocate_temp), the
@@ -75,9 +75,9 @@ def modelled(name: str, batch: int) -> dict:
 
     from trainmem.alloc.tf_mkl_cpu import replay_pool
     from trainmem.setup import TrainingSetup
-    from trainmem.targets.tf_cpu import batches_ahead, load_floor, pool_stream
-    from trainmem.targets.tf_cpu_kernels import tf_cpu_device_stream
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.targets.tf.cpu_process import batches_ahead, load_floor, pool_stream
+    from trainmem.targets.tf.cpu_kernel_rules import tf_cpu_device_stream
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     setup = TrainingSetup.from_mapping({"batch_size": batch, "optimizer": "adam", "steps": STEPS})
     traced = trace_keras(getattr(keras_models, name), setup, name=name)
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only")
     args = parser.parse_args()
-    from trainmem.targets.tf_cpu_kernels import cpu_facts  # noqa: F401  (the estimate's own imports, early)
+    from trainmem.targets.tf.cpu_kernel_rules import cpu_facts  # noqa: F401  (the estimate's own imports, early)
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     rows = []

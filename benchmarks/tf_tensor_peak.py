@@ -108,9 +108,9 @@ def traced(name: str) -> dict:
     allocator counts them (whole chunks); two steps traced, the second measured like the real one."""
     from trainmem.alloc.tf_bfc import BfcConfig, replay_bfc
     from trainmem.setup import InputSpec, TrainingSetup
-    from trainmem.targets.tf_cpu import device_events
+    from trainmem.targets.tf.cpu_process import device_events
     from trainmem.trace.events import Phase
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     builder, kwargs = MODELS[name]
     inputs = (InputSpec((100,), "int32", 100),) if name == "emb" else ()

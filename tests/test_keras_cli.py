@@ -31,7 +31,7 @@ def tensorflow():
 
 
 def _floor_committed() -> bool:
-    from trainmem.targets import tf_cpu
+    from trainmem.targets.tf import cpu_process as tf_cpu
 
     return tf_cpu.DATA.exists()
 
@@ -181,7 +181,7 @@ def test_factories_written_for_measure(tensorflow, tmp_path):
 def test_torch_backend_after_keras_took_tensorflow_is_one_line(tensorflow, capsys):
     """Keras fixes its backend at its first import: in a process where it took TensorFlow, asking for torch is
     refused in one line, never answered on the wrong backend."""
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     import_keras("tensorflow")
     code, out, err = run(["estimate", "mlp:8-4", "--framework", "keras", "--keras-backend", "torch"], capsys)

@@ -1,4 +1,4 @@
-"""Keras references in (frontends/keras_ref.py and its readers): each kind of reference, which framework a
+"""Keras references in (frontends/keras/reference.py and its readers): each kind of reference, which framework a
 reference is, safe_mode, and hostile files refused in bounded time before TensorFlow parses anything."""
 
 import json
@@ -9,9 +9,10 @@ import pytest
 
 from trainmem.errors import ModelRefError
 from trainmem.frontends import Kind, ModelSource, reference_kind
-from trainmem.frontends.keras_file import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_OBJECTS
-from trainmem.frontends.keras_ref import KerasSource, is_keras_reference, resolve_model
-from trainmem.frontends.keras_saved_model import MAX_PB_BYTES
+from trainmem.frontends.keras.keras_file import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_OBJECTS
+from trainmem.frontends.framework import is_keras_reference, resolve_model
+from trainmem.frontends.keras.reference import KerasSource
+from trainmem.frontends.keras.saved_model import MAX_PB_BYTES
 from trainmem.setup import TrainingSetup
 
 pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
@@ -24,7 +25,7 @@ SETUP = TrainingSetup(batch_size=4)
 def _keras():
     pytest.importorskip("tensorflow")
     pytest.importorskip("keras")
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras()
     if keras.backend.backend() != "tensorflow":

@@ -1,4 +1,4 @@
-"""Keras 3 on the torch backend (frontends/keras_torch.py, trace/keras_torch_step.py): the torch engine traces
+"""Keras 3 on the torch backend (frontends/keras/torch_backend.py, trace/keras_torch_step.py): the torch engine traces
 Keras's own train_step and optimizer. Keras fixes its backend at its first import, and this test process may
 hold Keras on TensorFlow already, so every check runs in a fresh process with KERAS_BACKEND=torch. Both
 the trace and the measured fit run with Python's cyclic collector paused (keras_torch_step.run_steps,
@@ -24,11 +24,11 @@ MODELS = ROOT / "benchmarks" / "keras_torch_check.py"  # the factories: mlp, cnn
 
 ESTIMATES = """
 import json, resource, sys
-from trainmem.frontends.keras_import import import_keras
+from trainmem.frontends.keras.imports import import_keras
 import_keras("torch")
 from trainmem.devices import get_device
 from trainmem.estimate.orchestrate import Prepared, assemble_traced, trace
-from trainmem.frontends.keras_torch import resolve_keras_torch
+from trainmem.frontends.keras.torch_backend import resolve_keras_torch
 from trainmem.setup import TrainingSetup
 from trainmem.targets import target_for
 from trainmem.trace.events import Category
@@ -97,7 +97,7 @@ def test_parameters_as_keras_counts_them(estimates):
 
 
 def test_references_keras_builds_and_what_the_estimate_says(estimates):
-    assert estimates["mlp_ref"]["parameters"] == 131_410  # mlp: built as a Keras model (frontends/keras_ref.py)
+    assert estimates["mlp_ref"]["parameters"] == 131_410  # mlp: built as a Keras model (frontends/keras/reference.py)
     warnings = " ".join(estimates["mlp"]["warnings"])
     assert "TorchTrainer.train_step" in warnings and "reference cycle" in warnings
     # activations are attributed to the Keras layers that made them, by layer path

@@ -21,7 +21,7 @@ PARTS = ("keras_import_anon", "keras_import_file", "keras_fit_machinery")
 
 KERAS_ESTIMATE = """
 import json
-from trainmem.frontends.keras_import import import_keras
+from trainmem.frontends.keras.imports import import_keras
 import_keras("torch")
 import trainmem
 from trainmem.report.text import render_text

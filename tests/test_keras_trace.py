@@ -1,5 +1,5 @@
-"""The TensorFlow trace of a Keras model's fit step (trace/keras_graph.py) and the executor lifetime
-model it is replayed with (trace/tf_lifetimes.py)."""
+"""The TensorFlow trace of a Keras model's fit step (trace/tf/keras_graph.py) and the executor lifetime
+model it is replayed with (trace/tf/lifetimes.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from trainmem.errors import SetupError
 from trainmem.setup import InputSpec, TrainingSetup
 from trainmem.trace.events import Category, Phase
-from trainmem.trace.tf_lifetimes import live_at, replay
-from trainmem.trace.tf_ops import GraphOp, StepGraph, TensorInfo, VariableInfo
+from trainmem.trace.tf.lifetimes import live_at, replay
+from trainmem.trace.tf.ops import GraphOp, StepGraph, TensorInfo, VariableInfo
 
 pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
 
@@ -62,7 +62,7 @@ def test_forwarding_needs_the_other_consumers_ordered_before():
 
 def test_the_step_is_replayed_in_the_order_that_holds_more():
     pytest.importorskip("tensorflow")
-    from trainmem.trace.keras_graph import READY_ORDER, _replay_higher
+    from trainmem.trace.tf.keras_graph import READY_ORDER, _replay_higher
 
     # built a, s, c: `a` dies at `s` before `c` exists; run first ready first, `c` comes before `s` and
     # x, a and c are alive at once (executor.cc ScheduleReady: a and c are both ready when x is)
@@ -78,7 +78,7 @@ def test_the_step_is_replayed_in_the_order_that_holds_more():
 
 
 def test_the_ready_order_keeps_program_order_on_a_variable():
-    from trainmem.trace.tf_lifetimes import ready_order
+    from trainmem.trace.tf.lifetimes import ready_order
 
     # fit's tf.function orders ops on one variable as written (auto_control_deps.py); the step's graph
     # has no such edge, so without it the second read would run first
@@ -136,7 +136,7 @@ def seed_mlp():
 def seed():
     pytest.importorskip("tensorflow")
     pytest.importorskip("keras")
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     return trace_keras(seed_mlp, TrainingSetup(batch_size=256), name="seed")
 
@@ -182,7 +182,7 @@ def test_seed_mlp_lifetimes_end_at_the_last_use(seed):
 
 def _trace(build, **setup):
     pytest.importorskip("tensorflow")
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     return trace_keras(build, TrainingSetup(**setup), name="test")
 

@@ -1,4 +1,4 @@
-"""Private PyTorch, TensorFlow and Keras APIs are reached through trace/torch_private.py and trace/tf_private.py
+"""Private PyTorch, TensorFlow and Keras APIs are reached through trace/torch_private.py and trace/tf/private.py
 only, so that an upgrade that moves one breaks in one place (each module's docstring lists what it holds).
 
 Read from the code's syntax tree, so comments, docstrings and strings do not count: an import of a private
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainmem"
-GATHERED = {"trace/torch_private.py", "trace/tf_private.py"}
+GATHERED = {"trace/torch_private.py", "trace/tf/private.py"}
 INDEPENDENT = {"measure/keras_child.py": {"from tensorflow.python.util import _pywrap_util_port"}}
 FRAMEWORKS = ("torch", "tensorflow", "tf", "keras", "tf_keras")
 UNDOCUMENTED = ("tensorflow.python", "tensorflow.core", "keras.src")
-# underscore methods and attributes of TensorFlow and Keras objects that trainmem uses (tf_private.py)
+# underscore methods and attributes of TensorFlow and Keras objects that trainmem uses (trace/tf/private.py)
 OBJECT_PRIVATES = {"_flatten_layers", "_get_function", "_track_variables", "_track_variable", "_value",
                    "_torch_params", "_add_existing_weight"}
 

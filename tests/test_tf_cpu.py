@@ -1,4 +1,4 @@
-"""targets/tf_cpu.py: the TensorFlow CPU process model's arithmetic, checked by hand on small traces."""
+"""targets/tf/cpu_process.py: the TensorFlow CPU process model's arithmetic, checked by hand on small traces."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainmem.setup import TrainingSetup
-from trainmem.targets import tf_cpu
+from trainmem.targets.tf import cpu_process as tf_cpu
 from trainmem.trace.events import Category, Event, Phase, StorageRecord, Trace
 
 pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`

@@ -1,4 +1,4 @@
-"""TensorFlow CPU kernel temporaries (targets/tf_cpu_kernels.py): sizes derived by hand from the kernels'
+"""TensorFlow CPU kernel temporaries (targets/tf/cpu_kernel_rules.py): sizes derived by hand from the kernels'
 source, the stream they make, and one real run's allocation records."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainmem.targets.tf_cpu_kernels import CpuFacts, cpu_facts, kernel_scratch, tf_cpu_device_stream
+from trainmem.targets.tf.cpu_kernel_rules import CpuFacts, cpu_facts, kernel_scratch, tf_cpu_device_stream
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 
 pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`

@@ -1,6 +1,6 @@
-"""TensorFlow's GPU figures (targets/tf_gpu.py) on hand-built traces: the default memory limit derived by hand
+"""TensorFlow's GPU figures (targets/tf/gpu_memory.py) on hand-built traces: the default memory limit derived by hand
 from gpu_device.cc MinSystemMemory, the three memory modes, cuDNN's autotuning scratch, and OOM. No
-TensorFlow needed: the step is a Trace built here, as trace/keras_graph.py would record it."""
+TensorFlow needed: the step is a Trace built here, as trace/tf/keras_graph.py would record it."""
 
 from types import SimpleNamespace
 
@@ -8,7 +8,7 @@ import pytest
 
 from trainmem.devices import get_device
 from trainmem.errors import SetupError
-from trainmem.targets.tf_gpu import default_memory_limit, min_system_memory, parse_mode, tf_gpu_figures
+from trainmem.targets.tf.gpu_memory import default_memory_limit, min_system_memory, parse_mode, tf_gpu_figures
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 
 pytestmark = pytest.mark.tf  # Keras or TensorFlow: left out of `make check`, run by `make test`
@@ -149,8 +149,8 @@ def test_seed_mlp_traced_by_tensorflow():
     # 131,410 fp32 weights (525,640 B) and Adam's two slots (1,051,280 B) are in use at the peak, each
     # tensor in a chunk of at least its 256-B rounding; the chunks at the peak sum to get_memory_info's peak.
     pytest.importorskip("tensorflow")
-    keras_graph = pytest.importorskip("trainmem.trace.keras_graph")
-    from trainmem.frontends.keras_import import import_keras
+    keras_graph = pytest.importorskip("trainmem.trace.tf.keras_graph")
+    from trainmem.frontends.keras.imports import import_keras
     from trainmem.setup import TrainingSetup
 
     keras = import_keras()

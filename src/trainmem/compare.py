@@ -2,8 +2,8 @@
 side, with the mechanism behind each difference.
 
 MODEL is one both frameworks build from the same text: `mlp:…` or a layer spec (frontends/mlp.py,
-frontends/spec.py for torch; frontends/keras_builders.py for Keras). Each framework is traced with its own
-engine (trace/step.py, trace/keras_graph.py) and target, so every figure is that framework's own; the
+frontends/spec.py for torch; frontends/keras/builders.py for Keras). Each framework is traced with its own
+engine (trace/step.py, trace/tf/keras_graph.py) and target, so every figure is that framework's own; the
 words below name what makes them differ (sources cited where the mechanism lives).
 """
 
@@ -70,7 +70,7 @@ def compare(model: str, setup: TrainingSetup | None = None, device: str = "cpu",
             **setup_values: Any) -> Comparison:
     """Estimate `model` (mlp:… or a layer spec) for PyTorch and for Keras on TensorFlow with `setup` (a
     TrainingSetup, or its values as keywords as estimate() takes them: batch_size=256, optimizer="adam");
-    `tf_memory` is TensorFlow's GPU memory mode for the Keras side (targets/tf_gpu.py)."""
+    `tf_memory` is TensorFlow's GPU memory mode for the Keras side (targets/tf/gpu_memory.py)."""
     from trainmem.estimate import estimate
     from trainmem.estimate.orchestrate import setup_of
     from trainmem.frontends import Kind, reference_kind

@@ -57,7 +57,7 @@ def missing_torch_line(model: object = None, framework: str = "auto", keras_comm
         return ("expected PyTorch for Keras on the torch backend, and torch is not installed: "
                 "pip install 'trainmem[torch]'")
     extra = {"vision": "vision", "hf": "hf", "onnx": "onnx"}.get(kind, "torch")  # those extras bring torch too
-    # --framework keras reads mlp: and layer specs too (frontends/keras_ref.py)
+    # --framework keras reads mlp: and layer specs too (frontends/keras/reference.py)
     keras_can = keras_command and framework == "auto" and kind in ("mlp", "spec")
     return (f"expected PyTorch for a PyTorch model, and torch is not installed: pip install 'trainmem[{extra}]'"
             + (" (or --framework keras to build it as a Keras model)" if keras_can else ""))

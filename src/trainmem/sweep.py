@@ -171,7 +171,7 @@ class _Sources:
 
     def of(self, model: Any, setup: TrainingSetup) -> Any:
         from trainmem.frontends import ModelSource
-        from trainmem.frontends.keras_ref import is_keras_reference, resolve_model
+        from trainmem.frontends.framework import is_keras_reference, resolve_model
 
         if is_keras_reference(model):
             return model

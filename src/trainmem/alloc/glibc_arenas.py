@@ -101,7 +101,7 @@ def trace_nodes(trace: Trace) -> tuple[list[OpNode], dict[int, int]]:
     """The step's kernel runs rebuilt from the trace, and the node of each trace event (by seq).
 
     A node is a run of events with one (step, phase, module, op) in which no allocation follows a free
-    (the executor allocates an op's outputs, then releases its inputs: tf_lifetimes.py). Consecutive ops of
+    (the executor allocates an op's outputs, then releases its inputs: trace/tf/lifetimes.py). Consecutive ops of
     one type in one layer that only allocate merge into one node. A node waits for the node that
     allocated a buffer it frees (its last consumer) and for the producers of a kernel call's inputs
     (KernelCall.args storage keys). Ops that allocate nothing (aliases, variable reads) are not seen; a

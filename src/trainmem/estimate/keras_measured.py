@@ -2,10 +2,10 @@
 (measure/keras_cpu.py measure_keras: fresh processes, peak RSS as median and spread), with the error.
 
 The measured runs fit the model for the setup's steps on synthetic numpy data of steps × batch samples,
-which is the dataset the CPU estimate assumes (targets/tf_cpu.py), so the two answer the same question.
+which is the dataset the CPU estimate assumes (targets/tf/cpu_process.py), so the two answer the same question.
 The measured process runs a factory file (measure/keras_child.py) and imports nothing of trainmem, so its
 RSS is what a user's script shows: `mlp:` and `model.keras` are measured through a factory file written
-here with Keras alone (the mlp's layers from frontends/keras_builders.py; the .keras file's config.json
+here with Keras alone (the mlp's layers from frontends/keras/builders.py; the .keras file's config.json
 rebuilt under safe_mode, fresh weights: the same memory as the file's own).
 """
 
@@ -77,18 +77,18 @@ def factory_to_measure(ref: str, setup: TrainingSetup, directory: Path) -> str:
     """`ref` as a file.py:factory the measuring child can run: as given, or written into `directory`."""
     from trainmem.errors import MeasureError
     from trainmem.frontends import Kind, reference_kind
-    from trainmem.frontends.keras_ref import is_keras_file
+    from trainmem.frontends.framework import is_keras_file
 
     kind = reference_kind(ref)
     if kind == Kind.PYTHON:
         return ref
     if kind == Kind.MLP:
-        from trainmem.frontends.keras_builders import mlp_factory_source
+        from trainmem.frontends.keras.builders import mlp_factory_source
         from trainmem.frontends.mlp import parse_widths
 
         text = mlp_factory_source(parse_widths(ref), str(setup.activation), setup.dropout)
     elif is_keras_file(ref):
-        from trainmem.frontends.keras_file import read_keras_config
+        from trainmem.frontends.keras.keras_file import read_keras_config
 
         config = {key: value for key, value in read_keras_config(ref).items() if key != "compile_config"}
         (directory / "config.json").write_text(json.dumps(config))

@@ -57,7 +57,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
     on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off; `tf_memory`:
-    TensorFlow's GPU memory mode (targets/tf_gpu.py)."""
+    TensorFlow's GPU memory mode (targets/tf/gpu_memory.py)."""
     refuse_loose_options(setup_values, "estimate()")
     setup = setup_of(setup, setup_values, "estimate()")
     run = TargetOptions.of(target_options, "estimate()")
@@ -88,11 +88,11 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
 
 def _estimate_on_tensorflow(source: Any, setup: TrainingSetup, device: DeviceRef, depth: int,
                             run: TargetOptions) -> Estimate:
-    """A KerasSource (frontends/keras_ref.py) traced as model.fit runs its step on TensorFlow
-    (trace/keras_graph.py), on the TensorFlow target of the device (targets/tf_targets.py)."""
+    """A KerasSource (frontends/keras/reference.py) traced as model.fit runs its step on TensorFlow
+    (trace/tf/keras_graph.py), on the TensorFlow target of the device (targets/tf/target.py)."""
     from trainmem.estimate.assemble import assemble
     from trainmem.targets import target_for
-    from trainmem.trace.keras_graph import trace_keras
+    from trainmem.trace.tf.keras_graph import trace_keras
 
     target_device = get_device(device)
     target = target_for(target_device, setup, "tensorflow", tf_memory=run.tf_memory, tf_onednn=run.tf_onednn,
@@ -105,14 +105,14 @@ def _estimate_on_tensorflow(source: Any, setup: TrainingSetup, device: DeviceRef
 
 def _framework_source(model: Any, setup: TrainingSetup, framework: str, keras_backend: str | None) -> Any:
     """The model resolved once across frameworks: a torch ModelSource (prepare() takes it as it is) or a
-    KerasSource (frontends/keras_ref.py)."""
-    from trainmem.frontends.keras_ref import resolve_model
+    KerasSource (frontends/keras/reference.py)."""
+    from trainmem.frontends.framework import resolve_model
 
     return resolve_model(model, setup, framework, keras_backend)
 
 
 def _is_keras_source(source: Any) -> bool:
-    from trainmem.frontends.keras_ref import KerasSource
+    from trainmem.frontends.keras.reference import KerasSource
 
     return isinstance(source, KerasSource)
 

@@ -97,7 +97,7 @@ class ReplayInput:
 
 
 class FrameworkSection(Protocol):
-    """The typed section of an Estimate that only one framework has (targets/keras_section.py KerasSection)."""
+    """The typed section of an Estimate that only one framework has (targets/tf/keras_section.py KerasSection)."""
 
     def to_json(self) -> dict[str, Any]:
         """The keys it adds to the estimate's JSON."""
@@ -151,7 +151,7 @@ class Estimate:
     # the stream and allocator behind the figures; many ranks: the most loaded's
     replay_input: ReplayInput | None = dataclasses.field(default=None, repr=False, compare=False)
     # what only a framework other than PyTorch reports, with its own JSON keys and text report (Keras on
-    # TensorFlow: targets/keras_section.py KerasSection); None for PyTorch
+    # TensorFlow: targets/tf/keras_section.py KerasSection); None for PyTorch
     framework: FrameworkSection | None = None
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@
     model.onnx                              an ONNX graph converted to torch (frontends/onnx_ref.py)
     model.pt | .pth | .bin | .safetensors   a checkpoint (frontends/checkpoint.py), never unpickled freely
     an nn.Module object              (Python API only)
-    model.keras | a SavedModel directory    Keras models (frontends/keras_ref.py: resolve_model picks the
+    model.keras | a SavedModel directory    Keras models (frontends/keras/reference.py: resolve_model picks the
                                      framework; factories returning a keras.Model and, with --framework
                                      keras, mlp: and specs too)
 """
@@ -75,7 +75,7 @@ def reference_kind(model: Any) -> str:
         return Kind.SPEC
     if ":" in ref:
         return Kind.PYTHON
-    from trainmem.frontends.keras_saved_model import saved_model_dir
+    from trainmem.frontends.framework import saved_model_dir
 
     if saved_model_dir(ref) is not None:
         return Kind.SAVED_MODEL
@@ -83,7 +83,7 @@ def reference_kind(model: Any) -> str:
 
 
 def resolve(model: Any, setup: TrainingSetup) -> ModelSource:
-    """The torch resolver (frontends/keras_ref.py resolve_model is the one across frameworks). A ModelSource
+    """The torch resolver (frontends/keras/reference.py resolve_model is the one across frameworks). A ModelSource
     already resolved passes through."""
     if isinstance(model, ModelSource):
         return model

@@ -50,7 +50,7 @@ def _profile_peak(prof) -> tuple[int, int]:
 def run(request: dict) -> dict:
     after_import = rss_now()
     if request.get("keras_backend"):  # before torch: Keras takes its backend at its first import
-        from trainmem.frontends.keras_import import import_keras
+        from trainmem.frontends.keras.imports import import_keras
 
         import_keras(request["keras_backend"])
     import torch
@@ -65,7 +65,7 @@ def run(request: dict) -> dict:
     if request.get("threads"):
         torch.set_num_threads(int(request["threads"]))
     if request.get("keras_backend") == "torch":
-        from trainmem.frontends.keras_torch import resolve_keras_torch
+        from trainmem.frontends.keras.torch_backend import resolve_keras_torch
 
         source = resolve_keras_torch(request["model"], setup)
     else:
@@ -118,7 +118,7 @@ def _fit_keras(model, source, setup, gc_paused: bool = True):
     batch maker, optimizer and loss mapping); the step is Keras's TorchTrainer.fit/train_step.
 
     Each step's batch and outputs are held by reference cycles that Keras's tree utilities make with
-    torch.utils._pytree (frontends/keras_torch.py CYCLES_NOTE) until Python's cyclic collector runs, so
+    torch.utils._pytree (frontends/keras/torch_backend.py CYCLES_NOTE) until Python's cyclic collector runs, so
     the peak of a few steps depends on where a collection happens to fall. With `gc_paused` (the default;
     request "gc": "on" runs with the collector) none runs during fit, which the trace assumes too."""
     import torch

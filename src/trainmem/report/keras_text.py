@@ -19,7 +19,7 @@ def _shape(shape: Any) -> str:
 
 
 def _peak_table(est) -> list[str]:
-    """The target's labelled peak rows (targets/tf_targets.py), the verdict beside the process's, the last."""
+    """The target's labelled peak rows (targets/tf/target.py), the verdict beside the process's, the last."""
     verdict = f"of {format_bytes(est.device.capacity_bytes)}: " + ("fits" if est.fits else "DOES NOT FIT")
     rows = [[label, format_bytes(value), note] for label, value, note in est.framework.peak_rows]
     rows[-1][2] = verdict

@@ -9,8 +9,8 @@ besides the allocator (`ProcessMemory`).
 - cpu_target.CpuTarget: kernel rules in cpu_kernels.py (oneDNN in onednn/), the runtime floor in cpu_runtime.py;
 - cuda_target.CudaTarget: the stream in cuda_stream.py (cuDNN workspaces in cudnn.py), the CUDA context and
   library images in cuda_runtime.py, every CUDA rule with its source and test in cuda_rules.py;
-- tf_targets.TfCpuTarget and TfGpuTarget: Keras's fit step on TensorFlow (tf_cpu.py, tf_gpu.py), reporting
-  Keras's layers in keras_section.py.
+- tf/target.py TfCpuTarget and TfGpuTarget: Keras's fit step on TensorFlow (tf/cpu_process.py, tf/gpu_memory.py),
+  reporting Keras's layers in tf/keras_section.py.
 `target_for(device, setup, framework, **options)` picks one; nothing else asks what the device is.
 """
 
@@ -69,7 +69,7 @@ class ProcessMemory:
 
 @dataclasses.dataclass(frozen=True)
 class FrameworkFigures:
-    """What a target of a framework other than PyTorch (targets/tf_targets.py) reports in its own terms, where the
+    """What a target of a framework other than PyTorch (targets/tf/target.py) reports in its own terms, where the
     assembler would otherwise derive it from a PyTorch trace: the tensor peak its own stream reaches (kernel
     temporaries included), the per-module rows (Keras's layers), the hand arithmetic, the coverage, and the
     Estimate's framework section (its JSON keys and text report). No rules of thumb are set beside it."""
@@ -149,7 +149,7 @@ class Target(Protocol):
 def _target_class(device: Device, framework: str = "torch") -> Any:
     """The one place that maps a device kind (and the framework that runs on it) to its target."""
     if framework == "tensorflow":
-        from trainmem.targets.tf_targets import TfCpuTarget, TfGpuTarget
+        from trainmem.targets.tf.target import TfCpuTarget, TfGpuTarget
 
         return TfGpuTarget if device.kind == "cuda" else TfCpuTarget
     if device.kind == "cuda":

@@ -1,7 +1,7 @@
 """What Keras 3 on the torch backend adds to a CPU training process beyond torch's own floor.
 
 The torch floor (targets/cpu_runtime.py) is a process that imports torch and trains with trainmem's loop.
-A Keras model on the torch backend (frontends/keras_torch.py) trains in a process that also imports Keras
+A Keras model on the torch backend (frontends/keras/torch_backend.py) trains in a process that also imports Keras
 and what Keras imports (numpy, ml_dtypes, optree, h5py, rich, namex …) and runs model.fit (Keras's
 TorchTrainer, its data adapter over a torch DataLoader, callbacks, the progress bar, the metrics tracker).
 `benchmarks/calibrate_keras_torch.py` measures both processes the way `trainmem measure` does, with the
@@ -25,7 +25,7 @@ PARTS = {"keras_import_anon": "keras_import_anon_bytes", "keras_import_file": "k
 
 
 def applies(source) -> bool:
-    """Whether the model source is a Keras model traced on the torch backend (frontends/keras_torch.py
+    """Whether the model source is a Keras model traced on the torch backend (frontends/keras/torch_backend.py
     resolve_keras_torch sets resolved {"framework": "keras", "keras_backend": "torch"})."""
     resolved = getattr(source, "resolved", None) or {}
     return resolved.get("framework") == "keras" and resolved.get("keras_backend") == "torch"

@@ -32,7 +32,7 @@ import torch
 from trainmem.errors import SetupError
 from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
 from trainmem.trace.events import Phase
-from trainmem.trace.tf_private import flatten_layers, retrack_torch_parameters, swap_torch_value
+from trainmem.trace.tf.private import flatten_layers, retrack_torch_parameters, swap_torch_value
 
 
 def is_keras_model(model: Any) -> bool:
@@ -44,7 +44,7 @@ def is_keras_model(model: Any) -> bool:
 # setup.py's optimizer → the Keras optimizer with trainmem's learning rates (trace/step.py make_optimizer);
 # the rest are Keras's defaults (keras/src/optimizers/*.py), which decide no memory.
 def keras_optimizer(setup: TrainingSetup) -> Any:
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras("torch")
     opt = keras.optimizers
@@ -70,7 +70,7 @@ def keras_optimizer(setup: TrainingSetup) -> Any:
 def keras_loss(setup: TrainingSetup, default: Loss | None) -> Any:
     """cross-entropy → SparseCategoricalCrossentropy(from_logits=True) (integer class ids, as the torch
     step's F.cross_entropy takes), mse → MeanSquaredError."""
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras("torch")
     loss = setup.loss or default or Loss.CROSS_ENTROPY
@@ -130,7 +130,7 @@ def model_output_shape(model: Any, batch: tuple[int, ...]) -> tuple[int, ...]:
     if outputs:
         shape = tuple(outputs[0].shape)
         return (batch[0], *shape[1:])
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras("torch")
     spec = model.compute_output_spec(keras.KerasTensor(batch))
@@ -237,7 +237,7 @@ def run_steps(prepared: KerasPrepared, setup: TrainingSetup, observer: Any,
 
     `data` is rebound only once the next batch exists, `logs` once the next step returned. Python's cyclic
     collector is paused meanwhile: what Keras's tree utilities leave in reference cycles (the batch and
-    outputs, frontends/keras_torch.py CYCLES_NOTE) then lives to the trace's end, as in a real fit where
+    outputs, frontends/keras/torch_backend.py CYCLES_NOTE) then lives to the trace's end, as in a real fit where
     no collection falls within the steps, rather than to wherever the trace's own allocations happen to
     start one."""
     from trainmem.alloc.gc_paused import gc_paused

@@ -34,5 +34,5 @@ class TraceResult:
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
     parallel_notes: list[str] = dataclasses.field(default_factory=list)  # many ranks: what the strategies assumed
     # what only the recording framework knows, for its target and report: None for PyTorch; Keras on TensorFlow's
-    # trace/keras_traced.py KerasFacts (layer table, optimizer slots, the executor order assumed)
+    # trace/tf/keras_facts.py KerasFacts (layer table, optimizer slots, the executor order assumed)
     framework: Any = None

@@ -22,7 +22,7 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
 
 def run(options: Options, setup: Any) -> Outcome:
     from trainmem.fit import fit
-    from trainmem.frontends.keras_ref import is_keras_reference
+    from trainmem.frontends.framework import is_keras_reference
 
     if is_keras_reference(options.model, options.framework):
         raise TrainmemError("expected a PyTorch model for fit (it searches PyTorch models; estimate a Keras model at "

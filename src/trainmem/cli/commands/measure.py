@@ -23,7 +23,7 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
 
 def run(options: Options, setup: Any) -> Outcome:
     from trainmem.measure.single_process import measure
-    from trainmem.frontends.keras_ref import is_keras_reference
+    from trainmem.frontends.framework import is_keras_reference
 
     if setup.parallel.distributed:
         from trainmem.cli.parallel_flags import measure_distributed_outcome
@@ -54,7 +54,7 @@ def run(options: Options, setup: Any) -> Outcome:
 def keras_factory_file(options: Options) -> bool:
     """Under --framework auto, whether a file.py:factory to measure is Keras's, read from its text (its import
     lines: keras or tensorflow and not torch), not run: the measured child runs it, and a torch file would
-    otherwise run here twice (frontends/keras_ref.py decides the same way from a loaded module's names)."""
+    otherwise run here twice (frontends/keras/reference.py decides the same way from a loaded module's names)."""
     import re
 
     from trainmem.frontends import Kind, reference_kind

@@ -22,7 +22,7 @@ DefaultOneDnnPolicy: on for CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX 
   grows by regions and never gives a page back, the rest to glibc. The tensors' resident bytes are the pool's
   pages ever written plus the small requests' glibc arenas (one per thread, as above). The graph's MatMul,
   BatchMatMul, Einsum, Conv2D and its gradients, MaxPool and its gradient, Softmax, Transpose and _FusedMatMul
-  then run as _Mkl* kernels (targets/tf_cpu_kernels.py ONEDNN_KERNELS), whose scratch is not sized.
+  then run as _Mkl* kernels (targets/tf/cpu_kernel_rules.py ONEDNN_KERNELS), whose scratch is not sized.
 Each path has its own measured constants (targets/data/tf_cpu_floor.json, one entry per CPU class and path).
 
 The process. Its RSS has two high points, and the peak is the larger:
@@ -57,7 +57,7 @@ from trainmem.alloc.tf_mkl_cpu import (  # noqa: F401  (the oneDNN decision, re-
 from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase, Trace
 
-DATA = Path(__file__).parent / "data" / "tf_cpu_floor.json"
+DATA = Path(__file__).parent.parent / "data" / "tf_cpu_floor.json"  # targets/data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +257,7 @@ def _mkl_heap(events: list[DeviceEvent], traced: Any, threads: int, steps: int, 
 def tensor_heap(traced: Any, steps: int, *, onednn: bool, threads: int, ahead: int = 0) -> int:
     """The tensors' resident bytes (the `tensor_heap_resident` part) on one path: `ahead` batches held by tf.data
     in the pool beside the dataset (oneDNN on)."""
-    from trainmem.targets.tf_cpu_kernels import tf_cpu_device_stream
+    from trainmem.targets.tf.cpu_kernel_rules import tf_cpu_device_stream
 
     events = tf_cpu_device_stream(traced.trace, onednn=onednn).events
     if onednn and not uses_system_alloc():
@@ -267,10 +267,10 @@ def tensor_heap(traced: Any, steps: int, *, onednn: bool, threads: int, ahead: i
 
 def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps: int | None = None,
                    onednn: str = "auto") -> TfCpuFigures:
-    """TensorFlow CPU figures for a traced Keras train step (a TraceResult of trace/keras_graph.py trace_keras): the
+    """TensorFlow CPU figures for a traced Keras train step (a TraceResult of trace/tf/keras_graph.py trace_keras): the
     tensor and allocator peaks (kernel temporaries included), and the process's peak RSS by part (those of
     the larger high point). `onednn` (auto|on|off) picks the path as `onednn_choice` does."""
-    from trainmem.targets.tf_cpu_kernels import tf_cpu_device_stream
+    from trainmem.targets.tf.cpu_kernel_rules import tf_cpu_device_stream
 
     choice = onednn_choice(onednn)
     floor = floor or load_floor(choice.on)
@@ -295,7 +295,7 @@ def tf_cpu_figures(traced: Any, setup: Any, *, floor: dict | None = None, steps:
     high = max(sum(training.values()) + heap.high - heap.expected, sum(at_setup.values())) + file_spread
     said = _warnings(floor, step_ops, steps, heap, training, threads) + _path_words(choice, floor, heap, pooling)
     said += [f"TensorFlow CPU kernel rule '{rule}' applied ×{count} (temporaries inside the kernel, "
-             "targets/tf_cpu_kernels.py)" for rule, count in sorted(stream.rules.items())]
+             "targets/tf/cpu_kernel_rules.py)" for rule, count in sorted(stream.rules.items())]
     said += [f"kernel temporaries not sized: {gap}" for gap in stream.gaps]
     said.append(f"peak RSS at {'training' if parts is training else 'fit set-up (dataset made, before the first step)'}"
                 f": training {sum(training.values()) / 2**20:.0f} MiB, set-up {sum(at_setup.values()) / 2**20:.0f} MiB")

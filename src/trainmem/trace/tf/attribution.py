@@ -8,9 +8,9 @@ import functools
 from typing import Any
 
 from trainmem.trace.events import Category, Phase, Trace
-from trainmem.trace.keras_traced import LayerRow
-from trainmem.trace.tf_private import flatten_layers
-from trainmem.trace.tf_ops import VariableInfo
+from trainmem.trace.tf.keras_facts import LayerRow
+from trainmem.trace.tf.private import flatten_layers
+from trainmem.trace.tf.ops import VariableInfo
 
 
 def layer_paths(model: Any) -> dict[int, str]:

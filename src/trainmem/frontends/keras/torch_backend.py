@@ -12,7 +12,7 @@ Variable._initialize runs the initializer on meta and nothing is allocated (chec
 built so holds meta Parameters). When measuring, the same build runs on the CPU for real.
 
     resolve_keras_torch(model_object | factory | "file.py:factory" | "module:factory" | other Keras
-                        references kfront's frontends/keras_ref.py resolves, setup) -> ModelSource
+                        references kfront's frontends/keras/reference.py resolves, setup) -> ModelSource
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _on_meta_while_estimating(factory: Callable[[], Any], where: str) -> Callabl
     def build() -> Any:
         import torch
 
-        from trainmem.frontends.keras_import import import_keras
+        from trainmem.frontends.keras.imports import import_keras
 
         keras = import_keras("torch", where=where)
         on_meta = torch.get_default_device().type == "meta"
@@ -71,7 +71,7 @@ def _clone_factory(model: Any) -> Callable[[], Any]:
     its architecture (keras.models.clone_model: Sequential and Functional models, and subclassed ones
     with get_config/from_config), on meta."""
     def factory() -> Any:
-        from trainmem.frontends.keras_import import import_keras
+        from trainmem.frontends.keras.imports import import_keras
 
         return import_keras("torch").models.clone_model(model)
     return factory
@@ -93,7 +93,7 @@ def _model_inputs(model: Any) -> tuple[InputSpec, ...]:
 def _factory_for(ref_or_model: Any, setup: TrainingSetup) -> tuple[str, str, Callable[[], Any], Any]:
     """(ref re-resolvable in a fresh process or "", name, factory, the Keras reference's KerasSource or None)."""
     from trainmem.frontends import Kind, reference_kind
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras("torch")
     if isinstance(ref_or_model, keras.Model):
@@ -108,12 +108,12 @@ def _factory_for(ref_or_model: Any, setup: TrainingSetup) -> tuple[str, str, Cal
         from trainmem.frontends.python_ref import load_factory
 
         return ref, ref.rpartition(":")[2], load_factory(ref), None
-    # model.keras, mlp: and layer specs: frontends/keras_ref.py's builders, which are backend-neutral. Its
+    # model.keras, mlp: and layer specs: frontends/keras/reference.py's builders, which are backend-neutral. Its
     # resolve_keras sends a torch-backend call back here, so it is asked for the builder with the
     # TensorFlow backend named: for these kinds that name only stops the dispatch (a SavedModel, which
     # only TensorFlow can run, is refused first).
-    from trainmem.frontends.keras_ref import resolve_keras
-    from trainmem.frontends.keras_saved_model import saved_model_dir
+    from trainmem.frontends.keras.reference import resolve_keras
+    from trainmem.frontends.framework import saved_model_dir
 
     if saved_model_dir(ref) is not None:
         raise ModelRefError("expected a Keras model the torch backend can build (model.keras, file.py:factory, "

@@ -1,5 +1,5 @@
 """What TensorFlow holds on a GPU while Keras trains, and what each of its three numbers shows. No TensorFlow
-import: the step comes as the TraceResult of trace_keras (trace/keras_graph.py), the GPU as a devices.Device.
+import: the step comes as the TraceResult of trace_keras (trace/tf/keras_graph.py), the GPU as a devices.Device.
 
 * The memory limit of TF's GPU device (tensorflow/core/common_runtime/gpu/gpu_device.cc,
   SingleVirtualDeviceMemoryLimit): `available` is the free memory cuMemGetInfo reports once the CUDA context

@@ -133,7 +133,7 @@ def _object_name(value: Any) -> str | None:
 def rebuild(config: dict[str, Any], ref: str) -> Any:
     """The model from its config, under safe_mode (called inside the trace's tf.Graph: no weights are
     allocated). The compile settings are dropped: the setup's optimizer and loss are what is estimated."""
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras(where=short(ref))
     architecture = {key: value for key, value in config.items() if key != "compile_config"}

@@ -2,13 +2,13 @@
 (estimate/assemble.py) like PyTorch's:
 
 - TfCpuTarget: the trace's storages as TensorFlow's CPU allocator sees them, c10-style 64-byte tensor peak
-  (alloc/replay.py CpuTensorAllocator) for the breakdown, and peak RSS by targets/tf_cpu.py (oneDNN's
+  (alloc/replay.py CpuTensorAllocator) for the breakdown, and peak RSS by targets/tf/cpu_process.py (oneDNN's
   MklCPUAllocator pool or glibc's arenas, the import floor, model.fit's dataset and machinery);
-- TfGpuTarget: the trace with Eigen's and cuDNN's scratch (targets/tf_gpu.py device_streams) through TensorFlow's
+- TfGpuTarget: the trace with Eigen's and cuDNN's scratch (targets/tf/gpu_memory.py device_streams) through TensorFlow's
   BFC allocator in the memory mode asked for (alloc/tf_bfc.py), and nvidia-smi as the CUDA context plus the
   BFC regions.
 Both report Keras's layer table and TensorFlow's own numbers in the Estimate's framework section
-(targets/keras_section.py). The trace comes from trace/keras_graph.py trace_keras; kernel_ops and
+(targets/tf/keras_section.py). The trace comes from trace/tf/keras_graph.py trace_keras; kernel_ops and
 trace_semantics are PyTorch's tracing hooks and are empty here."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from trainmem.errors import SetupError
 from trainmem.targets import DeviceStream, FrameworkFigures, ProcessMemory
 from trainmem.targets.cpu_target import CpuTarget
 from trainmem.targets.cuda_target import CudaTarget
-from trainmem.targets.keras_section import KerasSection, explain_keras, keras_coverage, layer_rows, unsupported_lines
+from trainmem.targets.tf.keras_section import KerasSection, explain_keras, keras_coverage, layer_rows, unsupported_lines
 from trainmem.trace.events import Trace
 
 DEFAULT_MEMORY_MODE = "default"
@@ -84,7 +84,7 @@ class TfCpuTarget(_KerasTarget):
         return cls(tf_onednn or "auto")
 
     def device_stream(self, trace: Trace) -> DeviceStream:
-        from trainmem.targets.tf_cpu import device_events
+        from trainmem.targets.tf.cpu_process import device_events
 
         # TensorFlow's CPU kernels allocate their outputs through the one CPU allocator: the stream is the trace
         return DeviceStream(device_events(trace), {})
@@ -93,7 +93,7 @@ class TfCpuTarget(_KerasTarget):
         return CpuTensorAllocator()
 
     def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
-        from trainmem.targets.tf_cpu import tf_cpu_figures
+        from trainmem.targets.tf.cpu_process import tf_cpu_figures
 
         figures = tf_cpu_figures(traced, setup, onednn=self.onednn)
         words = [f"peak RSS {figures.process_bytes:,} B: " + " + ".join(f"{name} {value:,} B"
@@ -118,7 +118,7 @@ class TfCpuTarget(_KerasTarget):
 @dataclasses.dataclass(frozen=True)
 class TfGpuTarget(_KerasTarget):
     device: Any  # devices.Device of kind cuda
-    memory_mode: str = DEFAULT_MEMORY_MODE  # TensorFlow's GPU memory mode (targets/tf_gpu.py parse_mode)
+    memory_mode: str = DEFAULT_MEMORY_MODE  # TensorFlow's GPU memory mode (targets/tf/gpu_memory.py parse_mode)
     cuda_context: int | None = None  # the CUDA context's bytes where given
 
     allocated_name = "get_memory_info peak"
@@ -129,7 +129,7 @@ class TfGpuTarget(_KerasTarget):
     @classmethod
     def create(cls, device, setup, tf_memory: str | None = None, tf_onednn: str | None = None,
                cuda_context: int | None = None, **options: Any) -> TfGpuTarget:
-        from trainmem.targets.tf_gpu import parse_mode
+        from trainmem.targets.tf.gpu_memory import parse_mode
 
         _refuse_torch_options(options)
         if tf_onednn is not None:
@@ -140,17 +140,17 @@ class TfGpuTarget(_KerasTarget):
         return cls(device, mode, cuda_context)
 
     def device_stream(self, trace: Trace) -> DeviceStream:
-        from trainmem.targets.tf_gpu import device_streams
+        from trainmem.targets.tf.gpu_memory import device_streams
 
         return DeviceStream(device_streams(trace)[0], {})
 
     def allocator(self) -> TfBfcAllocator:
-        from trainmem.targets.tf_gpu import bfc_config, is_scratch
+        from trainmem.targets.tf.gpu_memory import bfc_config, is_scratch
 
         return TfBfcAllocator(bfc_config(self.device, self.memory_mode, self.cuda_context), is_scratch)
 
     def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
-        from trainmem.targets.tf_gpu import tf_gpu_figures
+        from trainmem.targets.tf.gpu_memory import tf_gpu_figures
         from trainmem.units import format_bytes
 
         figures = tf_gpu_figures(traced, self.device, self.memory_mode, context_bytes=self.cuda_context)
@@ -175,7 +175,7 @@ class TfGpuTarget(_KerasTarget):
     def _modes(self, traced, figures) -> dict[str, int]:
         """What nvidia-smi shows under each TensorFlow memory mode for the same step: the report explains the
         three numbers side by side (the default maps almost all memory, growth what the step needs)."""
-        from trainmem.targets.tf_gpu import tf_gpu_figures
+        from trainmem.targets.tf.gpu_memory import tf_gpu_figures
 
         shown = {self.memory_mode: figures.process_bytes}
         for other in ("default", "growth"):

@@ -1,16 +1,16 @@
 """Keras model references in, a KerasSource out (or, on Keras's torch backend, the torch engine's ModelSource).
 
-    model.keras | a directory save(zipped=False) wrote    config.json only, safe_mode (frontends/keras_file.py)
-    a SavedModel directory (saved_model.pb + variables/)  its signature, restored in a graph (keras_saved_model.py)
+    model.keras | a directory save(zipped=False) wrote    config.json only, safe_mode (frontends/keras/keras_file.py)
+    a SavedModel directory (saved_model.pb + variables/)  its signature, restored in a graph (frontends/keras/saved_model.py)
     path/to/file.py:factory | package.module:factory      a factory returning a keras.Model
-    mlp:1000-100-10 | net.yaml | net.json                 with --framework keras (frontends/keras_builders.py)
+    mlp:1000-100-10 | net.yaml | net.json                 with --framework keras (frontends/keras/builders.py)
     a keras.Model object                                  (Python API) rebuilt from its config
 
-`build()` is called by the trace inside a fresh tf.Graph (trace/keras_graph.py): the model's variables are
+`build()` is called by the trace inside a fresh tf.Graph (trace/tf/keras_graph.py): the model's variables are
 graph variables whose initializers never run, so no weight is allocated. Which framework a reference is:
 `.keras` files and SavedModel directories are Keras; a factory is Keras when its module refers to Keras or
 TensorFlow and not to torch; mlp: and specs are torch unless --framework keras. Every Keras and TensorFlow
-import goes through frontends/keras_import.py.
+import goes through frontends/keras/imports.py.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import ModelRefError, SetupError, one_line, quote, short
+from trainmem.frontends.framework import from_factory, is_keras_file, is_keras_object, saved_model_dir
 from trainmem.setup import InputSpec, Loss, TrainingSetup
-
-FRAMEWORKS = ("auto", "torch", "keras")
-KERAS_ROOTS = frozenset({"keras", "tensorflow", "tf_keras"})
-
 
 @dataclasses.dataclass(frozen=True)
 class KerasSource:
@@ -40,56 +37,13 @@ class KerasSource:
     notes: tuple[str, ...] = ()  # what the reference says or cannot tell (the file's own optimizer …)
 
 
-def is_keras_file(ref: str) -> bool:
-    return ref.lower().rstrip("/").endswith(".keras")
-
-
-def is_keras_reference(ref: Any, framework: str = "auto") -> bool:
-    """Whether `ref` is estimated as Keras, from its text and a stat (nothing is read, imported or run).
-    A factory's framework under "auto" is decided when its file is loaded (resolve_model)."""
-    from trainmem.frontends.keras_saved_model import saved_model_dir
-
-    if _is_keras_object(ref):
-        return True
-    if not isinstance(ref, str) or framework == "torch":
-        return False
-    if framework == "keras":
-        return True
-    return is_keras_file(ref.strip()) or saved_model_dir(ref.strip()) is not None
-
-
-def check_framework(framework: str, keras_backend: str | None, where: str = "--framework") -> None:
-    from trainmem.frontends.keras_import import KERAS_BACKENDS
-
-    if framework not in FRAMEWORKS:
-        raise SetupError(f"expected {'|'.join(FRAMEWORKS)}, got {quote(framework)}", where=where)
-    if keras_backend is not None and keras_backend not in KERAS_BACKENDS:
-        raise SetupError(f"expected {'|'.join(KERAS_BACKENDS)}, got {quote(keras_backend)}", where="--keras-backend")
-
-
-def resolve_model(model: Any, setup: TrainingSetup, framework: str = "auto", keras_backend: str | None = None):
-    """The one resolver across frameworks: a torch ModelSource or a KerasSource. A factory's file is loaded
-    once, here, whichever framework it turns out to be."""
-    from trainmem.frontends import Kind, reference_kind, resolve
-
-    check_framework(framework, keras_backend)
-    if keras_backend == "torch":
-        return _on_torch_backend(model, setup)
-    if isinstance(model, str) and framework != "torch" and reference_kind(model) == Kind.PYTHON:
-        return _from_factory(model.strip(), setup, framework, keras_backend)
-    if is_keras_reference(model, framework):
-        return resolve_keras(model, setup, framework, keras_backend)
-    return resolve(model, setup)
-
-
 def resolve_keras(ref: Any, setup: TrainingSetup, framework: str = "keras", keras_backend: str | None = None):
-    """A KerasSource for a Keras reference on TensorFlow; the torch backend goes to frontends/keras_torch.py."""
+    """A KerasSource for a Keras reference on TensorFlow; the torch backend goes to frontends/keras/torch_backend.py."""
     from trainmem.frontends import Kind, reference_kind
-    from trainmem.frontends.keras_saved_model import saved_model_dir
 
-    if keras_backend == "torch" or (keras_backend is None and _backend_in_use() == "torch"):
-        return _on_torch_backend(ref, setup)
-    if _is_keras_object(ref):
+    if keras_backend == "torch" or (keras_backend is None and backend_in_use() == "torch"):
+        return on_torch_backend(ref, setup)
+    if is_keras_object(ref):
         return _from_object(ref)
     ref = ref.strip()
     kind = reference_kind(ref)
@@ -102,36 +56,29 @@ def resolve_keras(ref: Any, setup: TrainingSetup, framework: str = "keras", kera
     if kind == Kind.SPEC:
         return _from_spec(ref)
     if kind == Kind.PYTHON:
-        return _from_factory(ref, setup, "keras", keras_backend)
+        return from_factory(ref, setup, "keras", keras_backend)
     raise ModelRefError("expected a Keras model reference (model.keras, a SavedModel directory, file.py:factory, "
                         f"mlp:…, a layer spec), got {quote(ref)}", where="MODEL")
 
 
-def _backend_in_use() -> str | None:
-    from trainmem.frontends.keras_import import keras_backend_in_use
+def backend_in_use() -> str | None:
+    from trainmem.frontends.keras.imports import keras_backend_in_use
 
     return keras_backend_in_use()
 
 
-def _on_torch_backend(model: Any, setup: TrainingSetup):
+def on_torch_backend(model: Any, setup: TrainingSetup):
     try:
-        from trainmem.frontends.keras_torch import resolve_keras_torch
+        from trainmem.frontends.keras.torch_backend import resolve_keras_torch
     except ImportError:
-        raise SetupError("expected a trainmem with Keras on the torch backend (frontends/keras_torch.py), got one "
+        raise SetupError("expected a trainmem with Keras on the torch backend (frontends/keras/torch_backend.py), got one "
                          "without it; use --keras-backend tensorflow", where="--keras-backend") from None
     return resolve_keras_torch(model, setup)
 
 
-def _is_keras_object(model: Any) -> bool:
-    import sys
-
-    keras = sys.modules.get("keras")
-    return keras is not None and not isinstance(model, str) and isinstance(model, getattr(keras, "Model", ()))
-
-
 def _from_object(model: Any) -> KerasSource:
     def build() -> Any:
-        from trainmem.frontends.keras_import import import_keras
+        from trainmem.frontends.keras.imports import import_keras
 
         keras = import_keras()
         try:  # Sequential and functional models rebuild from their config; a subclass needs get_config
@@ -144,7 +91,7 @@ def _from_object(model: Any) -> KerasSource:
 
 
 def _from_keras_file(ref: str) -> KerasSource:
-    from trainmem.frontends.keras_file import read_keras_config, rebuild, saved_compile
+    from trainmem.frontends.keras.keras_file import read_keras_config, rebuild, saved_compile
 
     config = read_keras_config(ref)
     optimizer, loss = saved_compile(config)
@@ -154,7 +101,7 @@ def _from_keras_file(ref: str) -> KerasSource:
 
 
 def _from_saved_model(directory: Path, ref: str) -> KerasSource:
-    from trainmem.frontends.keras_saved_model import build_from_saved_model, read_signature
+    from trainmem.frontends.keras.saved_model import build_from_saved_model, read_signature
 
     signature = read_signature(directory, ref)
     inputs = (InputSpec(signature.shape, signature.dtype),)
@@ -165,7 +112,7 @@ def _from_saved_model(directory: Path, ref: str) -> KerasSource:
 
 
 def _from_mlp(ref: str, setup: TrainingSetup) -> KerasSource:
-    from trainmem.frontends.keras_builders import build_keras_mlp
+    from trainmem.frontends.keras.builders import build_keras_mlp
     from trainmem.frontends.mlp import parse_widths
 
     widths = parse_widths(ref)
@@ -176,7 +123,7 @@ def _from_mlp(ref: str, setup: TrainingSetup) -> KerasSource:
 
 def _from_spec(ref: str) -> KerasSource:
     from trainmem.frontends import spec
-    from trainmem.frontends.keras_builders import build_keras_spec, keras_input_shape
+    from trainmem.frontends.keras.builders import build_keras_spec, keras_input_shape
 
     data = spec.read_spec(ref)
     plan = spec._plan_layers(data, ref)  # noqa: SLF001 - the spec's one planner, torch's sizes inferred on meta
@@ -190,37 +137,9 @@ def _from_spec(ref: str) -> KerasSource:
                        default_loss=spec._spec_loss(data.get("loss", "cross-entropy"), ref), notes=notes)  # noqa: SLF001
 
 
-def _from_factory(ref: str, setup: TrainingSetup, framework: str, keras_backend: str | None):
-    """Load the file once; Keras when --framework keras or its module refers to Keras/TensorFlow, not torch."""
-    from trainmem.frontends.python_ref import load_factory
-
-    if framework == "keras" and keras_backend is not None:  # Keras fixes its backend at its first import
-        from trainmem.frontends.keras_import import import_keras
-
-        import_keras(backend=keras_backend, where=short(ref))
-    factory = load_factory(ref)
-    if framework == "auto" and not _refers_to_keras(factory):
-        from trainmem.frontends import torch_source_of_factory
-
-        return torch_source_of_factory(ref, factory)
-    if _backend_in_use() == "torch":
-        return _on_torch_backend(ref, setup)
-    return KerasSource(ref, ref.rpartition(":")[2], lambda: call_keras_factory(factory, ref), "factory")
-
-
-def _refers_to_keras(factory: Any) -> bool:
-    roots = {_root(value) for value in getattr(factory, "__globals__", {}).values()}
-    return bool(roots & KERAS_ROOTS) and "torch" not in roots
-
-
-def _root(value: Any) -> str:
-    name = getattr(value, "__name__", "") if isinstance(value, type(dataclasses)) else getattr(value, "__module__", "")
-    return (name or "").split(".")[0] if isinstance(name, str) else ""
-
-
 def call_keras_factory(factory: Callable[[], Any], ref: str) -> Any:
     """The factory's keras.Model (called inside the trace's graph); anything else is one line."""
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     try:
         model = factory()

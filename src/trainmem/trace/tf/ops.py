@@ -1,5 +1,5 @@
 """A TensorFlow graph as the lifetime model reads it: op records with plain shapes and names, built from a
-tf.Graph by trace/tf_extract.py. No TensorFlow here, so the lifetime rules (tf_lifetimes.py) are tested
+tf.Graph by trace/tf/extract.py. No TensorFlow here, so the lifetime rules (trace/tf/lifetimes.py) are tested
 on hand-made graphs."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A tf.Graph's training-step ops as plain records (tf_ops.py): shapes, dtypes, producers, the layer and
-phase of each op. Takes TensorFlow objects from the caller (trace/keras_graph.py); imports nothing of TF."""
+"""A tf.Graph's training-step ops as plain records (trace/tf/ops.py): shapes, dtypes, producers, the layer and
+phase of each op. Takes TensorFlow objects from the caller (trace/tf/keras_graph.py); imports nothing of TF."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainmem.trace.events import Phase
-from trainmem.trace.tf_kernels import KERNEL_ATTRS, KERNEL_OPS
-from trainmem.trace.tf_ops import GraphOp, TensorInfo
+from trainmem.trace.tf.kernels import KERNEL_ATTRS, KERNEL_OPS
+from trainmem.trace.tf.ops import GraphOp, TensorInfo
 
 
 def tensor_info(tensor: Any) -> TensorInfo:

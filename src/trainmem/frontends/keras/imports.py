@@ -14,8 +14,8 @@ import sys
 from typing import Any
 
 from trainmem.errors import ModelRefError
+from trainmem.frontends.framework import KERAS_BACKENDS
 
-KERAS_BACKENDS = ("tensorflow", "torch")
 INSTALL_HINT = "install it with pip install 'trainmem[tensorflow]'"
 
 

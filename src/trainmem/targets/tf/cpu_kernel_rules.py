@@ -2,7 +2,7 @@
 
 A TensorFlow kernel allocates its outputs, then its temporaries, through the device's one CPU allocator;
 the temporaries are freed when Compute returns, before the executor drops the inputs. The graph never
-sees them, so the Keras trace (trace/keras_graph.py) cannot: each rule here sizes them from the call's
+sees them, so the Keras trace (trace/tf/keras_graph.py) cannot: each rule here sizes them from the call's
 shapes with the formula of the kernel that runs on tensorflow-cpu 2.21 for x86-64. There oneDNN is off
 unless the CPU has AVX512_VNNI/AVX512_BF16/AVX_VNNI/AMX or TF_ENABLE_ONEDNN_OPTS says so (util.cc, see
 alloc/tf_mkl_cpu.py onednn_choice), and the Eigen/"custom" kernels run. With oneDNN on, MklLayoutRewritePass

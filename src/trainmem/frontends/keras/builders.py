@@ -32,7 +32,7 @@ def mlp_layers(widths: list[int], activation: str = "relu", dropout: float = 0.0
 
 def build_keras_mlp(widths: list[int], activation: str = "relu", dropout: float = 0.0) -> Any:
     """Sequential(Input(widths[0]), the layers of mlp_layers)."""
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras()
     layers = [getattr(keras.layers, name)(**kwargs) for name, kwargs in mlp_layers(widths, activation, dropout)]
@@ -62,7 +62,7 @@ def build_keras_spec(plan: list[tuple[str, dict[str, Any]]], input_shape: tuple[
                      where: str) -> Any:
     """A Keras Sequential from a spec's layer plan (frontends/spec.py _plan_layers: torch's arguments,
     input sizes already inferred)."""
-    from trainmem.frontends.keras_import import import_keras
+    from trainmem.frontends.keras.imports import import_keras
 
     keras = import_keras()
     layers: list[Any] = [keras.Input(shape=keras_input_shape(input_shape, plan), dtype=input_dtype, name="input")]

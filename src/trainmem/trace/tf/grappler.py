@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from trainmem.trace.tf_private import grappler_optimize
+from trainmem.trace.tf.private import grappler_optimize
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 FUNCTIONAL_LOOPS = ("While", "StatelessWhile")
@@ -29,7 +29,7 @@ def optimized_step(tf: Any, graph: Any, step_ops: list, keep: list) -> tuple[Any
             if node.op in FUNCTIONAL_LOOPS:
                 # keep the loop functional: lowered to Enter/Merge/Switch/Exit frames (lower_functional_ops.cc,
                 # as the runtime does), its ops would run once per iteration, which a straight replay cannot
-                # follow; trace/tf_loops.py sizes the functional loop from its body instead
+                # follow; trace/tf/while_loops.py sizes the functional loop from its body instead
                 node.attr["_lower_using_switch_merge"].b = False
         meta.collection_def["train_op"].node_list.value.extend(sorted({op.name for op in keep}))
 

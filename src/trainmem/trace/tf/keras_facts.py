@@ -1,4 +1,4 @@
-"""What tracing a Keras model's training step on TensorFlow yields (trace/keras_graph.py) beside the TraceResult every
+"""What tracing a Keras model's training step on TensorFlow yields (trace/tf/keras_graph.py) beside the TraceResult every
 framework hands on, in types that need no TensorFlow: the TensorFlow targets and the Keras report read these."""
 
 from __future__ import annotations

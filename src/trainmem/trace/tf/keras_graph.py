@@ -4,7 +4,7 @@ The model is built inside a fresh tf.Graph: its variables are graph variables (V
 initializer that never runs), so no weight memory is allocated. There `model.train_step((x, y))` on
 placeholders builds the same ops as fit's step (keras/src/backend/tensorflow/trainer.py train_step:
 forward under GradientTape, compute_loss, loss tracker, tape.gradient, optimizer.apply_gradients).
-Only the ops made by that call are the step. trace/tf_lifetimes.py then replays them as TensorFlow's
+Only the ops made by that call are the step. trace/tf/lifetimes.py then replays them as TensorFlow's
 executor holds tensors.
 """
 
@@ -17,16 +17,16 @@ from typing import Any
 
 from trainmem.errors import ModelRefError, TraceError, TrainmemError, one_line
 from trainmem.setup import Loss, TrainingSetup
-from trainmem.trace import keras_setup
+from trainmem.trace.tf import fit_setup
 from trainmem.trace.events import Category, Phase
-from trainmem.trace.keras_attribution import LayerHooks, layer_rows, variables_of
-from trainmem.trace.keras_traced import KerasFacts
-from trainmem.trace.tf_extract import gradient_owner, graph_ops, scope_owners, tensor_info
-from trainmem.trace.tf_loops import LOOP_OPS, function_ops, loop_sizes
-from trainmem.trace.tf_grappler import optimized_step, stateful
-from trainmem.trace.tf_lifetimes import ready_order, replay, tensor_peak
-from trainmem.trace.tf_ops import StepGraph
-from trainmem.trace.tf_private import flatten_layers
+from trainmem.trace.tf.attribution import LayerHooks, layer_rows, variables_of
+from trainmem.trace.tf.keras_facts import KerasFacts
+from trainmem.trace.tf.extract import gradient_owner, graph_ops, scope_owners, tensor_info
+from trainmem.trace.tf.while_loops import LOOP_OPS, function_ops, loop_sizes
+from trainmem.trace.tf.grappler import optimized_step, stateful
+from trainmem.trace.tf.lifetimes import ready_order, replay, tensor_peak
+from trainmem.trace.tf.ops import StepGraph
+from trainmem.trace.tf.private import flatten_layers
 from trainmem.trace.traced import TraceResult
 
 ORDER = ("the ops in the order the step's graph was built (forward, loss, gradients from the loss back, "
@@ -44,15 +44,15 @@ READY_ORDER = ("each op as soon as its inputs are ready, first ready first (exec
 
 def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, grappler: bool = True) -> TraceResult:
     """Trace one Keras model's fit step; `build` is called inside a fresh tf.Graph and returns the model.
-    With `grappler` the replayed graph is the one Grappler makes of the step for the CPU (tf_grappler.py)."""
-    from trainmem.frontends.keras_import import import_keras, import_tensorflow
+    With `grappler` the replayed graph is the one Grappler makes of the step for the CPU (trace/tf/grappler.py)."""
+    from trainmem.frontends.keras.imports import import_keras, import_tensorflow
 
-    keras_setup.check_supported(setup)
+    fit_setup.check_supported(setup)
     keras = import_keras("tensorflow", where=name)
     tf = import_tensorflow(where=name)
     graph = tf.Graph()
     try:
-        with graph.as_default(), keras_setup.dtype_policy(keras, setup.precision):
+        with graph.as_default(), fit_setup.dtype_policy(keras, setup.precision):
             model = _build(build, keras, name)
             ops, hooks, inputs, outputs = _build_step(model, keras, tf, graph, setup)
         labels = _labels(ops, hooks)
@@ -82,7 +82,7 @@ def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, gr
 
 
 def _replay_higher(step_graph: StepGraph, steps: int) -> tuple[Any, str]:
-    """The replay in creation order or in ready order (tf_lifetimes.ready_order), whichever holds more
+    """The replay in creation order or in ready order (lifetimes.ready_order), whichever holds more
     tensors at its peak: the executor's order lies between the two and changes with its threads, and an
     estimate must not be low (creation order alone missed 12.8 MB on embedding_bag, tf_tensor_peak.md)."""
     created = replay(step_graph, steps=steps)
@@ -102,11 +102,11 @@ def _build(build: Callable[[], Any], keras: Any, name: str) -> Any:
 def _build_step(model: Any, keras: Any, tf: Any, graph: Any, setup: TrainingSetup) -> tuple[list, LayerHooks, dict, list]:
     """The step's ops in creation order, the hooks that watched them being made, the batch's
     placeholders and the ops whose outputs the step returns."""
-    loss, loss_kind = keras_setup.make_loss(keras, setup, model)
-    model.compile(optimizer=keras_setup.make_optimizer(keras, setup), loss=loss, jit_compile=False)
+    loss, loss_kind = fit_setup.make_loss(keras, setup, model)
+    model.compile(optimizer=fit_setup.make_optimizer(keras, setup), loss=loss, jit_compile=False)
     _freeze(model, setup.freeze)
     model.optimizer.build(model.trainable_variables)
-    spec = keras_setup.batch_spec(setup, model, _output_shape(model, setup, tf), loss_kind)
+    spec = fit_setup.batch_spec(setup, model, _output_shape(model, setup, tf), loss_kind)
     xs = [tf.compat.v1.placeholder(dtype, shape, name=f"x{i}") for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes))]
     y = tf.compat.v1.placeholder(spec.target_dtype, spec.target_shape, name="y") if spec.target_shape is not None else None
     start = len(graph.get_operations())
@@ -135,7 +135,7 @@ def _labels(ops: list, hooks: LayerHooks) -> tuple[dict[str, Phase], dict[str, s
 def _output_shape(model: Any, setup: TrainingSetup, tf: Any) -> tuple:
     """The model's output shape for this batch, from one call on placeholders made before the step (its
     ops are not part of the step)."""
-    spec = keras_setup.batch_spec(setup, model, (), Loss.SUM)  # x alone: the sum loss needs no target
+    spec = fit_setup.batch_spec(setup, model, (), Loss.SUM)  # x alone: the sum loss needs no target
     xs = [tf.compat.v1.placeholder(dtype, shape) for shape, dtype in zip(spec.shapes, spec.dtypes)]
     out = model(xs[0] if len(xs) == 1 else xs, training=False)
     first = out[0] if isinstance(out, (list, tuple)) else (next(iter(out.values())) if isinstance(out, dict) else out)
@@ -157,7 +157,7 @@ def _freeze(model: Any, patterns: tuple[str, ...]) -> None:
 
 
 def _sized(tf: Any, graph: Any, op: Any, before: tuple | None = None) -> tuple[tuple, int] | None:
-    """Outputs a shape does not size: while loops' TensorLists (tf_loops.py) and the list a tensor is
+    """Outputs a shape does not size: while loops' TensorLists (trace/tf/while_loops.py) and the list a tensor is
     split into (TensorListFromTensor: one element per leading index, the tensor's bytes in all)."""
     if op.type in LOOP_OPS:
         if before is not None and len(before[0]) == len(op.outputs):

@@ -4,11 +4,11 @@ The executor (tensorflow/core/common_runtime/executor.cc) keeps one reference to
 consumer: PropagateOutputs copies the output into each consumer's input slot, and after a consumer's
 kernel ran, ClearInputs drops its slots. An output no op consumes is dropped when the op's outputs are
 propagated. A buffer is freed when its last reference goes: the consumers' slots, the tensors that alias
-it (Identity, Reshape… tf_kernels.py) and a variable that holds it. So here a buffer's reference count is
+it (Identity, Reshape… trace/tf/kernels.py) and a variable that holds it. So here a buffer's reference count is
 the sum of the remaining consumer slots of the live values on it, plus one per variable holding it;
-kernels that forward (tf_kernels.py) reuse an input's buffer when that count is exactly one: their own slot.
+kernels that forward (trace/tf/kernels.py) reuse an input's buffer when that count is exactly one: their own slot.
 
-Order: the ops run in the order given (StepGraph.ops; trace/keras_graph.py says which order that is);
+Order: the ops run in the order given (StepGraph.ops; trace/tf/keras_graph.py says which order that is);
 within an op the outputs are allocated before its inputs are released.
 """
 
@@ -18,8 +18,8 @@ import dataclasses
 from collections import Counter, deque
 
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
-from trainmem.trace.tf_kernels import ALL, KERNEL_ATTRS, KERNEL_OPS, Rule, rule_for
-from trainmem.trace.tf_ops import GraphOp, StepGraph, TensorInfo, ValueRef
+from trainmem.trace.tf.kernels import ALL, KERNEL_ATTRS, KERNEL_OPS, Rule, rule_for
+from trainmem.trace.tf.ops import GraphOp, StepGraph, TensorInfo, ValueRef
 
 _PROVISIONAL = {Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS, Phase.LOSS: Category.ACTIVATIONS,
                 Phase.BACKWARD: Category.TEMPORARIES, Phase.OPTIMIZER: Category.TEMPORARIES}
@@ -147,7 +147,7 @@ class _Replayer:
     def _run(self, op: GraphOp) -> None:
         rule = rule_for(op.type)
         if rule is None:
-            if not op.output_bytes:  # a rule sized it (trace/tf_loops.py) or nothing knows it
+            if not op.output_bytes:  # a rule sized it (trace/tf/while_loops.py) or nothing knows it
                 self.unsupported[op.type] += 1
             rule = Rule("allocate")
         at_seq, first_sid = len(self.trace.events), len(self.trace.storages)

@@ -24,8 +24,8 @@ from typing import Any
 
 from trainmem.errors import ModelRefError, quote, short
 from trainmem.files import regular_file
+from trainmem.frontends.framework import SAVED_MODEL_PB, saved_model_dir  # noqa: F401  (the resolver's stat)
 
-PB_NAME = "saved_model.pb"
 # saved_model.pb holds the graphs of the restored functions, not the weights: Keras's export of the seed
 # MLP is 33 KB, of Dense(10000 → 10000) (100M parameters) 22 KB, measured here. 64 MiB is 2,000 times
 # those; parsing a protobuf takes a few times its size in memory, so a hostile file stays bounded.
@@ -46,35 +46,22 @@ class Signature:
     dtype: str
 
 
-def saved_model_dir(ref: str) -> Path | None:
-    """The SavedModel directory `ref` names (the directory, or its saved_model.pb), else None; only stats."""
-    path = Path(ref)
-    try:
-        if path.name == PB_NAME and path.is_file():
-            return path.parent
-        if path.is_dir() and ((path / PB_NAME).exists() or (path / "saved_model.pbtxt").exists()):
-            return path
-    except OSError:  # a name too long, a loop of links: not a SavedModel; the resolver's error names it
-        return None
-    return None
-
-
 def read_signature(directory: Path, ref: str) -> Signature:
     """The signature to train through, from saved_model.pb, bounded in size."""
     where = short(ref)
-    if not (directory / PB_NAME).exists():
-        raise ModelRefError(f"expected {PB_NAME} (binary), got only saved_model.pbtxt, which trainmem does not read",
+    if not (directory / SAVED_MODEL_PB).exists():
+        raise ModelRefError(f"expected {SAVED_MODEL_PB} (binary), got only saved_model.pbtxt, which trainmem does not read",
                             where=where)
-    path, size = regular_file(str(directory / PB_NAME), f"a SavedModel's {PB_NAME}")
+    path, size = regular_file(str(directory / SAVED_MODEL_PB), f"a SavedModel's {SAVED_MODEL_PB}")
     if size > MAX_PB_BYTES:
-        raise ModelRefError(f"expected a {PB_NAME} of at most {MAX_PB_BYTES:,} bytes (graphs, not weights: the seed "
+        raise ModelRefError(f"expected a {SAVED_MODEL_PB} of at most {MAX_PB_BYTES:,} bytes (graphs, not weights: the seed "
                             f"MLP's is 33 KB), got {size:,} bytes", where=where)
-    from trainmem.frontends.keras_import import import_tensorflow
+    from trainmem.frontends.keras.imports import import_tensorflow
 
     import_tensorflow(where=where)
     from google.protobuf.message import DecodeError
 
-    from trainmem.trace.tf_private import saved_model_message
+    from trainmem.trace.tf.private import saved_model_message
 
     proto = saved_model_message()
     with path.open("rb") as handle:
@@ -112,8 +99,8 @@ def _choose(signatures: dict[str, Any], where: str) -> Signature:
 
 def build_from_saved_model(directory: Path, signature: Signature, ref: str) -> Any:
     """Inside the trace's tf.Graph: a Keras model whose one layer calls the restored signature."""
-    from trainmem.frontends.keras_import import import_keras
-    from trainmem.trace.tf_private import saved_model_layer_class
+    from trainmem.frontends.keras.imports import import_keras
+    from trainmem.trace.tf.private import saved_model_layer_class
 
     keras = import_keras(backend="tensorflow", where=short(ref))
     layer = saved_model_layer_class(keras)(str(directory), call_endpoint=signature.name, trainable=True,

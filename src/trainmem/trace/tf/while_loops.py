@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainmem.trace.tf_ops import DTYPE_BYTES
-from trainmem.trace.tf_private import function_def_graph, graph_function
+from trainmem.trace.tf.ops import DTYPE_BYTES
+from trainmem.trace.tf.private import function_def_graph, graph_function
 
 LOOP_OPS = ("While", "StatelessWhile")
 

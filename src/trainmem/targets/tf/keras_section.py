@@ -1,6 +1,6 @@
 """What a Keras estimate on TensorFlow reports beside the common figures: the `framework` section of the Estimate
 (`KerasSection`: the layer table as `model.summary()` lists it, TensorFlow's own numbers and what each is), the
-per-layer rows and the hand arithmetic in Keras's names. The TensorFlow targets (targets/tf_targets.py) build it;
+per-layer rows and the hand arithmetic in Keras's names. The TensorFlow targets (targets/tf/target.py) build it;
 report/keras_text.py renders it. No TensorFlow import."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ KERAS_SLOTS = {Optimizer.SGD: (), Optimizer.MOMENTUM: ("momentums",), Optimizer.
 class KerasSection:
     """The Estimate's `framework` section for a Keras model on TensorFlow: what only TensorFlow has."""
 
-    layers: tuple = ()  # trace/keras_traced.py LayerRow, in the model's order
+    layers: tuple = ()  # trace/tf/keras_facts.py LayerRow, in the model's order
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)  # the target's own numbers
     explanation: tuple[str, ...] = ()  # what each TensorFlow number is, in words
     order: str = ""  # the executor order the trace assumed
