@@ -145,6 +145,7 @@ def check_run_options(options: Options, command: str) -> list[str]:
             raise TrainmemError(f"expected a whole number of at least 1, got {quote(value)}", where=where(key))
     if options.runs > MAX_RUNS:
         raise TrainmemError(f"expected at most {MAX_RUNS} runs, got {options.runs:,}", where=where("runs"))
+    check_trace_steps(options, where)
     check_framework_options(options, where)
     check_output_options(options)
     device = options.device
@@ -154,6 +155,17 @@ def check_run_options(options: Options, command: str) -> list[str]:
         raise TrainmemError(getattr(error, "message", str(error)), where=where("device")) from None
     run = Invocation(command, options.model, reference_kind(options.model), device, gpu, options.given, options.origins)
     return check(run)
+
+
+def check_trace_steps(options: Options, where) -> None:
+    """The hidden --trace-steps (key steps): at most MAX_TRACE_STEPS traced, refused before the first; the
+    Python API's bound (TrainingSetup) is the longer one measure's real runs need."""
+    from trainmem.setup import MAX_TRACE_STEPS
+
+    steps = options.given.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > MAX_TRACE_STEPS:
+        raise TrainmemError(f"expected at most {MAX_TRACE_STEPS} traced steps (two are enough: later steps are "
+                            f"composed from them), got {steps:,}", where=where("steps"))
 
 
 def check_framework_options(options: Options, where) -> None:
@@ -196,26 +208,27 @@ def target_options(options: Options) -> Any:
     return TargetOptions(**gpu_options(options), tf_memory=options.tf_memory, tf_onednn=options.tf_onednn)
 
 
+def output_paths(options: Options) -> dict[str, str]:
+    """The output files given (--plot, --html, --memory-snapshot), each checked and made absolute against the
+    current directory (cli/output_files.py): key → path."""
+    from trainmem.cli.output_files import output_paths as checked
+    from trainmem.flag_rules import flag_of
+
+    return checked(options.values, lambda key: options.origins.get(key, flag_of(key)))
+
+
+def with_output_paths(options: Options) -> Options:
+    """The options with `output_paths` added: run while the flags are read, before the model's code can change
+    the working directory, so that a relative path means the directory trainmem started in."""
+    return options.with_values(output_paths=output_paths(options))
+
+
 def check_output_options(options: Options) -> None:
     """The output files' names and the snapshot's cap, checked before anything is traced."""
     from trainmem.flag_rules import flag_of
 
     where = lambda key: options.origins.get(key, flag_of(key))  # noqa: E731
-    for key, suffixes in (("plot", (".png", ".svg")), ("html", (".html", ".htm")), ("memory_snapshot", None)):
-        path = options.values[key]
-        if path is None:
-            continue
-        if not isinstance(path, str) or not path.strip():
-            raise TrainmemError(f"expected a file name, got {quote(path)}", where=where(key))
-        if suffixes and not path.lower().endswith(suffixes):
-            raise TrainmemError(f"expected a file name ending in {' or '.join(suffixes)}, got {quote(path)}",
-                                where=where(key))
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise TrainmemError(f"expected a file in an existing folder, got {quote(path)} ({folder} does not "
-                                "exist)", where=where(key))
-        if os.path.isdir(path):
-            raise TrainmemError(f"expected a file name, got the folder {quote(path)}", where=where(key))
+    output_paths(options)
     limit = options.snapshot_max_entries
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise TrainmemError(f"expected a whole number of at least 1, got {quote(limit)}",
