@@ -63,7 +63,7 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     run = TargetOptions.of(target_options, "estimate()")
     options, tf_memory, tf_onednn = run.cuda(), run.tf_memory, run.tf_onednn
     model = _framework_source(model, setup, framework, keras_backend)
-    if _is_keras_source(model):  # Keras on TensorFlow: its own trace, the TensorFlow targets, the same assembler
+    if framework_of(model) == "tensorflow":  # Keras on TensorFlow: its own trace and targets, the same assembler
         if setup.parallel.distributed:
             raise SetupError("expected a PyTorch model with --strategy (many ranks are traced with torch.distributed), "
                              f"got a Keras model {model.name!r}", where="--strategy")
@@ -111,10 +111,10 @@ def _framework_source(model: Any, setup: TrainingSetup, framework: str, keras_ba
     return resolve_model(model, setup, framework, keras_backend)
 
 
-def _is_keras_source(source: Any) -> bool:
-    from trainmem.frontends.keras.reference import KerasSource
+def framework_of(source: Any) -> str:
+    from trainmem.frontends.framework import framework_of as of_source
 
-    return isinstance(source, KerasSource)
+    return of_source(source)
 
 
 def prepare(model: Any, setup: TrainingSetup, device: DeviceRef = "cpu", depth: int = 2, **options: Any) -> Prepared:

@@ -102,6 +102,16 @@ def _root(value: Any) -> str:
     return (name or "").split(".")[0] if isinstance(name, str) else ""
 
 
+def framework_of(source: Any) -> str:
+    """The framework that trains a resolved source: "tensorflow" for a KerasSource (Keras on TensorFlow, traced by
+    trace/tf/), "torch" for every source the torch engine traces (Keras on the torch backend included). A
+    KerasSource exists only once frontends/keras/reference.py was imported, so a PyTorch source never imports it."""
+    import sys
+
+    reference = sys.modules.get("trainmem.frontends.keras.reference")
+    return "tensorflow" if reference is not None and isinstance(source, reference.KerasSource) else "torch"
+
+
 def saved_model_dir(ref: str) -> Path | None:
     """The SavedModel directory `ref` names (the directory, or its saved_model.pb), else None; only stats."""
     path = Path(ref)

@@ -20,7 +20,7 @@ def _quantized(est) -> str:
 def _used(est) -> list[str]:
     """What the trace used where the setup left it open: the batch, the loss, a frontend's choices, LoRA."""
     used = est.resolved
-    if not used:
+    if not used or "inputs" not in used:  # Keras on TensorFlow resolves only its framework and source
         return []
     inputs = used["inputs"]
     parts = [f"task {used['task']}"] if "task" in used else []

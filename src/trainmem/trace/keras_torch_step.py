@@ -32,7 +32,6 @@ import torch
 from trainmem.errors import SetupError
 from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
 from trainmem.trace.events import Phase
-from trainmem.trace.tf.private import flatten_layers, retrack_torch_parameters, swap_torch_value
 
 
 def is_keras_model(model: Any) -> bool:
@@ -115,6 +114,8 @@ def materialize_fake(model: Any) -> None:
     """Give every variable built on meta a fake CPU Parameter of its shape and dtype, then re-track
     each layer's torch parameters (TorchLayer._track_variables makes the ParameterDict that
     model.parameters() and zero_grad() walk, from `variable.value`)."""
+    from trainmem.trace.tf.private import retrack_torch_parameters, swap_torch_value
+
     for variable in keras_variables(model):
         swap_torch_value(variable, lambda old: torch.nn.Parameter(torch.empty_like(old, device="cpu"),
                                                                   requires_grad=old.requires_grad))
@@ -290,6 +291,8 @@ def layer_path(layer: Any) -> str:
 def model_facts(model: Any) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
     """Parameters as Keras counts them (count_params(): trainable and non-trainable weights), per layer
     (its own weights, by layer path), and each trainable weight's shape."""
+    from trainmem.trace.tf.private import flatten_layers
+
     per_layer: dict[str, int] = {}
     for layer in flatten_layers(model, include_self=False):
         own = [w for w in layer.weights if not any(w is v for sub in flatten_layers(layer, include_self=False)
@@ -350,6 +353,8 @@ def non_trainable_bytes(model: Any) -> int:
 
 def layer_sets(model: Any, per_layer: dict[str, int]) -> tuple[set[str], set[str]]:
     """(layers that own weights, layers without sublayers), by layer path: the report's module rows."""
+    from trainmem.trace.tf.private import flatten_layers
+
     owners = {path for path, count in per_layer.items() if count}
     leaves = {layer_path(layer) for layer in flatten_layers(model, include_self=False)
               if not any(True for _ in flatten_layers(layer, include_self=False))}
@@ -373,6 +378,8 @@ class _CallProxy(torch.nn.Module):
 def named_layers(model: Any) -> torch.nn.Module:
     """A torch container whose named_modules() are the model's layers by Keras path (one proxy each),
     for ModuleTracker(container); `layer_calls_named(container)` routes the calls through them."""
+    from trainmem.trace.tf.private import flatten_layers
+
     container = torch.nn.Module()
     for layer in flatten_layers(model, include_self=False):
         path = layer_path(layer)

@@ -1,0 +1,75 @@
+"""Keras on TensorFlow behind the Target interface: the estimate goes through the one assembler with TfCpuTarget or
+TfGpuTarget, keeps its allocator replay (so the timeline and the HTML report draw it like PyTorch's), and a PyTorch
+reference never imports a Keras module."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import trainmem
+from trainmem.devices import get_device
+from trainmem.setup import TrainingSetup
+from trainmem.targets import target_for
+
+SEED = "mlp:1000-100-100-100-100-10"
+
+
+@pytest.fixture(scope="module")
+def tensorflow():
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras")
+
+
+def test_target_for_picks_the_framework_and_device():
+    from trainmem.targets.cpu_target import CpuTarget
+    from trainmem.targets.tf.target import TfCpuTarget, TfGpuTarget
+
+    setup = TrainingSetup(batch_size=8)
+    assert isinstance(target_for(get_device("cpu"), setup, "tensorflow", tf_onednn="off"), TfCpuTarget)
+    gpu = target_for(get_device("a100-40gb"), setup, "tensorflow", tf_memory="growth")
+    assert isinstance(gpu, TfGpuTarget) and gpu.memory_mode == "growth"
+    assert isinstance(target_for(get_device("cpu"), setup), CpuTarget)
+
+
+@pytest.mark.parametrize("device, options, flag", [
+    ("cpu", {"tf_memory": "growth"}, "--tf-memory"),
+    ("a100-40gb", {"tf_onednn": "on"}, "--tf-onednn"),
+    ("a100-40gb", {"alloc_conf": "expandable_segments:True"}, "--alloc-conf"),
+    ("a100-40gb", {"tf_memory": "lots"}, "--tf-memory"),
+])
+def test_each_tensorflow_target_refuses_options_it_cannot_use_before_tracing(device, options, flag):
+    with pytest.raises(trainmem.TrainmemError) as refused:
+        target_for(get_device(device), TrainingSetup(batch_size=8), "tensorflow", **options)
+    assert refused.value.where == flag and "\n" not in str(refused.value)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("device", ["cpu", "t4"])
+def test_a_keras_estimate_keeps_its_replay_and_draws_a_timeline(tensorflow, device, tmp_path):
+    est = trainmem.estimate(SEED, framework="keras", device=device, batch_size=256, input_shape="1000")
+    assert est.framework is not None and est.to_dict()["framework"] == {"name": "keras", "keras_backend": "tensorflow"}
+    assert est.replay_input is not None
+    timeline = est.timeline(max_points=200)
+    # the drawing replays the same stream through the same allocator: its highest point is the allocated peak
+    assert max(timeline.allocated) == est.allocated_bytes
+    est.write_html(str(tmp_path / "keras.html"))
+    assert "trainmem" in (tmp_path / "keras.html").read_text()
+
+
+@pytest.mark.tf
+def test_a_keras_gpu_estimate_has_no_pytorch_memory_snapshot(tensorflow, tmp_path):
+    est = trainmem.estimate(SEED, framework="keras", device="t4", batch_size=256, input_shape="1000")
+    with pytest.raises(trainmem.TrainmemError, match="TensorFlow's BFC allocator"):
+        est.write_memory_snapshot(str(tmp_path / "snapshot.pickle"))
+
+
+def test_a_pytorch_reference_never_imports_a_keras_module():
+    code = ("import sys, json, trainmem\n"
+            "est = trainmem.estimate('mlp:8-4', batch_size=2, input_shape='8')\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('trainmem.frontends.keras', "
+            "'trainmem.trace.tf', 'trainmem.targets.tf', 'keras', 'tensorflow')))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
