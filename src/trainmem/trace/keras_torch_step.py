@@ -34,6 +34,12 @@ from trainmem.setup import Loss, Optimizer, OptimizerImpl, Precision, TrainingSe
 from trainmem.trace.events import Phase
 
 
+def _private() -> Any:
+    """Keras's private APIs (trace/tf/private.py), imported when a Keras model is traced, never by a PyTorch one."""
+    from trainmem.trace.tf import private
+    return private
+
+
 def is_keras_model(model: Any) -> bool:
     """A Keras model on the torch backend (Keras imported already: a model cannot exist otherwise)."""
     keras = sys.modules.get("keras")
@@ -114,13 +120,11 @@ def materialize_fake(model: Any) -> None:
     """Give every variable built on meta a fake CPU Parameter of its shape and dtype, then re-track
     each layer's torch parameters (TorchLayer._track_variables makes the ParameterDict that
     model.parameters() and zero_grad() walk, from `variable.value`)."""
-    from trainmem.trace.tf.private import retrack_torch_parameters, swap_torch_value
-
     for variable in keras_variables(model):
-        swap_torch_value(variable, lambda old: torch.nn.Parameter(torch.empty_like(old, device="cpu"),
+        _private().swap_torch_value(variable, lambda old: torch.nn.Parameter(torch.empty_like(old, device="cpu"),
                                                                   requires_grad=old.requires_grad))
     for module in model.modules():
-        retrack_torch_parameters(module)
+        _private().retrack_torch_parameters(module)
 
 
 def model_output_shape(model: Any, batch: tuple[int, ...]) -> tuple[int, ...]:
@@ -291,12 +295,10 @@ def layer_path(layer: Any) -> str:
 def model_facts(model: Any) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
     """Parameters as Keras counts them (count_params(): trainable and non-trainable weights), per layer
     (its own weights, by layer path), and each trainable weight's shape."""
-    from trainmem.trace.tf.private import flatten_layers
-
     per_layer: dict[str, int] = {}
-    for layer in flatten_layers(model, include_self=False):
-        own = [w for w in layer.weights if not any(w is v for sub in flatten_layers(layer, include_self=False)
-                                                   for v in sub.weights)]
+    flatten = _private().flatten_layers
+    for layer in flatten(model, include_self=False):
+        own = [w for w in layer.weights if not any(w is v for sub in flatten(layer, include_self=False) for v in sub.weights)]
         per_layer[layer_path(layer)] = sum(int(w.value.numel()) for w in own)
     trainable = sum(int(w.value.numel()) for w in model.trainable_weights)
     return (int(model.count_params()), trainable, per_layer,
@@ -353,11 +355,9 @@ def non_trainable_bytes(model: Any) -> int:
 
 def layer_sets(model: Any, per_layer: dict[str, int]) -> tuple[set[str], set[str]]:
     """(layers that own weights, layers without sublayers), by layer path: the report's module rows."""
-    from trainmem.trace.tf.private import flatten_layers
-
     owners = {path for path, count in per_layer.items() if count}
-    leaves = {layer_path(layer) for layer in flatten_layers(model, include_self=False)
-              if not any(True for _ in flatten_layers(layer, include_self=False))}
+    leaves = {layer_path(layer) for layer in _private().flatten_layers(model, include_self=False)
+              if not any(True for _ in _private().flatten_layers(layer, include_self=False))}
     return owners, leaves
 
 
@@ -378,10 +378,8 @@ class _CallProxy(torch.nn.Module):
 def named_layers(model: Any) -> torch.nn.Module:
     """A torch container whose named_modules() are the model's layers by Keras path (one proxy each),
     for ModuleTracker(container); `layer_calls_named(container)` routes the calls through them."""
-    from trainmem.trace.tf.private import flatten_layers
-
     container = torch.nn.Module()
-    for layer in flatten_layers(model, include_self=False):
+    for layer in _private().flatten_layers(model, include_self=False):
         path = layer_path(layer)
         if path not in container._modules:
             container._modules[path] = _CallProxy(None)
