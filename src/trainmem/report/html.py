@@ -25,7 +25,7 @@ from trainmem.report.html_assets.svg import COLOURS, geometry, timeline_svg
 from trainmem.report.palette import OTHER_COLOUR
 from trainmem.report.style import PLAIN
 from trainmem.report.text import alive_note, lean_loop_note, ranks_section, report_header, verdict, where_section
-from trainmem.targets import report_words
+from trainmem.targets import words_for
 from trainmem.units import format_bytes
 
 WHERE = "--html"
@@ -49,7 +49,7 @@ def _timeline_or_none(estimate: Any, max_points: int) -> tuple[Any, str]:
 
 
 def _allocated_name(estimate: Any) -> str:
-    return report_words(estimate.device).allocated_label
+    return words_for(estimate).allocated_label
 
 
 # --- summary -------------------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def _verdict(estimate: Any) -> str:
 
 
 def _peak_rows(estimate: Any) -> list[tuple[str, int | None, str]]:
-    words = report_words(estimate.device)
+    words = words_for(estimate)
     rows = [("tensors (live storage)", estimate.tensor_bytes, "as requested"),
             ("allocated", estimate.allocated_bytes, words.allocated_note),
             ("reserved", estimate.reserved_bytes, words.reserved_note),
@@ -117,7 +117,7 @@ def _point_data(t: Any, allocated_name: str) -> str:
 
 def _process_note(estimate: Any) -> str:
     """The process figure the verdict judges, beside a drawing of the allocator alone."""
-    words = report_words(estimate.device)
+    words = words_for(estimate)
     held = getattr(estimate, words.allocator_holds)
     outside = estimate.process_bytes - (held or 0)
     if outside <= 0:
@@ -194,11 +194,11 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int], total: l
 
 
 def _breakdown_section(estimate: Any) -> str:
-    total = getattr(estimate, report_words(estimate.device).breakdown_total)
+    total = getattr(estimate, words_for(estimate).breakdown_total)
     rows = [[f'<span class="swatch" style="background:{COLOURS.get(k, OTHER_COLOUR)}"></span>{_e(k)}', _e(format_bytes(v)),
              f"{v:,} B", f"{v / total:.1%}" if total else ""] for k, v in estimate.breakdown.items() if v]
     parts = [[_e(k), _e(format_bytes(v)), f"{v:,} B"] for k, v in estimate.process_parts.items()]
-    process = f"Process memory ({report_words(estimate.device).process_counter})"
+    process = f"Process memory ({words_for(estimate).process_counter})"
     out = ["<h2>Breakdown at the peak</h2>",
            _table(["category", "IEC", "bytes", "share"], rows, {1, 2, 3},
                   ["total", _e(format_bytes(total)), f"{total:,} B", ""]),

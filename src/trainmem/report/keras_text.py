@@ -8,7 +8,7 @@ from typing import Any
 
 from trainmem.estimate.result import module_label, step_label
 from trainmem.report.style import table
-from trainmem.targets import report_words
+from trainmem.targets import words_for
 from trainmem.units import format_bytes
 
 
@@ -52,7 +52,7 @@ def render_keras(est) -> str:
     rows = [[k, format_bytes(v), f"{v:,} B"] for k, v in est.breakdown.items() if v]
     total = est.allocated_bytes
     out += table(rows + [["total", format_bytes(total), f"{total:,} B"]], "lrr")
-    out += ["", f"Process memory ({report_words(est.device).process_counter})"]
+    out += ["", f"Process memory ({words_for(est).process_counter})"]
     out += table([[k, format_bytes(v)] for k, v in est.process_parts.items()], "lr")
     out += ["", "What TensorFlow's numbers are"] + [f"  · {line}" for line in est.framework.explanation]
     out += ["", "Layers (as model.summary() lists them)", *_layer_table(est)]

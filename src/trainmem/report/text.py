@@ -7,7 +7,7 @@ from __future__ import annotations
 from trainmem.device_catalog import CAPACITY_FROM_DATASHEET
 from trainmem.estimate.result import Estimate, module_label, step_label
 from trainmem.report.style import PLAIN, Style, table
-from trainmem.targets import report_words
+from trainmem.targets import words_for
 from trainmem.units import format_bytes
 
 def _quantized(est) -> str:
@@ -95,7 +95,7 @@ def verdict(est) -> tuple[bool, str]:
 
 def _device_words(est) -> str:
     """The device as the one-line answer names it: the GPU's catalog name, or the CPU's RAM."""
-    return est.device.name + report_words(est.device).device_suffix
+    return est.device.name + words_for(est).device_suffix
 
 
 def render_quiet(est) -> str:
@@ -139,7 +139,7 @@ def _peak_section(est, style: Style) -> list[str]:
     fits, words = verdict(est)
     judged = f"of {format_bytes(est.device.capacity_bytes)}: " + (
         style.good(f"fits, {words}") if fits else style.bad(f"DOES NOT FIT, {words}"))
-    words = report_words(est.device)
+    words = words_for(est)
     rows = [_bytes_row("tensors (live storage)", est.tensor_bytes, words.tensors_note),
             _bytes_row("allocated", est.allocated_bytes, words.allocated_note),
             _bytes_row("reserved", est.reserved_bytes, words.reserved_note),
@@ -158,7 +158,7 @@ def where_section(est) -> str:
 
 def _breakdown_section(est, style: Style) -> list[str]:
     rows = [_bytes_row(k, v)[:3] for k, v in est.breakdown.items() if v]
-    total = getattr(est, report_words(est.device).breakdown_total)
+    total = getattr(est, words_for(est).breakdown_total)
     lines = [style.heading("Breakdown at the peak"), *table(rows + [_bytes_row("total", total)[:3]], "lrr")]
     return lines + alive_note(est)
 
@@ -203,7 +203,7 @@ def alive_note(est) -> list[str]:
 
 
 def _process_section(est, style: Style) -> list[str]:
-    title = f"Process memory ({report_words(est.device).process_counter})"
+    title = f"Process memory ({words_for(est).process_counter})"
     return [style.heading(title), *table([_bytes_row(k, v)[:3] for k, v in est.process_parts.items()], "lrr")]
 
 
@@ -278,7 +278,7 @@ def ranks_section(est, style: Style = PLAIN) -> list[str]:
     parallel = getattr(est, "parallel", None)
     if parallel is None:
         return []
-    cuda = report_words(est.device).ranks_show_reserved
+    cuda = words_for(est).ranks_show_reserved
     most = parallel["most_loaded"]["label"]
     host = any(row.host_bytes for row in est.ranks)
     header = ["role", "ranks", "tensors", *(["reserved"] if cuda else []), "process",

@@ -174,6 +174,13 @@ def report_words(device: Device, framework: str = "torch") -> ReportWords:
     return _target_class(device, framework).report_words
 
 
+def words_for(estimate: Any) -> ReportWords:
+    """What the reports call an estimate's figures: its framework section's target's words where it has one (Keras
+    on TensorFlow: targets/tf/target.py), else the device's target's."""
+    section = getattr(estimate, "framework", None)
+    return section.report_words if section is not None else report_words(estimate.device)
+
+
 def fit_margin(device: Device) -> tuple[float, str]:
     """The fraction of the device's capacity fit keeps free by default, and where it comes from."""
     return _target_class(device).fit_margin

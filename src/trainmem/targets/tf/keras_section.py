@@ -30,6 +30,7 @@ class KerasSection:
     peak_rows: tuple[tuple[str, int, str], ...] = ()
     name: str = "keras"
     keras_backend: str = "tensorflow"
+    report_words: Any = None  # targets.ReportWords: what the reports call the figures on the target that made it
 
     def to_json(self) -> dict[str, Any]:
         """The keys this section adds to the estimate's JSON."""

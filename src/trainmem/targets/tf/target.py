@@ -19,7 +19,7 @@ from typing import Any
 from trainmem.alloc.replay import CpuTensorAllocator, breakdown_at_peak
 from trainmem.alloc.tf_bfc_allocator import TfBfcAllocator
 from trainmem.errors import SetupError
-from trainmem.targets import DeviceStream, FrameworkFigures, ProcessMemory
+from trainmem.targets import DeviceStream, FrameworkFigures, ProcessMemory, ReportWords
 from trainmem.targets.cpu_target import CpuTarget
 from trainmem.targets.cuda_target import CudaTarget
 from trainmem.targets.tf.keras_section import KerasSection, explain_keras, keras_coverage, layer_rows, unsupported_lines
@@ -61,7 +61,7 @@ class _KerasTarget:
                    peak_rows: tuple) -> FrameworkFigures:
         breakdown = breakdown_at_peak(replayed, self.allocator().charged)
         section = KerasSection(tuple(traced.framework.layers), figures, tuple(words), traced.framework.order,
-                               peak_rows)
+                               peak_rows, report_words=self.report_words)
         return FrameworkFigures(tensor_bytes, layer_rows(traced, replayed.live),
                                 explain_keras(traced, setup, breakdown, words), keras_coverage(traced), section)
 
@@ -122,7 +122,12 @@ class TfGpuTarget(_KerasTarget):
     cuda_context: int | None = None  # the CUDA context's bytes where given
 
     allocated_name = "get_memory_info peak"
-    report_words = CudaTarget.report_words
+    report_words = ReportWords("nvidia-smi", "as requested", "tf.config.experimental.get_memory_info('GPU:0')['peak']",
+                               "the BFC regions TensorFlow took from cuMemAlloc", "in use (BFC)", "allocated_bytes",
+                               "reserved_bytes", "", True, (("in use", "allocated_bytes"), ("BFC regions",
+                                                                                            "reserved_bytes"),
+                                                            ("nvidia-smi", "process_bytes")),
+                               CudaTarget.report_words.keras_floor_contrast)
     runtime_words = "the BFC allocator's 256-byte chunk rounding and chunks kept whole"
     fit_margin = CudaTarget.fit_margin
 
