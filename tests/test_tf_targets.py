@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import trainmem
+import trainmem.report.text
 from trainmem.devices import get_device
 from trainmem.setup import TrainingSetup
 from trainmem.targets import target_for
@@ -73,3 +74,19 @@ def test_a_pytorch_reference_never_imports_a_keras_module():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.tf
+def test_a_keras_gpu_answer_leads_with_what_the_step_needs(tensorflow):
+    """TensorFlow's default memory mode maps almost the whole card: the report says first what the step needs, and
+    the one line that makes TensorFlow map only that (issue 25: the first hour)."""
+    default = trainmem.estimate(SEED, framework="keras", device="t4", batch_size=256, input_shape="1000")
+    text = str(default)
+    lead = text.split("Peak memory (TensorFlow)")[0]
+    assert "The step needs" in lead and "set_memory_growth" in lead
+    figures = default.to_dict()["keras"]["tensorflow"]
+    assert "TensorFlow's default maps the card" in trainmem.report.text.render_quiet(default)
+    growth = trainmem.estimate(SEED, framework="keras", device="t4", batch_size=256, input_shape="1000",
+                               target_options={"tf_memory": "growth"})
+    assert "set_memory_growth" not in str(growth) and "The step needs" in str(growth)
+    assert figures["nvidia_smi_by_mode"]["growth"] < figures["nvidia_smi_by_mode"]["default"]

@@ -107,6 +107,10 @@ class FrameworkSection(Protocol):
         """The estimate's terminal report, in the framework's own terms."""
         ...
 
+    def quiet_note(self) -> str:
+        """What --quiet adds after its one-line answer ("" for nothing)."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:

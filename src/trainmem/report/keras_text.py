@@ -37,13 +37,31 @@ def _layer_table(est) -> list[str]:
     return table(rows, "llrrr")
 
 
+def _what_the_model_uses(est) -> list[str]:
+    """On a GPU, what the step needs before what TensorFlow maps: in the default memory mode TensorFlow takes almost
+    the whole card at start whatever the model (targets/tf/gpu_memory.py), so nvidia-smi's figure says little about
+    the model; the line that makes TensorFlow map only what the step needs goes beside it."""
+    figures = est.framework.figures
+    by_mode = figures.get("nvidia_smi_by_mode")
+    if not by_mode:  # the CPU: peak RSS is what the process uses
+        return []
+    lines = [f"The step needs {format_bytes(figures['needed_in_use'])} in use at its peak "
+             f"(get_memory_info's peak); with memory growth nvidia-smi shows {format_bytes(by_mode['growth'])}."]
+    if figures.get("memory_mode") == "default":
+        lines.append(f"TensorFlow's default maps {format_bytes(by_mode['default'])} of the card at start, whatever the "
+                     "model: call tf.config.experimental.set_memory_growth(gpu, True) for each GPU before the first "
+                     "op (or set TF_FORCE_GPU_ALLOW_GROWTH=true) to map only what the step needs (here: --tf-memory "
+                     "growth).")
+    return lines + [""]
+
+
 def render_keras(est) -> str:
     s = est.setup
     out = [f"trainmem — {est.model_name}: {est.parameters:,} parameters ({est.trainable_parameters:,} trainable) · "
            f"Keras on TensorFlow",
            f"  batch {s.batch_size} · {s.optimizer} (Keras's) · {s.precision} · device {est.device.name}",
            "  loop model.fit: one train_step per batch (forward, loss, GradientTape, optimizer.apply)", "",
-           "Peak memory (TensorFlow)", *_peak_table(est)]
+           *_what_the_model_uses(est), "Peak memory (TensorFlow)", *_peak_table(est)]
     if est.process_bytes_high > est.process_bytes:
         out += table([["process, high end", format_bytes(est.process_bytes_high),
                         "the upper end of what real runs show (peak.process_bytes_high)"]], "lrl")

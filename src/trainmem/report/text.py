@@ -112,7 +112,8 @@ def render_quiet(est) -> str:
             answer = f"most loaded: {parallel['most_loaded']['label']}; {answer}"
     high = (f"; high end {format_bytes(est.process_bytes_high)}"
             if est.process_bytes_high > est.process_bytes else "")
-    return f"peak {format_bytes(est.process_bytes)}{rank} ({answer}){high}"
+    extra = est.framework.quiet_note() if est.framework is not None else ""  # e.g. TensorFlow's default grab
+    return f"peak {format_bytes(est.process_bytes)}{rank} ({answer}){high}{extra}"
 
 
 def _optimizer_words(est) -> str:

@@ -41,6 +41,17 @@ class KerasSection:
                           "tensorflow": dict(self.figures), "explanation": list(self.explanation),
                           "order": self.order}}
 
+    def quiet_note(self) -> str:
+        """After --quiet's answer: in TensorFlow's default GPU memory mode, what the step needs apart from the card
+        TensorFlow maps at start (report/keras_text.py says how to map only that)."""
+        by_mode = self.figures.get("nvidia_smi_by_mode")
+        if not by_mode or self.figures.get("memory_mode") != "default":
+            return ""
+        from trainmem.units import format_bytes
+
+        return (f"; TensorFlow's default maps the card at start: with memory growth "
+                f"(tf.config.experimental.set_memory_growth) {format_bytes(by_mode['growth'])}")
+
     def render(self, est: Any) -> str:
         """The terminal report of the estimate this section belongs to."""
         from trainmem.report.keras_text import render_keras
