@@ -16,6 +16,7 @@ from typing import Any
 
 from trainmem.errors import SetupError, quote
 from trainmem.frontends import Kind
+from trainmem.frontends.framework import keras_by_text, may_be_keras_on_tensorflow
 from trainmem.setup.target_options import TargetOptions
 
 REFUSE, WARN = "refuse", "warn"
@@ -82,14 +83,12 @@ def _framework(run: Invocation) -> str:
 
 
 def keras_run(run: Invocation) -> bool:
-    """Whether the run is a Keras model, as far as the text tells (a factory's file decides under auto)."""
-    framework = _framework(run)
-    return framework == "keras" or (framework == "auto" and run.kind in (Kind.KERAS, Kind.SAVED_MODEL))
+    """Whether the run is a Keras model, as far as the text tells (frontends/framework.py keras_by_text)."""
+    return keras_by_text(_framework(run), run.kind)
 
 
 def _keras_on_tensorflow(run: Invocation) -> bool:
-    return str(run.values.get("keras_backend", "tensorflow")) != "torch" and (
-        keras_run(run) or (_framework(run) == "auto" and run.kind == Kind.PYTHON))
+    return may_be_keras_on_tensorflow(_framework(run), run.kind, str(run.values.get("keras_backend", "tensorflow")))
 
 
 _NOT_FOR_KERAS = (Kind.HF, Kind.VISION, Kind.ONNX, Kind.CHECKPOINT)

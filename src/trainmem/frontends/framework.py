@@ -41,6 +41,22 @@ def is_keras_reference(ref: Any, framework: str = "auto") -> bool:
     return is_keras_file(ref.strip()) or saved_model_dir(ref.strip()) is not None
 
 
+def keras_by_text(framework: str, kind: Any) -> bool:
+    """Whether a reference of `kind` (frontends.Kind) is a Keras model under --framework, from its text alone (a
+    factory's file decides under auto, when it is loaded)."""
+    from trainmem.frontends import Kind
+
+    return framework == "keras" or (framework == "auto" and kind in (Kind.KERAS, Kind.SAVED_MODEL))
+
+
+def may_be_keras_on_tensorflow(framework: str, kind: Any, keras_backend: str) -> bool:
+    """Whether the run may be Keras on TensorFlow: a Keras reference, or a factory under auto (decided when loaded),
+    unless --keras-backend torch."""
+    from trainmem.frontends import Kind
+
+    return keras_backend != "torch" and (keras_by_text(framework, kind) or (framework == "auto" and kind == Kind.PYTHON))
+
+
 def check_framework(framework: str, keras_backend: str | None, where: str = "--framework") -> None:
     if framework not in FRAMEWORKS:
         raise SetupError(f"expected {'|'.join(FRAMEWORKS)}, got {quote(framework)}", where=where)
