@@ -23,7 +23,8 @@ httpx2 = pytest.importorskip("httpx2")  # the HTTP client this huggingface_hub u
 from trainmem import estimate  # noqa: E402
 from trainmem.errors import ModelRefError  # noqa: E402
 from trainmem.frontends import hf_hub  # noqa: E402
-from trainmem.frontends.hf import MAX_LAYERS, bundled, checked_config, from_hf_ref, resolve_config  # noqa: E402
+from trainmem.frontends.hf import bundled, checked_config, from_hf_ref, resolve_config  # noqa: E402
+from trainmem.frontends.hf_config_checks import MAX_LAYERS  # noqa: E402
 from trainmem.setup import TrainingSetup  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ from typing import Any
 
 from trainmem.cli.options import RUN_DEFAULTS
 from trainmem.errors import TrainmemError
+from trainmem.setup.count_limits import MAX_RUN_STEPS
 from trainmem.setup.text_values import MODULE_LOADING
 
 
@@ -79,7 +80,6 @@ def references_help() -> str:
 
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     from trainmem.frontends.hf import DEFAULT_SEQ_LEN
-    from trainmem.setup import MAX_RUN_STEPS
 
     d = setup_default
     parser.add_argument("model", help="a model reference (see MODEL references below)")

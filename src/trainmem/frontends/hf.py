@@ -39,7 +39,8 @@ from typing import Any
 from trainmem.errors import ModelRefError, SetupError
 from trainmem.frontends import hf_hub
 from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, clip_text
-from trainmem.frontends.hf_rope import ROPE_KEYS, check_rope, check_rope_number
+from trainmem.frontends.hf_config_checks import check_heads, check_number
+from trainmem.frontends.hf_rope import ROPE_KEYS, check_rope
 
 TABLE = Path(__file__).with_name("data") / "hf_configs.json"
 DEFAULT_SEQ_LEN = 512
@@ -48,29 +49,9 @@ _AUTO_CLASS = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMa
                "seq-cls": "AutoModelForSequenceClassification", "seq2seq": "AutoModelForSeq2SeqLM",
                "image-cls": "AutoModelForImageClassification", "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
                "contrastive-image-text": "AutoModel"}
-# Layers per stack (num_hidden_layers, n_layer, encoder_layers, the sum of a Swin's depths …). Each layer is
-# built and traced: measured, a 100-layer llama (hidden 16) takes 60 s of CPU and 570 MB of RSS to
-# estimate (about 0.5 s and 2.2 MB a layer), so 100,000 layers would run for hours and grow without bound.
-# The deepest released models have 126 (Llama-3.1-405B; PaLM 118, GPT-3 96), the bundled table at most 80:
-# twice the deepest keeps them all and bounds an estimate near 2–3 minutes and 1 GB.
-MAX_LAYERS = 256
-# Experts per mixture-of-experts layer (num_local_experts, n_routed_experts, …): released models have at
-# most 512 (Qwen3-Next), DeepSeek-V3 256; some implementations build one module per expert.
-MAX_EXPERTS = 4096
 # Nesting of a config's JSON: real ones are 3 deep (text_config.rope_scaling.…); json.loads itself
 # stops at Python's recursion limit, but transformers copies and compares configs recursively.
 MAX_CONFIG_DEPTH = 32
-# Widths, vocabularies, head counts and sizes, position limits and the batch's shapes (read by _batch_maker):
-# each a positive whole number (transformers divides by some and sizes tensors by all; 0 fails as a division
-# by zero, head_dim 0 as 0.0 raised to a negative power in the rotary embedding, "wide" deep inside a layer's
-# constructor, a negative position limit as a sequence length below 1).
-SIZE_KEYS = frozenset(("hidden_size", "intermediate_size", "vocab_size", "n_embd", "d_model", "d_ff",
-                       "num_attention_heads", "num_key_value_heads", "n_head", "num_heads", "encoder_attention_heads",
-                       "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
-                       "head_dim", "d_kv", "kv_channels", "attention_head_size",
-                       "max_position_embeddings", "n_positions", "max_target_positions", "max_source_positions",
-                       "num_mel_bins", "num_channels", "image_size"))
-INT64_MAX = 2**63 - 1  # every number becomes a tensor size or an index somewhere: beyond int64 is not a model
 # Fields of a config.json that describe the checkpoint, not the architecture, dropped as the bundled
 # table drops them: the dtype the weights were saved in (training dtypes come from --precision), how they
 # were quantized (--qlora describes the training run's quantization), the library version and the path.
@@ -218,7 +199,8 @@ def _read_json(path: Path) -> Any:
 
 def checked_config(config: Any, where: str) -> dict[str, Any]:
     """A config.json's value, refused unless it is a JSON object whose numbers, layer and expert counts and
-    nesting are within this module's limits and whose model_type is a string. Returns a copy."""
+    nesting are within the limits of this module and hf_config_checks.py and whose model_type is a string.
+    Returns a copy."""
     if not isinstance(config, dict):
         raise ModelRefError(f"expected a JSON object in config.json, got a JSON {_json_kind(config)}", where=where)
     model_type = config.get("model_type")
@@ -239,7 +221,7 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
             raise ModelRefError(f"expected a config.json nested at most {MAX_CONFIG_DEPTH} deep, got deeper at "
                                 f"{clip_text(path, 60)}", where=where)
         if isinstance(value, dict):
-            _check_heads(value, path, where)
+            check_heads(value, path, where)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
             key_path = f"{path}.{key}" if path else str(key)
@@ -247,64 +229,10 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
                 stack.append((item, key_path, depth + 1))
             if key in ROPE_KEYS and isinstance(value, dict):
                 ropes.append((item, key_path))
-            _check_number(str(key).lower(), item, key_path, where)
+            check_number(str(key).lower(), item, key_path, where)
     for value, key_path in sorted(ropes, key=lambda rope: rope[1]):
         check_rope(value, key_path, where, own_code=bool(_model_code(auto_map)))
     return dict(config)
-
-
-def _check_number(key: str, value: Any, key_path: str, where: str) -> None:
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int) and abs(value) > INT64_MAX:
-        raise ModelRefError(f"expected whole numbers within int64, got {clip_text(str(value), 30)}",
-                            where=f"{where}: {clip_text(key_path, 60)}")
-    if key in SIZE_KEYS:
-        _check_size(key, value, key_path, where)
-    check_rope_number(key, value, key_path, where)
-    # counts: num_hidden_layers, encoder_layers, n_layer …; not an index such as vision_feature_layer: -2
-    is_layer_count = key.endswith("layers") or key in ("n_layer", "depth", "depths")
-    counts = [value] if isinstance(value, int) else value if key == "depths" and isinstance(value, list) else []
-    if is_layer_count and (isinstance(value, (float, str)) or any(not isinstance(count, int) or count < 0
-                                                                  or isinstance(count, bool) for count in counts)):
-        # a list of layer indices (mlp_only_layers, no_rope_layers …) is not a count and is not checked
-        raise ModelRefError(f"expected a whole number of layers from 0 to {MAX_LAYERS}, got {clip_text(repr(value), 40)}",
-                            where=f"{where}: {clip_text(key_path, 60)}")
-    total = sum(counts)
-    if is_layer_count and total > MAX_LAYERS:
-        raise ModelRefError(f"expected at most {MAX_LAYERS:,} layers (trainmem's limit: the deepest released "
-                            f"models have 126), got {total:,}", where=f"{where}: {clip_text(key_path, 60)}")
-    if "experts" in key and isinstance(value, int) and value > MAX_EXPERTS:
-        raise ModelRefError(f"expected at most {MAX_EXPERTS:,} experts (trainmem's limit: released models have at "
-                            f"most 512), got {value:,}", where=f"{where}: {clip_text(key_path, 60)}")
-
-
-def _check_size(key: str, value: Any, key_path: str, where: str) -> None:
-    """A width, a vocabulary or a head count is a positive whole number (null: the model's default); a
-    list of them, one per layer, holds positive whole numbers."""
-    values = value if isinstance(value, list) else [value]
-    if value is not None and not all(isinstance(item, int) and not isinstance(item, bool) and item > 0
-                                     for item in values):
-        raise ModelRefError(f"expected a positive whole number, got {clip_text(repr(value), 40)}",
-                            where=f"{where}: {clip_text(key_path, 60)}")
-
-
-def _check_heads(config: dict[str, Any], path: str, where: str) -> None:
-    """Attention splits the width into heads: without an explicit head size (head_dim, d_kv, kv_channels)
-    the width must be a multiple of the head count, as transformers' attention layers require."""
-    for width_key, heads_key in (("hidden_size", "num_attention_heads"), ("n_embd", "n_head"), ("d_model", "num_heads")):
-        width, heads = config.get(width_key), config.get(heads_key)
-        if (isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads
-                and not any(key in config for key in ("head_dim", "d_kv", "kv_channels", "attention_head_size"))):
-            key_path = f"{path}.{width_key}" if path else width_key
-            raise ModelRefError(f"expected a multiple of {heads_key} ({heads:,}), got {width:,}",
-                                where=f"{where}: {clip_text(key_path, 60)}")
-    # grouped-query attention shares each key/value head among a whole number of query heads
-    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
-    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
-        key_path = f"{path}.num_key_value_heads" if path else "num_key_value_heads"
-        raise ModelRefError(f"expected a divisor of num_attention_heads ({heads:,}), got {kv_heads:,}",
-                            where=f"{where}: {clip_text(key_path, 60)}")
 
 
 def _no_constant(name: str) -> None:

@@ -13,6 +13,9 @@ from typing import Any
 
 from trainmem.errors import SetupError, expected, one_line, unknown_key
 from trainmem.files import regular_file
+# the bounds stay importable from here (trace/step.py, cli/ and tests read them as trainmem.setup's)
+from trainmem.setup.count_limits import MAX_ELEMENTS as MAX_ELEMENTS, MAX_GRAD_ACCUM as MAX_GRAD_ACCUM, check_counts
+from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS
 from trainmem.setup.layout import ParallelLayout
 from trainmem.trainer_defaults import trainer_optimizer_impl
 
@@ -74,24 +77,6 @@ class Activation(enum.StrEnum):
     GELU = "gelu"
     SIGMOID = "sigmoid"
 
-
-# A tensor's element count is an int64 in c10 (TensorImpl::numel_): a batch of more elements cannot be
-# made, and torch fails while unpacking the size. A batch size beyond it is a typo, not a plan.
-MAX_ELEMENTS = 2**63 - 1
-# The trace runs every micro-batch of a step (trace/loops.py), each a full forward and backward. Real
-# runs accumulate up to a few hundred micro-batches (a global batch of 1,024 from micro-batches of 1 on
-# 8 GPUs is 128); 1,024 covers them with room, and tracing more would take minutes to say the same.
-MAX_GRAD_ACCUM = 1024
-# The run's length (--steps, run_steps) and the steps traced (steps): the CPU heap's growth is replayed by
-# doubling the run until it stops moving (alloc/steady_state.py: within 32 steps by default, and never more
-# events than a bounded replay holds, a few hundred steps of a small model), and `trainmem measure` runs that
-# many real steps in each fresh process. 1,000 is far past where a heap still grows; a million is a typo that
-# would measure for hours.
-MAX_RUN_STEPS = 1000
-# Steps traced on fake tensors (--trace-steps, hidden): each is a whole forward, backward and optimizer step,
-# seconds for a large model; two are enough, the later ones are composed from them (alloc/steady_state.py).
-# 16 leaves room to check that composition against a longer real trace (tests/test_steady_state.py).
-MAX_TRACE_STEPS = 16
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
 
@@ -203,23 +188,7 @@ class TrainingSetup:
         if not isinstance(self.parallel, ParallelLayout):
             raise expected("a ParallelLayout", self.parallel, "parallel")
         object.__setattr__(self, "parallel", self.parallel.resolve())
-        _check_positive_int(self.batch_size, "--batch-size")
-        _check_positive_int(self.grad_accum, "--grad-accum")
-        if self.batch_size > MAX_ELEMENTS:
-            raise expected(f"a batch size within a tensor's int64 element count ({MAX_ELEMENTS:,})", self.batch_size,
-                           "--batch-size")
-        if self.grad_accum > MAX_GRAD_ACCUM:
-            raise expected(f"at most {MAX_GRAD_ACCUM:,} micro-batches per optimizer step", self.grad_accum, "--grad-accum")
-        _check_positive_int(self.steps, "--trace-steps")
-        if self.steps > MAX_RUN_STEPS:  # measure's real runs carry their length here (the CLI traces at most 16)
-            raise expected(f"at most {MAX_RUN_STEPS:,} steps", self.steps, "--trace-steps")
-        if self.run_steps is not None:
-            _check_positive_int(self.run_steps, "--steps")
-            if self.run_steps > MAX_RUN_STEPS:
-                raise expected(f"at most {MAX_RUN_STEPS:,} steps (trainmem's limit; without --steps the run is "
-                               "taken as a long one)", self.run_steps, "--steps")
-        if self.seq_len is not None:
-            _check_positive_int(self.seq_len, "--seq-len")
+        check_counts(self.batch_size, self.grad_accum, self.steps, self.run_steps, self.seq_len)
         if self.lora is not None:
             LoraSpec.parse(self.lora)
         if self.target_shape is not None:
@@ -416,11 +385,6 @@ def _positive_finite(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return number > 0 and math.isfinite(number)
-
-
-def _check_positive_int(value: Any, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise expected("a positive integer", value, where)
 
 
 def parse_shape(text: str | int | Sequence[int], where: str = "--input-shape",
