@@ -26,9 +26,10 @@ $(VENV)/.torch-ready:
 	$(BIN)/pip install --quiet $(DEV_TORCH)
 	touch $@
 
-# what the demo needs: trainmem with its [torch] extra, torch (already there)
+# what the demo needs: trainmem with its [torch] extra, torch (already there), and numpy: torch's wheel does not
+# require it, but without it every import of torch warns "Failed to initialize NumPy" (torch/csrc/utils/tensor_numpy.cpp)
 $(VENV)/.demo-ready: $(VENV)/.torch-ready pyproject.toml
-	$(BIN)/pip install --quiet -e '.[torch]' $(DEV_TORCH)
+	$(BIN)/pip install --quiet -e '.[torch]' $(DEV_TORCH) numpy
 	touch $@
 
 # the test extras (pytest, pyyaml, transformers, peft, onnx, tensorflow-cpu, keras) on top

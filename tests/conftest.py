@@ -35,9 +35,10 @@ def tmp_factory(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _no_allocator_settings_from_the_environment(monkeypatch):
-    """The CLI takes PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF from the environment (cli/options.py
-    with_environment): a developer's own setting would move every GPU figure. Tests that want one set it."""
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+    """The CLI takes PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF, and for Keras on TensorFlow
+    TF_FORCE_GPU_ALLOW_GROWTH / TF_GPU_ALLOCATOR, from the environment (cli/options.py with_environment): a
+    developer's own setting would move every GPU figure. Tests that want one set it."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -25,11 +25,12 @@ from trainmem.errors import TrainmemError, quote
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
     if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
         return ARGS_COMMANDS[args.command](args)
-    options = with_environment(merge_options(args, option_keys(parser)).with_values(model=args.model))
+    options = with_environment(merge_options(args, option_keys(parser)).with_values(model=args.model), args.command)
     options = with_output_paths(options)  # against the directory trainmem started in: the model's code may chdir
     warnings = environment_notes(options) + check_run_options(options, args.command)
     setup = setup_from_options(options)
-    options = options.with_values(colour=stdout_wants_colour())  # read before stdout is pointed at stderr below
+    # colour is read before stdout is pointed at stderr below; debug keeps libraries' start-up lines (cli/quiet.py)
+    options = options.with_values(colour=stdout_wants_colour(), debug=bool(getattr(args, "debug", False)))
     with user_output_to_stderr():
         try:
             outcome = SETUP_COMMANDS[args.command](options, setup)

@@ -62,20 +62,87 @@ def option_keys(parser: argparse.ArgumentParser) -> set[str]:
 # c10/cuda/CUDAAllocatorConfig.h: PYTORCH_CUDA_ALLOC_CONF, then PYTORCH_ALLOC_CONF): the run the user estimates
 # takes them, so the estimate does too unless --alloc-conf (or a --setup file) says otherwise.
 ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+# TensorFlow's GPU settings in the environment, as TensorFlow 2.21 reads them (exact text, no case folding):
+# TF_FORCE_GPU_ALLOW_GROWTH (common_runtime/gpu/gpu_bfc_allocator.cc GetAllowGrowthValue: "true" or "false"
+# replaces the config's allow_growth; any other text is logged as an error and ignored), the memory mode unless
+# --tf-memory (or a --setup file's tf_memory) gives one; and TF_GPU_ALLOCATOR (gpu_process_state.cc: the three
+# values below change the allocator, any other text leaves the BFC allocator).
+TF_GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
+TF_GROWTH_MODES = {"true": "growth", "false": "default"}
+TF_ALLOCATOR_VARIABLE = "TF_GPU_ALLOCATOR"
+# Every allocator TF_GPU_ALLOCATOR can choose is refused, not noted on stderr: what it changes is what a Keras GPU
+# answer leads with (the BFC regions, nvidia-smi), so a line beside BFC figures would come after a wrong
+# headline; PyTorch's counterpart (backend:cudaMallocAsync) is refused the same way (targets/cuda_target.py).
+# The refusal says how to get the BFC allocator's figures. Other text is refused as a likely misspelling.
+TF_ALLOCATORS = {"cuda_malloc_async": "TensorFlow would allocate from cudaMallocAsync's stream-ordered pool",
+                 "cuda_malloc": "TensorFlow would cudaMalloc every tensor (a debugging allocator)",
+                 "memory_guard": "TensorFlow would wrap the BFC allocator in GPUDebugAllocator's guard bytes (a "
+                                 "debugging allocator)"}
+ENVIRONMENT = " in the environment"
 
 
-def with_environment(options: Options) -> Options:
-    """The options with the allocator settings of the environment where none were given, on a GPU --device
-    (on the CPU they mean nothing); `origins` names the variable, so a message about them names it too."""
-    if "alloc_conf" in options.given or str(options.values.get("device", "cpu")).strip().lower() == "cpu":
+def with_environment(options: Options, command: str = "estimate") -> Options:
+    """The options with the settings of the environment where none were given, on a GPU --device (on the CPU
+    they mean nothing): TensorFlow's for a Keras model on TensorFlow (and compare's Keras side), PyTorch's
+    allocator settings for the rest (Keras on the torch backend trains on PyTorch's allocator); neither
+    framework reads the other's. `origins` names the variable, so a message about a setting names it too."""
+    if str(options.values.get("device", "cpu")).strip().lower() == "cpu":
+        return options
+    keras_on_tensorflow = _keras_on_tensorflow(options)
+    if keras_on_tensorflow or command == "compare":
+        options = _with_tensorflow_environment(options)
+    return options if keras_on_tensorflow else _with_torch_environment(options)
+
+
+def _keras_on_tensorflow(options: Options) -> bool:
+    """Whether the model is Keras on TensorFlow, from its reference's text, a stat and a factory file's import
+    lines (cli/commands/measure.py keras_factory_file), before anything is imported or run. Keras's backend:
+    --keras-backend, else KERAS_BACKEND as Keras reads it (its ~/.keras/keras.json is not read here)."""
+    from trainmem.cli.commands.measure import keras_factory_file
+    from trainmem.frontends.framework import is_keras_reference
+
+    backend = options.values.get("keras_backend") or os.environ.get("KERAS_BACKEND", "").strip() or "tensorflow"
+    if backend != "tensorflow" or not isinstance(options.values.get("model"), str):
+        return False
+    return is_keras_reference(options.model, options.values.get("framework", "auto")) or keras_factory_file(options)
+
+
+def _with_torch_environment(options: Options) -> Options:
+    if "alloc_conf" in options.given:
         return options
     for name in ALLOC_CONF_VARIABLES:
         value = os.environ.get(name, "").strip()
         if value:
             _check_environment_alloc_conf(name, value)
             return Options({**options.values, "alloc_conf": value}, {**options.given, "alloc_conf": value},
-                           {**options.origins, "alloc_conf": f"{name} in the environment"})
+                           {**options.origins, "alloc_conf": name + ENVIRONMENT})
     return options
+
+
+def _with_tensorflow_environment(options: Options) -> Options:
+    allocator = os.environ.get(TF_ALLOCATOR_VARIABLE, "")
+    if allocator.strip():
+        _refuse_tf_allocator(allocator)
+    value = os.environ.get(TF_GROWTH_VARIABLE, "")
+    if "tf_memory" in options.given or not value.strip():  # empty: TensorFlow keeps the config's, as unset
+        return options
+    mode = TF_GROWTH_MODES.get(value)
+    if mode is None:
+        raise TrainmemError(f"expected true or false (TensorFlow reads exactly these, in lower case, and ignores "
+                            f"any other value), got {quote(value)}", where=TF_GROWTH_VARIABLE + ENVIRONMENT)
+    return Options({**options.values, "tf_memory": mode}, {**options.given, "tf_memory": mode},
+                   {**options.origins, "tf_memory": f"{TF_GROWTH_VARIABLE}={value}{ENVIRONMENT}"})
+
+
+def _refuse_tf_allocator(value: str) -> None:
+    where = TF_ALLOCATOR_VARIABLE + ENVIRONMENT
+    if value not in TF_ALLOCATORS:
+        raise TrainmemError(f"expected one of TensorFlow's values ({', '.join(TF_ALLOCATORS)}) or none, got "
+                            f"{quote(value)} (TensorFlow would ignore it and keep its BFC allocator: unset it or "
+                            "correct it)", where=where)
+    raise TrainmemError(f"expected TensorFlow's BFC allocator (the one trainmem models), got {value}: "
+                        f"{TF_ALLOCATORS[value]}; for the BFC allocator's figures run trainmem without it "
+                        f"(env -u {TF_ALLOCATOR_VARIABLE} trainmem …)", where=where)
 
 
 def _check_environment_alloc_conf(name: str, value: str) -> None:
@@ -83,15 +150,19 @@ def _check_environment_alloc_conf(name: str, value: str) -> None:
     --alloc-conf)."""
     from trainmem.targets.cuda_target import allocator_config
 
-    allocator_config(value, f"{name} in the environment", "allocator", "; --alloc-conf overrides the environment")
+    allocator_config(value, name + ENVIRONMENT, "allocator", "; --alloc-conf overrides the environment")
 
 
 def environment_notes(options: Options) -> list[str]:
     """One line for each setting taken from the environment (printed on stderr with the warnings)."""
-    origin = options.origins.get("alloc_conf", "")
-    if origin.endswith(" in the environment"):
-        return [f"allocator settings {options.values['alloc_conf']!r} from {origin} (--alloc-conf overrides them)"]
-    return []
+    notes = []
+    if options.origins.get("alloc_conf", "").endswith(ENVIRONMENT):
+        notes.append(f"allocator settings {options.values['alloc_conf']!r} from {options.origins['alloc_conf']} "
+                     "(--alloc-conf overrides them)")
+    if options.origins.get("tf_memory", "").endswith(ENVIRONMENT):
+        notes.append(f"TensorFlow GPU memory mode {options.values['tf_memory']!r} from {options.origins['tf_memory']}"
+                     " (--tf-memory overrides it)")
+    return notes
 
 
 def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:

@@ -17,6 +17,11 @@ from trainmem.errors import ModelRefError
 from trainmem.frontends.framework import KERAS_BACKENDS
 
 INSTALL_HINT = "install it with pip install 'trainmem[tensorflow]'"
+# TensorFlow's C++ logging threshold, read once as TensorFlow's logging starts (so only before its first import
+# has it any effect), and only where the user set none: 2 keeps errors. It removes the records TensorFlow logs
+# once its logging is set up; the oneDNN line and absl's notice, logged while its libraries load, ignore it —
+# the command line filters those (cli/quiet.py, which measured which variable removes which line).
+LOG_LEVEL_VARIABLE, QUIET_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL", "2"
 
 
 def import_keras(backend: str | None = None, where: str = "MODEL") -> Any:
@@ -28,7 +33,7 @@ def import_keras(backend: str | None = None, where: str = "MODEL") -> Any:
     if backend is not None and already is None:
         os.environ["KERAS_BACKEND"] = backend
     if backend == "tensorflow" or (backend is None and already is None):
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up lines on stderr
+        os.environ.setdefault(LOG_LEVEL_VARIABLE, QUIET_LOG_LEVEL)
     try:
         import keras
     except ImportError:
@@ -45,7 +50,7 @@ def import_keras(backend: str | None = None, where: str = "MODEL") -> Any:
 
 def import_tensorflow(where: str = "MODEL") -> Any:
     """The tensorflow module, for Keras on the TensorFlow backend and for SavedModel directories."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault(LOG_LEVEL_VARIABLE, QUIET_LOG_LEVEL)
     try:
         import tensorflow as tf
     except ImportError:
