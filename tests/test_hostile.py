@@ -105,7 +105,7 @@ class Case:
     rss_limit: int | None = RSS_GROWTH_LIMIT
     rss_at_least: int | None = None  # documents a case where the user's own code allocates for real
     check: Callable[[Path], str | None] | None = None  # extra check on the case's directory: a problem or None
-    process: str | None = None  # "sigint" | "closed-stdout": needs a process of its own
+    process: str | None = None  # "sigint" | "closed-stdout" | "cli" (the command as a shell runs it): a process of its own
     # 0: any time; 1: may leave the runner holding memory or be killed: after the others; 2: ends the
     # runner's process: at the very end, so that no restart (seconds of importing torch) follows it
     order: int = 0
@@ -621,9 +621,19 @@ def _cases() -> list[Case]:
           0, user_output=("hello from the module body",)),
         c("py-factory-sys-exit-0", ("estimate", _factory("exits_0")), 2, ("exits_0",)),
         c("py-factory-sys-exit-3", ("estimate", _factory("exits_3")), 2, ("exits_3",)),
-        # os._exit ends the process from inside the user's code; only running the factory in a child
-        # process could turn it into a line. Debatable: documented here as the contract we want.
-        c("py-factory-os-exit", ("estimate", _factory("hard_exit")), 2, ("hard_exit",), order=2),
+        # os._exit ends the process from inside the user's code: the `trainmem` command runs it in a supervised
+        # worker (cli/supervisor.py), whose parent turns the worker's end into one line
+        c("py-factory-os-exit", ("estimate", _factory("hard_exit")), 2, ("hard_exit", "os._exit"), process="cli", seconds=PROCESS_SECONDS),
+        c("py-factory-prints-at-exit-with-json", ("estimate", _factory("prints_at_exit"), "--input-shape", "10",
+                                                  "--format", "json"), 0, process="cli", seconds=PROCESS_SECONDS),
+        c("py-factory-raises-generator-exit", ("estimate", _factory("raises_generator_exit")), 2,
+          ("GeneratorExit", "raises_generator_exit"), process="cli", seconds=PROCESS_SECONDS),
+        c("py-factory-raises-base-exception", ("estimate", _factory("raises_base_exception")), 2,
+          ("NotAnException",), process="cli", seconds=PROCESS_SECONDS),
+        c("py-factory-starts-a-thread-that-never-ends", ("estimate", _factory("never_ending_thread"), "--input-shape",
+                                                          "10", "--quiet"), 0, process="cli", seconds=PROCESS_SECONDS),
+        c("py-factory-forks", ("estimate", _factory("forks"), "--input-shape", "10", "--format", "json"), 0,
+          process="cli", seconds=PROCESS_SECONDS),
         c("py-factory-raises-keyboard-interrupt", ("estimate", _factory("raises_keyboard_interrupt")), 130),
         # The user's file allocates 1 GB for real when imported: trainmem runs it because the user named
         # it as code. What we do: run it, answer, and not add to it (the RSS grows by the user's tensor).
@@ -861,11 +871,7 @@ assert len({case.id for case in CASES}) == len(CASES), "case ids must be unique"
 
 # Cases that fail today: id → what happens today and why it is left. Run as strict xfails (a fix shows as
 # XPASS: then remove the entry).
-KNOWN_FAILURES: dict[str, str] = {
-    "py-factory-os-exit": "exit 0 and no output at all: os._exit ends the process without Python's cleanup, so only "
-                          "running the user's factory in a child process could see it (not done: the factory's "
-                          "model must come back to this process)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _params():
@@ -1024,6 +1030,12 @@ def _run_in_own_process(case: Case, directory: Path, argv: list[str], root: Path
                                            stdout=write_end, stderr=err, start_new_session=True)
             finally:
                 os.close(write_end)
+            since = time.monotonic()
+            code, peak = _wait(process, PROCESS_START_SECONDS)
+        elif case.process == "cli":  # the `trainmem` command as a shell runs it: the model's code in a worker
+            with out_path.open("wb") as out:
+                process = subprocess.Popen(command, cwd=directory, env=environment, stdin=subprocess.DEVNULL,
+                                           stdout=out, stderr=err, start_new_session=True)
             since = time.monotonic()
             code, peak = _wait(process, PROCESS_START_SECONDS)
         else:

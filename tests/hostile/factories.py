@@ -140,3 +140,38 @@ def all_frozen():
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model
+
+
+# --- for the supervised worker (the `trainmem` command runs the model's code in a process of its own) ---------
+
+
+def prints_at_exit():
+    import atexit
+
+    atexit.register(lambda: print("goodbye from atexit"))
+    return small()
+
+
+def raises_generator_exit():
+    raise GeneratorExit("stop")
+
+
+class NotAnException(BaseException):
+    pass
+
+
+def raises_base_exception():
+    raise NotAnException("a BaseException of the user's")
+
+
+def never_ending_thread():
+    import threading
+    import time
+
+    threading.Thread(target=lambda: time.sleep(3600)).start()  # not a daemon: it would hold the exit
+    return small()
+
+
+def forks():
+    os.fork()  # both copies go on building and tracing the model
+    return small()

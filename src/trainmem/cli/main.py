@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from typing import Any
 
 from trainmem.cli.commands import ARGS_COMMANDS, SETUP_COMMANDS
 from trainmem.cli.encoding import for_stream
@@ -22,7 +23,9 @@ from trainmem.cli.process import ctrl_c_ends_the_process, stdout_wants_colour, u
 from trainmem.errors import TrainmemError, quote
 
 
-def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Outcome:
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser, in_worker: bool = False) -> Outcome:
+    """The command of `args`: in this process, or with `in_worker` the command of a model in a supervised worker
+    process (cli/supervisor.py), its files written here."""
     if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
         return ARGS_COMMANDS[args.command](args)
     options = with_environment(merge_options(args, option_keys(parser)).with_values(model=args.model), args.command)
@@ -31,55 +34,86 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ou
     setup = setup_from_options(options)
     # colour is read before stdout is pointed at stderr below; debug keeps libraries' start-up lines (cli/quiet.py)
     options = options.with_values(colour=stdout_wants_colour(), debug=bool(getattr(args, "debug", False)))
+    if in_worker:
+        from trainmem.cli.output_files import write_deferred
+        from trainmem.cli.supervisor import DEFAULT_TIMEOUT_SECONDS, run_in_worker
+
+        job = {"command": args.command, "values": dict(options.values), "given": dict(options.given),
+               "origins": dict(options.origins), "setup": setup, "model": args.model, "debug": args.debug}
+        outcome = run_in_worker(job, options.values.get("timeout") or DEFAULT_TIMEOUT_SECONDS)
+        write_deferred(outcome.files)
+    else:
+        outcome = execute(args.command, options, setup, args.model)
+    return dataclasses.replace(outcome, warnings=tuple(warnings) + outcome.warnings, files=())
+
+
+def execute(command: str, options: Any, setup: Any, model: str) -> Outcome:
+    """A command of a model, with the user's output on stderr: here, or in the worker (cli/worker.py)."""
     with user_output_to_stderr():
         try:
-            outcome = SETUP_COMMANDS[args.command](options, setup)
+            return SETUP_COMMANDS[command](options, setup)
         except SystemExit as stop:  # the model's code (a forward, a library it imports) called sys.exit
             raise TrainmemError(f"expected the model's code to return, it called sys.exit({quote(stop.code)})",
-                                where=args.model) from None
+                                where=model) from None
         except (ImportError, TrainmemError) as error:  # torch not installed: which extra to install
             from trainmem.install_hints import missing_framework_line
 
-            line = missing_framework_line(error, args.model, options.framework,
-                                          keras_command=args.command not in ("fit", "compare"))
+            line = missing_framework_line(error, model, options.framework,
+                                          keras_command=command not in ("fit", "compare"))
             if line is None:
                 raise
             raise TrainmemError(line) from error
-    return dataclasses.replace(outcome, warnings=tuple(warnings) + outcome.warnings)
+
+
+def error_line(error: BaseException) -> str:
+    """The one stderr line of a failed command (without --debug)."""
+    if isinstance(error, TrainmemError):
+        return f"trainmem: error: {error}"
+    return (f"trainmem: error: {type(error).__name__}: {one_line_of(error)} (rerun with --debug for the "
+            "traceback)")
 
 
 _running = False  # main() is running in this process: a model factory that calls it again would recurse
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. Given no `argv` (the `trainmem` command), the command of a model runs in a supervised
+    worker process (cli/supervisor.py); given `argv` (a Python program, a test), in this process."""
     global _running
     if _running:  # e.g. `trainmem estimate trainmem.cli:main`: trainmem itself given as the model's factory
         raise TrainmemError("expected a model factory, got trainmem's own command line (trainmem.cli.main)",
                             where="MODEL")
     _running = True
     try:
-        return _main(argv)
+        from trainmem.cli.supervisor import supervised
+
+        return _main(argv, in_worker=argv is None and supervised())
     finally:
         _running = False
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, in_worker: bool = False) -> int:
+    from trainmem.cli.supervisor import WorkerFailed
+
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     with ctrl_c_ends_the_process():
         try:
             parser = build_parser()
             args = parser.parse_args(argv)
-            outcome = run_command(args, parser)
+            outcome = run_command(args, parser, in_worker)
             for line in outcome.warnings:
                 print(for_stream(line, sys.stderr), file=sys.stderr)
             print(for_stream(outcome.text, sys.stdout))
             sys.stdout.flush()  # a closed pipe shows here, inside the try, not at the interpreter's exit
             return outcome.code
+        except WorkerFailed as failed:  # the worker's own line (its traceback already on stderr with --debug)
+            print(for_stream(failed.line, sys.stderr), file=sys.stderr)
+            return failed.code
         except TrainmemError as error:
             if debug:
                 raise
-            print(for_stream(f"trainmem: error: {error}", sys.stderr), file=sys.stderr)
+            print(for_stream(error_line(error), sys.stderr), file=sys.stderr)
             return EXIT_BAD_INPUT
         except KeyboardInterrupt:  # Ctrl-C where the handler could not be installed
             print(INTERRUPTED_LINE.decode().strip(), file=sys.stderr)
@@ -93,8 +127,7 @@ def _main(argv: list[str] | None) -> int:
         except Exception as error:  # noqa: BLE001 - anything unexpected is still one line without --debug
             if debug:
                 raise
-            print(for_stream(f"trainmem: error: {type(error).__name__}: {one_line_of(error)} (rerun with --debug "
-                             "for the traceback)", sys.stderr), file=sys.stderr)
+            print(for_stream(error_line(error), sys.stderr), file=sys.stderr)
             return EXIT_BAD_INPUT
 
 

@@ -11,11 +11,12 @@ that appeared meanwhile instead of following it, and no reader ever sees half a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from trainmem.errors import TrainmemError, quote, short
@@ -89,9 +90,53 @@ def _refuse_existing(path: str, absolute: str, where: str) -> None:
         raise TrainmemError(f"expected a file you can write, got {quote(path)} (read-only)", where=where)
 
 
+_deferred: list[tuple[str, str, str, bytes]] | None = None  # in the worker: files for the parent to write
+
+
+@contextlib.contextmanager
+def deferred_writes() -> Iterator[list[tuple[str, str, str, bytes]]]:
+    """In the worker (cli/worker.py): write_safely renders each file into a private temporary folder and keeps
+    its bytes, (absolute, shown, where, bytes), for the parent process to write (cli/supervisor.py): only the
+    parent writes the user's files."""
+    global _deferred
+    _deferred = []
+    try:
+        yield _deferred
+    finally:
+        _deferred = None
+
+
+def write_deferred(files: tuple[tuple[str, str, str, bytes], ...]) -> None:
+    """The parent's side: each file the worker rendered, written as write_safely writes (a link is refused)."""
+    for absolute, shown, where, data in files:
+        write_safely(absolute, shown, where, lambda staged, data=data: _write_bytes(staged, data))
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def _render_for_the_parent(absolute: str, shown: str, where: str, write: Callable[[str], T]) -> T:
+    private = tempfile.mkdtemp(prefix="trainmem-output-")
+    staged = os.path.join(private, os.path.basename(absolute))
+    try:
+        result = write(staged)
+        with open(staged, "rb") as handle:
+            _deferred.append((absolute, shown, where, handle.read()))  # type: ignore[union-attr]
+    except TrainmemError as error:
+        raise type(error)(error.message.replace(staged, shown), where=error.where) from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return result
+
+
 def write_safely(absolute: str, shown: str, where: str, write: Callable[[str], T]) -> T:
     """Call `write(name)` on a new file in a private folder beside `absolute`, then rename it to `absolute`;
-    `shown` is the path as the user gave it, for messages. Returns what `write` returns."""
+    `shown` is the path as the user gave it, for messages. Returns what `write` returns. In the worker the file
+    is rendered in a temporary folder and its bytes go to the parent (deferred_writes)."""
+    if _deferred is not None:
+        return _render_for_the_parent(absolute, shown, where, write)
     folder, name = os.path.split(absolute)
     _refuse_existing(shown, absolute, where)  # again: a link made since the flags were read is refused too
     try:

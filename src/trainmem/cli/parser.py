@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from trainmem.cli.options import RUN_DEFAULTS
+from trainmem.cli.outcome import EXIT_STATUS_HELP
 from trainmem.errors import TrainmemError
 from trainmem.setup.count_limits import MAX_RUN_STEPS
 from trainmem.setup.text_values import MODULE_LOADING
@@ -75,7 +76,7 @@ def references_help() -> str:
         "  --framework keras                builds mlp: and specs as Keras models; file.py:factory returning a\n"
         "                                   keras.Model is detected (its file imports keras or tensorflow)\n"
         f"optimizers: {', '.join(member.value for member in Optimizer)}\n"
-        "exit codes: 0 fits, 1 does not fit, 2 bad input or a failed trace, 130 interrupted, 141 closed pipe")
+        + EXIT_STATUS_HELP)
 
 
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
@@ -163,6 +164,29 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def timeout_seconds(text: str) -> float:
+    """--timeout: seconds, more than 0 and at most a week (cli/supervisor.py)."""
+    from trainmem.cli.supervisor import MAX_TIMEOUT_SECONDS
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT_SECONDS:
+        raise TrainmemError(f"expected seconds above 0 and at most {MAX_TIMEOUT_SECONDS:,}, got {text!r}",
+                            where="--timeout")
+    return value
+
+
+def add_process_flags(parser: argparse.ArgumentParser) -> None:
+    """How the `trainmem` command supervises the process that runs the model's code (cli/supervisor.py)."""
+    from trainmem.cli.supervisor import DEFAULT_TIMEOUT_SECONDS
+
+    parser.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS", help="stop the model's code after "
+                        "this long: exit 2 with one line (the command runs it in a worker process it can stop) "
+                        f"(default: {DEFAULT_TIMEOUT_SECONDS:,} s)")
+
+
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """What else an estimate writes besides its report on stdout (report/)."""
     from trainmem.report.memviz_limits import DEFAULT_MAX_ENTRIES
@@ -195,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, text: str) -> argparse.ArgumentParser:  # a command of a MODEL: the setup and many-GPU flags
         parser = commands.add_parser(name, help=text, description=text, epilog=references, formatter_class=formatter)
         add_setup_flags(parser)
+        add_process_flags(parser)
         add_parallel_flags(parser)
         return parser
 

@@ -13,17 +13,18 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, Outcome
+from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_OK, EXIT_STATUS_HELP, Outcome
 from trainmem.cli.parallel_flags import add_parallel_flags
-from trainmem.cli.parser import add_setup_flags
+from trainmem.cli.parser import add_process_flags, add_setup_flags
 
 PLAN_TEXT = "the layouts of N GPUs (data-parallel kind x dp.tp.pp x micro-batch x checkpointing x precision x offload) that fit, ranked by headroom"
 
 
 def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("plan", help=PLAN_TEXT, description=PLAN_TEXT,
+    parser = commands.add_parser("plan", help=PLAN_TEXT, description=PLAN_TEXT, epilog=EXIT_STATUS_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_setup_flags(parser)
+    add_process_flags(parser)
     add_parallel_flags(parser)
     group = parser.add_argument_group("plan")
     add = group.add_argument

@@ -1,0 +1,186 @@
+"""The command line's parent process: it parses the flags and checks them, then runs the command of a model in a
+worker process (cli/worker.py) and keeps what the user sees in its own hands.
+
+Why a worker: the user's model code (a factory, a forward, the libraries they import) runs inside trainmem. In one
+process it can print after the answer from atexit, start a thread that never ends, fork, ignore Ctrl-C, close
+stderr or end the process with os._exit. In the worker it can do all of that and the answer stays the answer:
+- the worker starts in a session and process group of its own, so the terminal's Ctrl-C reaches only this parent,
+  which kills the worker's whole group (anything it forked or started included) and exits 130 (SIGTERM: 143);
+- the worker sends its Outcome back as data on a pipe of its own, then ends at once (os._exit: no atexit handler,
+  no thread join); the parent then kills the group, so nothing the worker left running can write after the answer;
+- only the parent writes to stdout and writes the output files (the worker hands their bytes back, cli/output_files
+  .py `deferred_writes`); the user's code's stdout goes to stderr for the worker's whole life;
+- a worker that ends without an answer (os._exit, a crash, a signal), runs past --timeout or grows past the memory
+  bound is one line naming what happened, exit 2, never 1 ("does not fit").
+A Python program calling `trainmem.cli.main(argv)` (tests, notebooks) runs the command in its own process, as
+before; so does the command line with TRAINMEM_IN_PROCESS=1 (for debugging the worker itself).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from trainmem.cli.outcome import EXIT_INTERRUPTED, EXIT_TERMINATED, Outcome
+from trainmem.errors import TrainmemError
+
+RESULT_FD_ENV = "TRAINMEM_RESULT_FD"  # the worker's end of the pipe its answer comes back on
+IN_PROCESS_ENV = "TRAINMEM_IN_PROCESS"
+DEFAULT_TIMEOUT_SECONDS = 24 * 3600  # a 70B plan or a long measure takes hours at most; a hung factory for ever
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+# The worker may hold at most this share of the machine's RAM: an estimate allocates no tensor memory, so only the
+# user's own code (a real weight at import, a runaway loop) comes near it; it is stopped before the machine swaps
+MEMORY_SHARE = 0.9
+POLL_SECONDS = 0.1
+
+
+def supervised() -> bool:
+    return os.environ.get(IN_PROCESS_ENV, "") in ("", "0")
+
+
+def run_in_worker(job: dict[str, Any], timeout: float) -> Outcome:
+    """Run `job` (cli/worker.py) in a worker process and return its Outcome; TrainmemError for a worker that failed,
+    with the one line the user sees. Ctrl-C and SIGTERM kill the worker's group and end this process."""
+    read_end, write_end = os.pipe()
+    environment = {**os.environ, RESULT_FD_ENV: str(write_end)}
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "trainmem.cli.worker"], stdin=subprocess.PIPE, stdout=2,
+                                   pass_fds=(write_end,), env=environment, start_new_session=True)
+    finally:
+        os.close(write_end)
+    with _signals_kill(process):
+        try:
+            _send(process, job)
+            data = _answer(process, read_end, timeout, str(job.get("model") or "MODEL"))
+        finally:
+            os.close(read_end)
+            _kill_group(process)
+    kind, value = pickle.loads(data)
+    if kind == "failed":
+        raise WorkerFailed(*value)
+    return value
+
+
+class WorkerFailed(TrainmemError):
+    """The worker's own stderr line (already "trainmem: error: …") and exit code, printed and returned as they are."""
+
+    def __init__(self, line: str, code: int) -> None:
+        super().__init__(line)
+        self.line, self.code = line, code
+
+
+def _send(process: subprocess.Popen, job: dict[str, Any]) -> None:
+    try:
+        process.stdin.write(pickle.dumps(job))
+        process.stdin.close()
+    except (BrokenPipeError, OSError):  # it ended before reading: _answer says how
+        pass
+
+
+def _answer(process: subprocess.Popen, read_end: int, timeout: float, model: str) -> bytes:
+    """The worker's framed answer (8-byte length, then a pickle), read as it comes; the bounds checked meanwhile."""
+    data = bytearray()
+    deadline = time.monotonic() + timeout
+    limit = int(_memory_total() * MEMORY_SHARE)
+    while True:
+        ready, _, _ = select.select([read_end], [], [], POLL_SECONDS)
+        if ready:
+            chunk = os.read(read_end, 1 << 20)
+            data += chunk
+            if _complete(data):
+                return bytes(data[8:8 + int.from_bytes(data[:8], "big")])
+            if not chunk:  # end of file without a whole answer: the worker has ended
+                raise TrainmemError(_ended_words(process), where=model)
+        if time.monotonic() > deadline:
+            raise TrainmemError(f"expected the model's code to finish within --timeout {timeout:g} s, it was still "
+                                "running: stopped (raise --timeout for a run this long)", where="--timeout")
+        if limit and _rss(process.pid) > limit:
+            raise TrainmemError(f"expected the model's code to stay within {limit / 2**30:.1f} GiB of RAM ("
+                                f"{MEMORY_SHARE:.0%} of this machine's), the worker running it grew past that: stopped "
+                                "(an estimate allocates no tensor memory; the model's code allocated for real)",
+                                where=model)
+
+
+def _complete(data: bytearray) -> bool:
+    return len(data) >= 8 and len(data) >= 8 + int.from_bytes(data[:8], "big")
+
+
+def _ended_words(process: subprocess.Popen) -> str:
+    try:
+        status = process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        status = None
+    if status is None:
+        how = "closed its answer pipe and went on running"
+    elif status < 0:
+        how = f"was killed by signal {signal.Signals(-status).name}"
+    else:
+        how = f"exited with status {status}"
+    return (f"expected the model's code to return to trainmem, the worker running it {how} before answering (the "
+            "model's code or a library it uses ended the process: os._exit, a crash, the kernel's OOM killer)")
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _memory_total() -> int:
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0  # no /proc (macOS): no memory bound
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """The worker and everything in its session (threads, forks, the processes it started)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class _signals_kill:
+    """While the worker runs: Ctrl-C (SIGINT) or SIGTERM to this process kills the worker's group, says so in one
+    line and exits 130 or 143, within a poll of the answer pipe."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        _kill_group(self.process)
+        os.write(2, b"trainmem: interrupted\n" if signum == signal.SIGINT else b"trainmem: terminated\n")
+        os._exit(EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_TERMINATED)
+
+    def __enter__(self) -> _signals_kill:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[signum] = signal.signal(signum, self._handler)
+            except ValueError:  # not the main thread: the default handlers stay
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,196 @@
+"""The `trainmem` command runs the command of a model in a supervised worker (cli/supervisor.py, cli/worker.py):
+whatever the user's code does besides returning a model — print from atexit, start a thread that never ends, fork,
+ignore Ctrl-C, close stderr, end the process, raise a BaseException — the answer stays the answer, and every
+failure is one line with exit 2 (issue 25, item 1). Each case runs the real command line in a process of its own,
+as a user's shell does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FACTORIES = textwrap.dedent('''
+    import atexit, os, signal, sys, threading, time
+    import torch.nn as nn
+
+    def small():
+        return nn.Sequential(nn.Linear(10, 4))
+
+    def prints_at_exit():
+        atexit.register(lambda: print("goodbye from atexit"))
+        return small()
+
+    def raises_generator_exit():
+        raise GeneratorExit("stop")
+
+    class Custom(BaseException):
+        pass
+
+    def raises_base_exception():
+        raise Custom("not an Exception")
+
+    def closes_stderr():
+        try:
+            os.close(2)
+        except OSError:  # trainmem calls a factory more than once: closed by the first call
+            pass
+        return small()
+
+    def hard_exit():
+        os._exit(0)
+
+    def never_ending_thread():
+        threading.Thread(target=lambda: time.sleep(3600)).start()  # not a daemon: it would block the exit
+        return small()
+
+    def ignores_sigint_and_loops():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(os.environ["MARKER"], "w") as marker:
+            marker.write(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
+
+    def forks():
+        os.fork()  # both copies go on building and tracing the model
+        return small()
+
+    def chdir_and_prints():
+        os.chdir("/")
+        print("the factory speaks")
+        return small()
+''')
+
+
+def _cli(tmp_path: Path, factory: str, *flags: str, **popen) -> subprocess.Popen:
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    environment = {**os.environ, "MARKER": str(tmp_path / "marker"), "PYTHONPATH": str(ROOT / "src")}
+    environment.pop("TRAINMEM_IN_PROCESS", None)
+    return subprocess.Popen([sys.executable, "-m", "trainmem", "estimate", f"factories.py:{factory}",
+                             "--input-shape", "10", "--batch-size", "2", *flags], cwd=tmp_path, env=environment,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, **popen)
+
+
+def _run(tmp_path: Path, factory: str, *flags: str, timeout: float = 120) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    process = _cli(tmp_path, factory, *flags)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        _kill(process)
+    return process.returncode, out.decode(), err.decode(), time.monotonic() - started
+
+
+def _kill(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _one_error_line(err: str, *names: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("trainmem: error:"), err
+    assert "Traceback" not in err and all(name in lines[0] for name in names), err
+
+
+def test_an_atexit_print_cannot_break_the_json(tmp_path):
+    code, out, err, _ = _run(tmp_path, "prints_at_exit", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["model"]["parameters"] == 44 and "goodbye" not in out + err
+
+
+@pytest.mark.parametrize("factory, named", [("raises_generator_exit", "GeneratorExit"),
+                                            ("raises_base_exception", "Custom")])
+def test_a_base_exception_is_one_line_and_exit_2(tmp_path, factory, named):
+    code, out, err, _ = _run(tmp_path, factory)
+    assert code == 2 and out == ""
+    _one_error_line(err, named, "factories.py")
+
+
+def test_closing_stderr_cannot_hide_the_answer(tmp_path):
+    code, out, err, _ = _run(tmp_path, "closes_stderr", "--quiet")
+    assert code == 0 and out.startswith("peak "), (out, err)
+
+
+def test_os_exit_in_the_model_code_is_one_line_and_exit_2(tmp_path):
+    code, out, err, _ = _run(tmp_path, "hard_exit")
+    assert code == 2 and out == ""
+    _one_error_line(err, "exited with status 0", "os._exit")
+
+
+def test_a_thread_that_never_ends_does_not_hold_the_answer(tmp_path):
+    code, out, err, seconds = _run(tmp_path, "never_ending_thread", "--quiet", timeout=60)
+    assert code == 0 and out.startswith("peak ") and seconds < 60, err
+
+
+def test_a_fork_in_the_model_code_gives_one_answer(tmp_path):
+    code, out, err, _ = _run(tmp_path, "forks", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["model"]["parameters"] == 44  # one document: a second would not parse
+
+
+def test_the_user_code_prints_to_stderr_and_chdir_moves_no_file(tmp_path):
+    code, out, err, _ = _run(tmp_path, "chdir_and_prints", "--quiet", "--html", "report.html")
+    assert code == 0 and out.startswith("peak ") and "the factory speaks" in err
+    assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_a_factory_that_ignores_it_within_a_second(tmp_path, signum, code):
+    process = _cli(tmp_path, "ignores_sigint_and_loops")
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "marker").exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "marker").exists(), process.stderr.read().decode() if process.poll() is not None else ""
+        process.send_signal(signum)  # to trainmem (the parent) only, as a shell's kill does
+        sent = time.monotonic()
+        out, err = process.communicate(timeout=10)
+        assert time.monotonic() - sent < 1.5
+    finally:
+        _kill(process)
+    assert process.returncode == code and out == b""
+    assert err.decode().strip().splitlines()[-1] in ("trainmem: interrupted", "trainmem: terminated")
+    # nothing of the worker is left running: the process that ran the factory is gone
+    worker = int((tmp_path / "marker").read_text())
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"  # a zombie has ended; its parent reaps it
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def test_a_worker_past_its_timeout_is_one_line_and_exit_2(tmp_path):
+    code, out, err, seconds = _run(tmp_path, "ignores_sigint_and_loops", "--timeout", "3", timeout=60)
+    assert code == 2 and out == "" and seconds < 30
+    _one_error_line(err, "--timeout")
+
+
+def test_the_python_api_and_main_with_argv_stay_in_process(monkeypatch):
+    """tests and notebooks call main(argv): no worker, so their monkeypatches and captures still apply."""
+    from trainmem.cli import main
+    from trainmem.cli import supervisor
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("main(argv) must not start a worker")
+
+    monkeypatch.setattr(supervisor, "run_in_worker", refuse)
+    assert main(["estimate", "mlp:10-4", "--batch-size", "2", "--quiet"]) == 0
