@@ -21,7 +21,7 @@ def test_a_dict_of_its_keys_reads_as_the_options():
 
 @pytest.mark.parametrize(("given", "message"), [
     ({"cuda_contxt": 1}, "expected target options among cuda_context, alloc_conf, cuda_version, module_loading, "
-                         "cudnn_benchmark, tf_memory, tf_onednn, got cuda_contxt"),
+                         "cudnn_benchmark, tf_memory, tf_onednn, dataset_size, got cuda_contxt"),
     ("cuda_context=1", "expected target_options= as a trainmem.TargetOptions (or a dict of its keys), got str"),
 ])
 def test_bad_options_are_refused_in_one_line(given, message):

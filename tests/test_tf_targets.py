@@ -90,3 +90,29 @@ def test_a_keras_gpu_answer_leads_with_what_the_step_needs(tensorflow):
                                target_options={"tf_memory": "growth"})
     assert "set_memory_growth" not in str(growth) and "The step needs" in str(growth)
     assert figures["nvidia_smi_by_mode"]["growth"] < figures["nvidia_smi_by_mode"]["default"]
+
+
+@pytest.mark.tf
+def test_the_dataset_model_fit_holds_is_part_of_peak_rss(tensorflow):
+    """--dataset-size: model.fit's arrays (x and y of every sample) are held in RAM beside the step; the default is
+    as many batches as are traced. 60,000 MNIST-sized samples add their bytes at least once (the measured factors
+    hold them 1-2 times: targets/data/tf_cpu_floor.json)."""
+    base = dict(framework="keras", batch_size=32, input_shape="784")
+    small = trainmem.estimate("mlp:784-128-10", **base)
+    large = trainmem.estimate("mlp:784-128-10", target_options={"dataset_size": 60_000}, **base)
+    arrays = 60_000 * (784 * 4 + 8)  # float32 images, int64 labels
+    assert large.process_bytes - small.process_bytes >= arrays
+    assert "1875 steps × the batch" in " ".join(large.warnings)  # ceil(60,000 / 32) batches in the epoch
+
+
+@pytest.mark.parametrize("device, size, says", [("cpu", 0, "from 1 to"), ("cpu", True, "from 1 to"),
+                                                ("t4", 100, "--device cpu")])
+def test_a_bad_dataset_size_is_refused_before_tracing(device, size, says):
+    with pytest.raises(trainmem.TrainmemError, match=says) as refused:
+        target_for(get_device(device), TrainingSetup(batch_size=8), "tensorflow", dataset_size=size)
+    assert refused.value.where == "--dataset-size"
+
+
+def test_a_pytorch_model_refuses_a_dataset_size():
+    with pytest.raises(trainmem.TrainmemError, match="Keras model on TensorFlow"):
+        trainmem.estimate("mlp:8-4", batch_size=2, input_shape="8", target_options={"dataset_size": 100})

@@ -119,6 +119,12 @@ RULES: tuple[FlagRule, ...] = (
              "oneDNN switch, TF_ENABLE_ONEDNN_OPTS)"),
     FlagRule("tf_onednn", lambda run: run.command == "estimate", REFUSE, "trainmem estimate (a measured run follows "
              "TF_ENABLE_ONEDNN_OPTS in its environment)", lambda run: run.command),
+    FlagRule("dataset_size", lambda run: not run.on_gpu, REFUSE, "--device cpu (--dataset-size is the arrays "
+             "model.fit holds in host RAM, part of peak RSS)", _DEVICE_CPU),
+    FlagRule("dataset_size", _keras_on_tensorflow, REFUSE, "a Keras model on TensorFlow (--dataset-size is the data "
+             "model.fit holds; a PyTorch loop's data is the user's)"),
+    FlagRule("dataset_size", lambda run: run.command == "estimate", REFUSE, "trainmem estimate (a measured run "
+             "makes its own arrays)", lambda run: run.command),
     FlagRule("seq_len", _HF, REFUSE, "an hf: model (--seq-len sets its tokens per sample; for other models "
              "the sequence length is part of --input-shape)"),
     FlagRule("task", _HF, REFUSE, "an hf: model (--task chooses its head and loss)"),

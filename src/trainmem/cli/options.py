@@ -276,7 +276,8 @@ def target_options(options: Options) -> Any:
     """How the target runs (setup/target_options.py TargetOptions): the CUDA options given and TensorFlow's."""
     from trainmem.setup.target_options import TargetOptions
 
-    return TargetOptions(**gpu_options(options), tf_memory=options.tf_memory, tf_onednn=options.tf_onednn)
+    return TargetOptions(**gpu_options(options), tf_memory=options.tf_memory, tf_onednn=options.tf_onednn,
+                         dataset_size=options.values.get("dataset_size"))
 
 
 def output_paths(options: Options) -> dict[str, str]:

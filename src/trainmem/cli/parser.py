@@ -178,6 +178,13 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
+def add_keras_data_flags(parser: argparse.ArgumentParser) -> None:
+    """What model.fit holds beside the step (targets/tf/cpu_process.py): the arrays it trains on."""
+    parser.add_argument("--dataset-size", type=int, metavar="SAMPLES", help="Keras on TensorFlow, CPU: samples in "
+                        "the numpy arrays model.fit trains on, held in memory (peak RSS holds them 1-2x) (default: "
+                        "as many batches as are traced)")
+
+
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
     """How the `trainmem` command supervises the process that runs the model's code (cli/supervisor.py)."""
     from trainmem.cli.supervisor import DEFAULT_TIMEOUT_SECONDS
@@ -219,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, text: str) -> argparse.ArgumentParser:  # a command of a MODEL: the setup and many-GPU flags
         parser = commands.add_parser(name, help=text, description=text, epilog=references, formatter_class=formatter)
         add_setup_flags(parser)
+        add_keras_data_flags(parser)
         add_process_flags(parser)
         add_parallel_flags(parser)
         return parser

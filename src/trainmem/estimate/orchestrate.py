@@ -68,6 +68,9 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
             raise SetupError("expected a PyTorch model with --strategy (many ranks are traced with torch.distributed), "
                              f"got a Keras model {model.name!r}", where="--strategy")
         return _estimate_on_tensorflow(model, setup, device, depth, run)
+    if run.dataset_size is not None:
+        raise SetupError(f"expected a Keras model on TensorFlow with --dataset-size, got a PyTorch model {model.name!r}",
+                         where="--dataset-size")
     if tf_onednn is not None:
         raise SetupError(f"expected a Keras model on TensorFlow with --tf-onednn, got a PyTorch model {model.name!r}",
                          where="--tf-onednn")
@@ -96,6 +99,7 @@ def _estimate_on_tensorflow(source: Any, setup: TrainingSetup, device: DeviceRef
 
     target_device = get_device(device)
     target = target_for(target_device, setup, "tensorflow", tf_memory=run.tf_memory, tf_onednn=run.tf_onednn,
+                        dataset_size=run.dataset_size,
                         **run.cuda())
     traced = trace_keras(source.build, setup, name=source.name)
     traced = dataclasses.replace(traced, resolved={"framework": "keras", "keras_backend": "tensorflow",

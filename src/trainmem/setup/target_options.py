@@ -25,11 +25,14 @@ class TargetOptions:
     cudnn_benchmark: bool | None = None  # torch.backends.cudnn.benchmark
     tf_memory: str | None = None  # TensorFlow's GPU memory mode ("default", "growth", "limit:8GiB", "fraction:0.5")
     tf_onednn: str | None = None  # TensorFlow's oneDNN on the CPU: "auto", "on" or "off"
+    # samples of the numpy arrays model.fit trains on (Keras on TensorFlow, CPU: the dataset is part of peak RSS);
+    # None: as many steps as are traced, times the batch
+    dataset_size: int | None = None
 
     # the options of PyTorch's CUDA target (targets/cuda_target.py CudaTarget.create takes them as keywords)
     CUDA_KEYS: ClassVar[tuple[str, ...]] = ("cuda_context", "alloc_conf", "cuda_version", "module_loading",
                                             "cudnn_benchmark")
-    TF_KEYS: ClassVar[tuple[str, ...]] = ("tf_memory", "tf_onednn")
+    TF_KEYS: ClassVar[tuple[str, ...]] = ("tf_memory", "tf_onednn", "dataset_size")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

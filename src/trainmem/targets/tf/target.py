@@ -26,6 +26,7 @@ from trainmem.targets.tf.keras_section import KerasSection, explain_keras, keras
 from trainmem.trace.events import Trace
 
 DEFAULT_MEMORY_MODE = "default"
+MAX_DATASET_SAMPLES = 10**12  # far above any dataset held in RAM as arrays; bounds the arithmetic
 
 
 def _refuse_torch_options(options: dict[str, Any]) -> None:
@@ -69,6 +70,7 @@ class _KerasTarget:
 @dataclasses.dataclass(frozen=True)
 class TfCpuTarget(_KerasTarget):
     onednn: str = "auto"  # auto|on|off: the allocator path (alloc/tf_mkl_cpu.py onednn_choice)
+    dataset_size: int | None = None  # samples model.fit holds (None: the traced steps × the batch)
 
     allocated_name = CpuTarget.allocated_name
     report_words = CpuTarget.report_words
@@ -77,11 +79,15 @@ class TfCpuTarget(_KerasTarget):
 
     @classmethod
     def create(cls, device, setup, tf_memory: str | None = None, tf_onednn: str | None = None,
-               cuda_context: int | None = None, **options: Any) -> TfCpuTarget:
+               cuda_context: int | None = None, dataset_size: int | None = None, **options: Any) -> TfCpuTarget:
         _refuse_torch_options({"cuda_context": cuda_context, **options})
         if tf_memory is not None:
             raise SetupError(f"expected a GPU --device with --tf-memory, got --device {device.name}", where="--tf-memory")
-        return cls(tf_onednn or "auto")
+        if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int)
+                                         or not 1 <= dataset_size <= MAX_DATASET_SAMPLES):
+            raise SetupError(f"expected a number of samples from 1 to {MAX_DATASET_SAMPLES:,}, got {dataset_size!r}",
+                             where="--dataset-size")
+        return cls(tf_onednn or "auto", dataset_size)
 
     def device_stream(self, trace: Trace) -> DeviceStream:
         from trainmem.targets.tf.cpu_process import device_events
@@ -95,7 +101,9 @@ class TfCpuTarget(_KerasTarget):
     def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
         from trainmem.targets.tf.cpu_process import tf_cpu_figures
 
-        figures = tf_cpu_figures(traced, setup, onednn=self.onednn)
+        # model.fit's arrays: the batches of one epoch (the last one partial, as Keras's data adapter makes it)
+        steps = -(-self.dataset_size // setup.batch_size) if self.dataset_size else None
+        figures = tf_cpu_figures(traced, setup, onednn=self.onednn, steps=steps)
         words = [f"peak RSS {figures.process_bytes:,} B: " + " + ".join(f"{name} {value:,} B"
                                                                        for name, value in figures.parts.items()),
                  "tf_import_file is the file-backed part (TensorFlow's shared libraries' pages, page-cache dependent); "
@@ -133,10 +141,13 @@ class TfGpuTarget(_KerasTarget):
 
     @classmethod
     def create(cls, device, setup, tf_memory: str | None = None, tf_onednn: str | None = None,
-               cuda_context: int | None = None, **options: Any) -> TfGpuTarget:
+               cuda_context: int | None = None, dataset_size: int | None = None, **options: Any) -> TfGpuTarget:
         from trainmem.targets.tf.gpu_memory import parse_mode
 
         _refuse_torch_options(options)
+        if dataset_size is not None:
+            raise SetupError(f"expected --device cpu with --dataset-size (model.fit's arrays are in host RAM, not in "
+                             f"{device.name}'s memory), got --device {device.name}", where="--dataset-size")
         if tf_onednn is not None:
             raise SetupError(f"expected --device cpu with --tf-onednn, got --device {device.name} (oneDNN and its "
                              "MklCPUAllocator are TensorFlow's CPU path)", where="--tf-onednn")
