@@ -57,7 +57,7 @@ $(CHROMIUM_READY):
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 	touch $@
 
-.PHONY: demo test check lint bench coverage compat
+.PHONY: demo test check lint bench coverage compat docs
 demo: $(VENV)/.demo-ready
 	$(BIN)/trainmem estimate mlp:1000-100-100-100-100-10 --input-shape 1000 --batch-size 256 --optimizer adam
 
@@ -73,6 +73,17 @@ check: $(VENV)/.test-ready lint
 # ruff with pyproject.toml's rules (make test runs it first)
 lint: $(VENV)/.test-ready
 	$(BIN)/ruff check src tests benchmarks
+
+# the documentation site: docs/*.md with mkdocs.yml's nav, MkDocs with the Material theme (pyproject.toml's [docs]
+# extra), built into site/; --strict turns every warning (a link to a missing page or anchor) into a failure. Needs
+# only the environment, not torch: .venv is created here when missing
+$(VENV)/.docs-ready: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-ready
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.test-ready
 	$(BIN)/python benchmarks/accuracy_cpu.py
