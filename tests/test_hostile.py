@@ -483,6 +483,13 @@ def _cases() -> list[Case]:
         c("batch-size-trillion", (*MLP, "--batch-size", str(10**12)), 1),
         c("batch-size-text", (*MLP, "--batch-size", "abc"), 2, ("--batch-size",)),
         c("batch-size-fraction", (*MLP, "--batch-size", "2.5"), 2, ("--batch-size",)),
+        # past int64 sizes: --batch-size is blamed whether the batch overflows or an activation wider than it, and
+        # whether the input's shape was typed or is the model's own (issue 25)
+        c("batch-size-2-62", (*MLP, "--batch-size", str(2**62)), 2, ("--batch-size",), not_says=("--input-shape",),
+          where="--batch-size"),
+        c("batch-size-2-62-activation-overflows", ("estimate", "mlp:1-4", "--input-shape", "1", "--batch-size", str(2**62)),
+          2, ("module 0",), not_says=("--input-shape", "training step failed"), where="--batch-size"),
+        c("max-grad-norm-text", (*MLP, "--max-grad-norm", "abc"), 2, ("none",), where="--max-grad-norm"),
         c("input-shape-zero", (*MLP, "--input-shape", "0"), 2, ("--input-shape",)),
         c("input-shape-negative", (*MLP, "--input-shape", "-3"), 2, ("--input-shape",)),
         c("input-shape-empty-dimension", (*MLP, "--input-shape", "3,,4"), 2, ("--input-shape",)),
@@ -550,6 +557,15 @@ def _cases() -> list[Case]:
         c("alloc-conf-fraction-negative", (*MLP, "--device", "a100-40gb", "--alloc-conf", "per_process_memory_fraction:-1"), 2, ("--alloc-conf",)),
         c("alloc-conf-fraction-half-is-fine", (*MLP, "--device", "a100-40gb", "--alloc-conf", "per_process_memory_fraction:0.5"), 0),
         c("cuda-version-text", (*MLP, "--device", "a100-40gb", "--cuda-version", "abc"), 2, ("--cuda-version",)),
+        # a refusal names the device as the user gave it, and says it is the default where none was typed (issue 25)
+        c("memory-snapshot-default-device", lambda d: [*MLP, "--memory-snapshot", str(d / "s.pickle")], 2,
+          ("got --device cpu (the default)",), where="--memory-snapshot"),
+        c("memory-snapshot-typed-device", lambda d: [*MLP, "--device", "cpu", "--memory-snapshot", str(d / "s.pickle")],
+          2, ("got --device cpu",), not_says=("the default",), where="--memory-snapshot"),
+        c("offload-default-strategy", (*MLP, "--offload", "optimizer"), 2, ("got --strategy none (the default)",),
+          where="--offload"),
+        c("dp-shard-strategy-implied", (*MLP, "--dp", "4", "--dp-shard", "2"), 2, ("--strategy fsdp (implied by --dp 4)",),
+          where="--dp-shard"),
         c("margin-one", ("fit", "mlp:10-5", "--margin", "1"), 2, ("--margin",)),
         c("margin-negative", ("fit", "mlp:10-5", "--margin", "-0.1"), 2, ("--margin",)),
         c("margin-nan", ("fit", "mlp:10-5", "--margin", "nan"), 2, ("--margin",)),
@@ -721,6 +737,8 @@ def _cases() -> list[Case]:
         c("toml-20-megabyte-value", _big_toml, 2, ("run.toml",)),
         c("toml-trace-steps-million", _toml("steps = 1000000\n"), 2, ("run.toml: steps", "16")),
         c("toml-run-steps-million", _toml("run_steps = 1000000\n"), 2, ("run.toml: run_steps", "1,000")),
+        c("toml-batch-size-overflows", _toml(f"batch_size = {2**62}\n"), 2, ("run.toml: batch_size",),
+          not_says=("--input-shape",)),
         c("toml-html-missing-folder", _toml('html = "missing/report.html"\n'), 2, ("run.toml: html", "missing")),
         c("toml-is-a-directory", lambda d: [*MLP, "--setup", str(d)], 2, ("toml-is-a-directory",)),
         # --- checkpoints: never unpickled freely ---------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainmem.errors import ModelRefError, quote
+from trainmem.errors import ModelRefError, SetupError, quote
 from trainmem.setup import TrainingSetup
 from trainmem.units import format_bytes
 
@@ -74,12 +74,16 @@ def compare(model: str, setup: TrainingSetup | None = None, device: str = "cpu",
     from trainmem.estimate import estimate
     from trainmem.estimate.orchestrate import setup_of
     from trainmem.frontends import Kind, reference_kind
+    from trainmem.install_hints import missing_keras_side_line
 
     setup = setup_of(setup, setup_values, "compare()")
 
     if not isinstance(model, str) or reference_kind(model) not in (Kind.MLP, Kind.SPEC):
         raise ModelRefError(f"expected mlp:… or a layer spec (models both frameworks build from the same text), "
                             f"got {quote(model)}", where="MODEL")
+    missing = missing_keras_side_line()
+    if missing is not None:  # before the PyTorch side is traced, which would be wasted
+        raise SetupError(missing, where="compare")
     torch_est = estimate(model, setup=setup, device=device, framework="torch")
     keras_est = estimate(model, setup=setup, device=device, framework="keras", keras_backend="tensorflow",
                          target_options={"tf_memory": tf_memory})

@@ -73,9 +73,18 @@ def _bf16_or_precision_given(run: Invocation) -> bool:
     return run.gpu is None or run.gpu.bf16 or run.given("precision")
 
 
+def given_as(run: Invocation, key: str, value: Any) -> str:
+    """An option's value as the user gave it, for a message's "got": "--device a100-40gb", "cpu (run.toml: device)",
+    or "--device cpu (the default)" where the user gave none, so that a message never blames an untyped flag."""
+    origin = run.origins.get(key)
+    if origin is None:
+        return f"{flag_of(key)} {value} (the default)"
+    return f"{flag_of(key)} {value}" if origin == flag_of(key) else f"{value} ({origin})"
+
+
 def _device_with_cc(run: Invocation) -> str:
     major, minor = run.gpu.compute_capability
-    return f"--device {run.device} (compute capability {major}.{minor})"
+    return f"{given_as(run, 'device', run.device)} (compute capability {major}.{minor})"
 
 
 def _framework(run: Invocation) -> str:
@@ -92,7 +101,7 @@ def _keras_on_tensorflow(run: Invocation) -> bool:
 
 
 _NOT_FOR_KERAS = (Kind.HF, Kind.VISION, Kind.ONNX, Kind.CHECKPOINT)
-_DEVICE_CPU = lambda run: f"--device {run.device}"  # noqa: E731
+_DEVICE = lambda run: given_as(run, "device", run.device)  # noqa: E731
 _MLP = lambda run: run.kind == Kind.MLP  # noqa: E731
 _HF = lambda run: run.kind == Kind.HF  # noqa: E731
 _GPU_MEASURE = lambda run: run.command == "measure" and run.on_gpu  # noqa: E731
@@ -108,19 +117,19 @@ RULES: tuple[FlagRule, ...] = (
              "both frameworks)", lambda run: quote(run.values["framework"])),
     FlagRule("keras_backend", lambda run: _framework(run) != "torch" and run.command != "compare", REFUSE,
              "a Keras model (--framework auto or keras; compare uses TensorFlow)",
-             lambda run: f"--framework {_framework(run)}" if run.command != "compare" else "compare"),
+             lambda run: given_as(run, "framework", _framework(run)) if run.command != "compare" else "compare"),
     FlagRule("tf_memory", lambda run: run.on_gpu, REFUSE, "a GPU --device (--tf-memory sets how TensorFlow maps GPU "
-             "memory)", lambda run: f"--device {run.device}"),
+             "memory)", _DEVICE),
     FlagRule("tf_memory", lambda run: _keras_on_tensorflow(run) or run.command == "compare", REFUSE,
              "a Keras model on TensorFlow (--tf-memory is TensorFlow's GPU memory mode; PyTorch's is --alloc-conf)"),
     FlagRule("tf_onednn", lambda run: not run.on_gpu, REFUSE, "--device cpu (--tf-onednn sets TensorFlow's CPU "
-             "path: oneDNN and its MklCPUAllocator)", _DEVICE_CPU),
+             "path: oneDNN and its MklCPUAllocator)", _DEVICE),
     FlagRule("tf_onednn", _keras_on_tensorflow, REFUSE, "a Keras model on TensorFlow (--tf-onednn is TensorFlow's "
              "oneDNN switch, TF_ENABLE_ONEDNN_OPTS)"),
     FlagRule("tf_onednn", lambda run: run.command == "estimate", REFUSE, "trainmem estimate (a measured run follows "
              "TF_ENABLE_ONEDNN_OPTS in its environment)", lambda run: run.command),
     FlagRule("dataset_size", lambda run: not run.on_gpu, REFUSE, "--device cpu (--dataset-size is the arrays "
-             "model.fit holds in host RAM, part of peak RSS)", _DEVICE_CPU),
+             "model.fit holds in host RAM, part of peak RSS)", _DEVICE),
     FlagRule("dataset_size", _keras_on_tensorflow, REFUSE, "a Keras model on TensorFlow (--dataset-size is the data "
              "model.fit holds; a PyTorch loop's data is the user's)"),
     FlagRule("dataset_size", lambda run: run.command == "estimate", REFUSE, "trainmem estimate (a measured run "
@@ -134,14 +143,14 @@ RULES: tuple[FlagRule, ...] = (
     FlagRule("dropout", _MLP, REFUSE, "an mlp: model (--dropout adds Dropout between its layers; other models "
              "define their own)"),
     FlagRule("qlora", lambda run: run.on_gpu, REFUSE, "a GPU --device (QLoRA's 4-bit weights and paged 8-bit "
-             "AdamW are bitsandbytes' CUDA kernels and CUDA managed memory)", _DEVICE_CPU),
+             "AdamW are bitsandbytes' CUDA kernels and CUDA managed memory)", _DEVICE),
     FlagRule("qlora", _bf16_or_precision_given, REFUSE, "a GPU with bf16 (compute capability 8.0 or newer) for "
              "QLoRA's bf16-mixed compute, or --precision fp16-mixed with it", _device_with_cc),
     FlagRule("batch_size", lambda run: run.command != "fit" or bool(run.values.get("max_seq")), REFUSE,
              "no --batch-size with fit (fit searches the batch size; --batch-size fixes it for the sequence "
              "search, --max-seq)", lambda run: quote(run.values["batch_size"])),
     *(FlagRule(key, lambda run: run.on_gpu, REFUSE, f"a GPU --device (--{key.replace('_', '-')} describes "
-               "the CUDA run)", _DEVICE_CPU) for key in CUDA_KEYS),
+               "the CUDA run)", _DEVICE) for key in CUDA_KEYS),
     FlagRule("input_max", _integer_input, WARN, "it bounds the values of integer inputs and every input "
              "here is floating point (--input-dtype)"),
     FlagRule("runs", lambda run: not _GPU_MEASURE(run), WARN, "a GPU measurement is one run in one fresh "
@@ -174,7 +183,7 @@ RULES: tuple[FlagRule, ...] = (
                lambda run: f"the Keras model {quote(run.model)}")
       for key, flag in (("plot", "plot"), ("html", "html"), ("memory_snapshot", "memory-snapshot"))),
     FlagRule("memory_snapshot", lambda run: run.on_gpu, REFUSE, "a GPU --device (a memory snapshot is the "
-             "history of PyTorch's CUDA caching allocator, as memory_viz reads it)", _DEVICE_CPU),
+             "history of PyTorch's CUDA caching allocator, as memory_viz reads it)", _DEVICE),
     # compare's own options, in a --setup file shared with another command
     FlagRule("sweep", lambda run: run.command == "compare", WARN, "only trainmem compare sweeps"),
     FlagRule("devices", lambda run: run.command == "compare", WARN, "only trainmem compare searches per device"),

@@ -63,6 +63,17 @@ def missing_torch_line(model: object = None, framework: str = "auto", keras_comm
             + (" (or --framework keras to build it as a Keras model)" if keras_can else ""))
 
 
+def missing_keras_side_line() -> str | None:
+    """What `trainmem compare MODEL` lacks for its Keras side (Keras 3 on TensorFlow) where TensorFlow or Keras is
+    not installed, as one message with the extra that brings both; None where both are installed."""
+    missing = [name for name in ("tensorflow", "keras") if not is_installed(name)]
+    if not missing:
+        return None
+    return ("expected TensorFlow and Keras 3 for compare's Keras side (compare estimates one MODEL on PyTorch and on "
+            f"Keras on TensorFlow), got no {' and no '.join(missing)} module: pip install 'trainmem[tensorflow]' "
+            "(or compare PyTorch configurations: a second MODEL or --sweep)")
+
+
 def _kind(model: object) -> str | None:
     from trainmem.frontends import reference_kind
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainmem.cli.commands import ARGS_COMMANDS, SETUP_COMMANDS
 from trainmem.cli.encoding import for_stream
-from trainmem.cli.options import (check_run_options, environment_notes, merge_options, option_keys,
+from trainmem.cli.options import (aimed_at_origin, check_run_options, environment_notes, merge_options, option_keys,
                                   setup_from_options, with_environment, with_output_paths)
 from trainmem.cli.outcome import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, INTERRUPTED_LINE, Outcome
 from trainmem.cli.parser import build_parser
@@ -40,7 +40,8 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser, in_wo
 
         job = {"command": args.command, "values": dict(options.values), "given": dict(options.given),
                "origins": dict(options.origins), "setup": setup, "model": args.model, "debug": args.debug}
-        outcome = run_in_worker(job, options.values.get("timeout") or DEFAULT_TIMEOUT_SECONDS)
+        outcome = run_in_worker(job, options.values.get("timeout") or DEFAULT_TIMEOUT_SECONDS,
+                                options.origins.get("timeout"))
         write_deferred(outcome.files)
     else:
         outcome = execute(args.command, options, setup, args.model)
@@ -60,9 +61,12 @@ def execute(command: str, options: Any, setup: Any, model: str) -> Outcome:
 
             line = missing_framework_line(error, model, options.framework,
                                           keras_command=command not in ("fit", "compare"))
-            if line is None:
+            if line is not None:
+                raise TrainmemError(line) from error
+            aimed = aimed_at_origin(error, options.origins) if isinstance(error, TrainmemError) else error
+            if aimed is error:
                 raise
-            raise TrainmemError(line) from error
+            raise aimed from error
 
 
 def error_line(error: BaseException) -> str:

@@ -4,6 +4,7 @@ checked before anything is built or traced, and turned into a TrainingSetup."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ NOT_OPTIONS = {"command", "model", "setup", "debug"}
 # of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
 # million would measure for days.
 MAX_RUNS = 20
+# --max-grad-norm none (or max_grad_norm = "none" in a --setup file): no clipping, even where --hf-trainer clips
+NO_CLIPPING = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,10 +191,34 @@ def merge_options(args: argparse.Namespace, file_keys: set[str]) -> Options:
     return Options({**RUN_DEFAULTS, **given}, given, origins)
 
 
+def aimed_at_origin(error: TrainmemError, origins: Mapping[str, str]) -> TrainmemError:
+    """An error raised while the command ran (a trace, a target) that blames a flag ('--batch-size …'), re-aimed at
+    where the value came from when the user did not type that flag (a --setup file's key): the same error, copied."""
+    from trainmem.flag_rules import FLAG_OF_KEY
+
+    flag = (error.where or "").split(" ")[0]
+    key = {shown: key for key, shown in FLAG_OF_KEY.items()}.get(flag) or flag.removeprefix("--").replace("-", "_")
+    origin = origins.get(key)
+    if not flag.startswith("--") or origin is None or origin == flag:
+        return error
+    aimed = copy.copy(error)
+    aimed.where, aimed.args = origin, (f"{origin}: {error.message}",)
+    return aimed
+
+
+def timeout_words(timeout: float, origin: str | None) -> str:
+    """The time limit as the user set it, for the line that says it was reached (cli/supervisor.py)."""
+    if origin is None:
+        return f"--timeout {timeout:g} s (the default)"
+    return f"--timeout {timeout:g} s" if origin == "--timeout" else f"{timeout:g} s ({origin})"
+
+
 def setup_from_options(options: Options):
     from trainmem.setup import SETUP_KEYS, TrainingSetup
 
     values = {key: value for key, value in options.given.items() if key in SETUP_KEYS}
+    if values.get("max_grad_norm") == NO_CLIPPING:  # None given, not left out: it wins over a preset's norm
+        values["max_grad_norm"] = None
     if ("input_dtype" in values or "input_max" in values) and "input_shape" not in values:
         raise TrainmemError("expected --input-shape with --input-dtype/--input-max, got none",
                             where=options.origins.get("input_dtype") or options.origins.get("input_max"))

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from trainmem.cli.options import RUN_DEFAULTS
+from trainmem.cli.options import NO_CLIPPING, RUN_DEFAULTS
 from trainmem.cli.outcome import EXIT_STATUS_HELP
 from trainmem.errors import TrainmemError
 from trainmem.setup.count_limits import MAX_RUN_STEPS
@@ -101,8 +101,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "torch picks: for-loop on CPU tensors, foreach on CUDA tensors" + d("optimizer_impl"))
     parser.add_argument("--precision", metavar="PRECISION", help=choices_of("Precision") + d("precision"))
     parser.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per optimizer step" + d("grad_accum"))
-    parser.add_argument("--checkpointing", action="store_true", default=None,
-                        help="activation checkpointing of the model's blocks" + d("checkpointing"))
+    parser.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None, help="activation "
+                        "checkpointing of the model's blocks; --no-checkpointing undoes --qlora's" + d("checkpointing"))
     parser.add_argument("--zero-grad", metavar="none|zeros", help="none (free gradients between steps, torch >= 2.0) | zeros (keep "
                         "them, set_to_none=False)" + d("zero_grad"))
     parser.add_argument("--freeze", action="append", metavar="PATTERN",
@@ -122,12 +122,12 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "[,dropout=0.05]" + d("lora", "none"))
     parser.add_argument("--qlora", action="store_true", default=None,
                         help="4-bit NF4 base weights + LoRA (r=64,alpha=16,all linear), bf16-mixed, paged 8-bit "
-                             "AdamW, checkpointing; GPU devices" + d("qlora"))
+                             "AdamW, checkpointing (--no-checkpointing: none); GPU devices" + d("qlora"))
     parser.add_argument("--hf-trainer", action="store_true", default=None,
-                        help="what transformers.Trainer does by default: AdamW (fused from torch 2.8, as transformers picks), clip at 1.0, fp32 outputs "
-                             "under mixed precision" + d("hf_trainer"))
-    parser.add_argument("--max-grad-norm", type=float, metavar="NORM", help="clip_grad_norm_ before each step"
-                        + d("max_grad_norm", "no clipping"))
+                        help="what transformers.Trainer does by default: AdamW (fused from torch 2.8, as transformers picks), clip at 1.0 (--max-grad-norm "
+                             "none: no clipping), fp32 outputs under mixed precision" + d("hf_trainer"))
+    parser.add_argument("--max-grad-norm", type=norm_or_none, metavar="NORM|none", help="clip_grad_norm_ before each "
+                        "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
                         + d("loop"))
     parser.add_argument("--steps", dest="run_steps", type=int, metavar="N",
@@ -162,6 +162,17 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "json"], help="report format" + run_default("format"))
     parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + run_default("depth"))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def norm_or_none(text: str) -> float | str:
+    """--max-grad-norm: a norm, or `none` (NO_CLIPPING) for no clipping where a preset (--hf-trainer) clips."""
+    if text.strip().lower() == NO_CLIPPING:
+        return NO_CLIPPING
+    try:
+        return float(text)
+    except ValueError:
+        raise TrainmemError(f"expected a gradient norm such as 1.0, or none (no clipping), got {text!r}",
+                            where="--max-grad-norm") from None
 
 
 def timeout_seconds(text: str) -> float:

@@ -44,9 +44,10 @@ def supervised() -> bool:
     return os.environ.get(IN_PROCESS_ENV, "") in ("", "0")
 
 
-def run_in_worker(job: dict[str, Any], timeout: float) -> Outcome:
+def run_in_worker(job: dict[str, Any], timeout: float, timeout_origin: str | None = None) -> Outcome:
     """Run `job` (cli/worker.py) in a worker process and return its Outcome; TrainmemError for a worker that failed,
-    with the one line the user sees. Ctrl-C and SIGTERM kill the worker's group and end this process."""
+    with the one line the user sees. Ctrl-C and SIGTERM kill the worker's group and end this process.
+    `timeout_origin`: where the time limit came from (options.origins), None for the default."""
     read_end, write_end = os.pipe()
     environment = {**os.environ, RESULT_FD_ENV: str(write_end)}
     try:
@@ -57,7 +58,7 @@ def run_in_worker(job: dict[str, Any], timeout: float) -> Outcome:
     with _signals_kill(process):
         try:
             _send(process, job)
-            data = _answer(process, read_end, timeout, str(job.get("model") or "MODEL"))
+            data = _answer(process, read_end, (timeout, timeout_origin), str(job.get("model") or "MODEL"))
         finally:
             os.close(read_end)
             _kill_group(process)
@@ -83,10 +84,13 @@ def _send(process: subprocess.Popen, job: dict[str, Any]) -> None:
         pass
 
 
-def _answer(process: subprocess.Popen, read_end: int, timeout: float, model: str) -> bytes:
-    """The worker's framed answer (8-byte length, then a pickle), read as it comes; the bounds checked meanwhile."""
+def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str | None], model: str) -> bytes:
+    """The worker's framed answer (8-byte length, then a pickle), read as it comes; the bounds checked meanwhile.
+    `timeout`: the seconds and where they came from."""
+    from trainmem.cli.options import timeout_words
+
     data = bytearray()
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout[0]
     limit = int(_memory_total() * MEMORY_SHARE)
     while True:
         ready, _, _ = select.select([read_end], [], [], POLL_SECONDS)
@@ -98,8 +102,9 @@ def _answer(process: subprocess.Popen, read_end: int, timeout: float, model: str
             if not chunk:  # end of file without a whole answer: the worker has ended
                 raise TrainmemError(_ended_words(process), where=model)
         if time.monotonic() > deadline:
-            raise TrainmemError(f"expected the model's code to finish within --timeout {timeout:g} s, it was still "
-                                "running: stopped (raise --timeout for a run this long)", where="--timeout")
+            raise TrainmemError(f"expected the model's code to finish within {timeout_words(*timeout)}, it was "
+                                "still running: stopped (raise --timeout for a run this long)",
+                                where=timeout[1] or "--timeout")
         if limit and _rss(process.pid) > limit:
             raise TrainmemError(f"expected the model's code to stay within {limit / 2**30:.1f} GiB of RAM ("
                                 f"{MEMORY_SHARE:.0%} of this machine's), the worker running it grew past that: stopped "

@@ -50,7 +50,7 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     facts = model_facts(source)
     # setup values that name a dimension fix it, as the CLI's --precision / --checkpointing / --batch-size do
     precisions = precisions or ((setup.precision,) if "precision" in setup_values else None)
-    checkpointing = checkpointing or (("on",) if setup_values.get("checkpointing") else None)
+    checkpointing = checkpointing or fixed_checkpointing(setup_values)
     micro_batches = micro_batches or ((setup.batch_size,) if "batch_size" in setup_values else None)
     options = _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps)
     candidates = layouts.candidates(chosen.count, gpus_per_node, facts.blocks, **options)
@@ -66,6 +66,14 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
         raise NothingEvaluated(result.failures, "layout", "layouts", where="plan",
                                also=f"{waiting:,} not evaluated within the time limit" if waiting else "")
     return result
+
+
+def fixed_checkpointing(setup_values: Any) -> tuple[str] | None:
+    """Checkpointing given (setup values, or the CLI's given options) fixes the dimension: True on, False off
+    (--checkpointing, --no-checkpointing); None where it was not given."""
+    if "checkpointing" not in setup_values:
+        return None
+    return ("on" if setup_values["checkpointing"] else "off",)
 
 
 def _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps) -> dict[str, Any]:

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmem.errors import expected
+from trainmem.errors import SetupError, expected, one_line
 
 # A tensor's element count is an int64 in c10 (TensorImpl::numel_): a batch of more elements cannot be
 # made, and torch fails while unpacking the size. A batch size beyond it is a typo, not a plan.
 MAX_ELEMENTS = 2**63 - 1
+# The same int64 bounds a tensor's bytes (c10 computeStorageNbytes) and TensorFlow's shapes: a batch can pass the
+# element check and still overflow in the model, where an activation is wider than the input or holds 4-byte
+# elements. Torch and TensorFlow then fail with these words, naming no flag (trace/run.py, trace/tf/keras_graph.py).
+OVERFLOW_WORDS = ("Storage size calculation overflowed", "more than 2**63 - 1 entries")
 # The trace runs every micro-batch of a step (trace/loops.py), each a full forward and backward. Real
 # runs accumulate up to a few hundred micro-batches (a global batch of 1,024 from micro-batches of 1 on
 # 8 GPUs is 128); 1,024 covers them with room, and tracing more would take minutes to say the same.
@@ -51,3 +55,14 @@ def check_counts(batch_size: Any, grad_accum: Any, steps: Any, run_steps: Any, s
 def _check_positive_int(value: Any, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise expected("a positive integer", value, where)
+
+
+def batch_overflow(error: BaseException, batch_size: int, where: str) -> SetupError | None:
+    """The error to report for a training step that failed because a tensor overflowed int64 sizes: the batch size
+    is to blame where it is more than one sample; None for any other failure (and for a batch of 1, where the
+    model's own sizes overflow). `where`: what overflowed, e.g. "module 0's forward"."""
+    if batch_size <= 1 or not any(words in str(error) for words in OVERFLOW_WORDS):
+        return None
+    return SetupError(f"expected a batch size whose tensors stay within int64 sizes (at most {MAX_ELEMENTS:,} "
+                      f"elements and bytes), got {batch_size:,}: {where} overflowed ({type(error).__name__}: "
+                      f"{one_line(error, 120)})", where="--batch-size")

@@ -179,14 +179,23 @@ def _resolved(layout: ParallelLayout) -> ParallelLayout:
     elif strategy == Strategy.NONE and world > 1:
         strategy = Strategy.TP if degrees["tp"] > 1 else Strategy.PP
     resolved = dataclasses.replace(layout, strategy=strategy, world_size=world, **degrees)
-    _check_together(resolved)
+    _check_together(resolved, layout.strategy)
     if resolved.pp > 1 and resolved.microbatches is None:
         resolved = dataclasses.replace(resolved, microbatches=resolved.pp)  # the least that fills the pipe
     return resolved
 
 
-def _check_together(layout: ParallelLayout) -> None:
-    """What the degrees, strategy and knobs must agree on; each refusal names the flag to change."""
+def _strategy_given(layout: ParallelLayout, given: Strategy) -> str:
+    """The resolved strategy as the user came by it: typed, the default, or chosen from the degrees they gave."""
+    if layout.strategy == given:
+        return f"--strategy {given}" + (" (the default)" if given == Strategy.NONE else "")
+    degree = "dp" if layout.strategy in DATA_PARALLEL else str(layout.strategy)
+    return f"--strategy {layout.strategy} (implied by --{degree} {getattr(layout, degree)})"
+
+
+def _check_together(layout: ParallelLayout, given: Strategy) -> None:
+    """What the degrees, strategy and knobs must agree on; each refusal names the flag to change. `given`: the
+    strategy before it was resolved, so that a message names the flag the user typed or says it was implied."""
     if layout.strategy == Strategy.TP and layout.tp == 1:
         raise SetupError("expected --tp or --world-size above 1 with --strategy tp, got 1 rank", where="--strategy")
     if layout.strategy == Strategy.PP and layout.pp == 1:
@@ -199,12 +208,12 @@ def _check_together(layout: ParallelLayout) -> None:
                          f"{layout.microbatches}", where="--microbatches")
     if layout.offload != Offload.NONE and layout.strategy not in OFFLOAD_KINDS:
         raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|zero1|zero2|zero3) with --offload, "
-                         f"got --strategy {layout.strategy}", where="--offload")
+                         f"got {_strategy_given(layout, given)}", where="--offload")
     if layout.strategy == Strategy.HSDP:
         shard = layout.hsdp_shard
         if shard > layout.dp or layout.dp % shard:
             raise SetupError(f"expected --dp-shard dividing the data-parallel degree {layout.dp}, got {shard}",
                              where="--dp-shard")
     elif layout.dp_shard is not None:
-        raise SetupError(f"expected --strategy hsdp with --dp-shard, got --strategy {layout.strategy}",
+        raise SetupError(f"expected --strategy hsdp with --dp-shard, got {_strategy_given(layout, given)}",
                          where="--dp-shard")

@@ -16,6 +16,7 @@ import torch
 from trainmem.errors import TraceError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.setup import Precision, TrainingSetup
+from trainmem.setup.count_limits import batch_overflow
 from trainmem.trace import keras_torch_step
 from trainmem.trace.autocast_cache import cast_cache_freed_in_order
 from trainmem.trace import step as training
@@ -131,6 +132,20 @@ def traced_model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int]
             [tuple(p.shape) for p in unique if p.requires_grad])
 
 
+def _failure(recorder: TraceRecorder, error: Exception, setup: TrainingSetup, model: torch.nn.Module,
+             made_from_inputs: bool) -> TrainmemError:
+    """The one line for a training step that failed: a batch too large for int64 sizes blames --batch-size, a
+    forward on a batch made from --input-shape blames the inputs, anything else names the module."""
+    failure = recorder.fail(error)
+    overflow = batch_overflow(error, setup.batch_size, f"module {failure.where}'s {recorder.phase}")
+    if overflow is not None:
+        return overflow
+    # torch's own checks of shapes and dtypes raise RuntimeError; anything else is the model's code
+    if recorder.phase == Phase.FORWARD and made_from_inputs and setup.inputs and isinstance(error, RuntimeError):
+        return _forward_failed_on_inputs(failure, error, setup, model)
+    return failure
+
+
 def _forward_failed_on_inputs(failure: TraceError, error: Exception, setup: TrainingSetup,
                               model: torch.nn.Module) -> TraceError:
     """The forward failed on a batch made from the user's input shapes and dtypes (no make_batch of the
@@ -215,11 +230,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's model failed: one line, where it failed
-        failure = recorder.fail(error)
-        # torch's own checks of shapes and dtypes raise RuntimeError; anything else is the model's code
-        if recorder.phase == Phase.FORWARD and make_batch is None and setup.inputs and isinstance(error, RuntimeError):
-            raise _forward_failed_on_inputs(failure, error, setup, model) from error
-        raise failure from error
+        raise _failure(recorder, error, setup, model, made_from_inputs=make_batch is None) from error
     finally:
         recorder.closed = True
         FAKE_TENSOR_LOG.setLevel(fake_log_level)

@@ -46,7 +46,7 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
 
 def run(options: Any, setup: Any) -> Outcome:
     from trainmem.errors import SetupError
-    from trainmem.plan import plan
+    from trainmem.plan import fixed_checkpointing, plan
 
     values = options.values
     if values.get("gpus") is None:
@@ -65,7 +65,7 @@ def run(options: Any, setup: Any) -> Outcome:
                   margin=values.get("margin"), strategies=values.get("strategies"),
                   micro_batches=values.get("micro_batches") or ((setup.batch_size,) if "batch_size" in given else None),
                   precisions=values.get("precisions") or ((setup.precision,) if "precision" in given else None),
-                  checkpointing=values.get("checkpointing_options") or (("on",) if given.get("checkpointing") else None),
+                  checkpointing=values.get("checkpointing_options") or fixed_checkpointing(given),
                   offloads=values.get("offloads"), tps=values.get("tps"), pps=values.get("pps"), top=top or 20, time_limit=limit)
     text = json.dumps(result.to_dict(), indent=2) if values.get("format") == "json" else str(result)
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT if result.evaluated else EXIT_BAD_INPUT)

@@ -33,12 +33,12 @@ POLICIES = {Precision.FP32: "float32", Precision.FP16_MIXED: "mixed_float16",
 
 def check_supported(setup: TrainingSetup) -> None:
     """Refuse, in one line each, what a Keras fit step cannot be told to do."""
-    unsupported = {
+    unsupported = {  # the presets first: --qlora turns checkpointing on, --hf-trainer a fused AdamW
+        "--qlora": setup.qlora,
+        "--hf-trainer": setup.hf_trainer,
         "--grad-accum": setup.grad_accum != 1,
         "--checkpointing": setup.checkpointing,
         "--lora": setup.lora is not None,
-        "--qlora": setup.qlora,
-        "--hf-trainer": setup.hf_trainer,
         "--optimizer-impl": setup.optimizer_impl != OptimizerImpl.DEFAULT,
     }
     for flag, given in unsupported.items():

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainmem.errors import ModelRefError, TraceError, TrainmemError, one_line
 from trainmem.setup import Loss, TrainingSetup
+from trainmem.setup.count_limits import batch_overflow
 from trainmem.trace.tf import fit_setup
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.tf.attribution import LayerHooks, layer_rows, variables_of
@@ -72,8 +73,9 @@ def trace_keras(build: Callable[[], Any], setup: TrainingSetup, *, name: str, gr
     except TrainmemError:
         raise
     except Exception as error:  # noqa: BLE001 - the model's code failed while its step was built
-        raise TraceError(f"expected a Keras model whose fit step can be built, got {type(error).__name__}: "
-                         f"{one_line(error)}", where=name) from error
+        raise batch_overflow(error, setup.batch_size, "the Keras step's graph") or TraceError(
+            f"expected a Keras model whose fit step can be built, got {type(error).__name__}: {one_line(error)}",
+            where=name) from error
     result, order = _replay_higher(step_graph, setup.steps)
     traced = _traced(model, step_graph, hooks, result, notes, setup, keras)
     facts = dataclasses.replace(traced.framework, order=order, function_ops=in_functions,
