@@ -39,7 +39,6 @@ from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredicta
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
 from trainmem.setup.target_options import TargetOptions, refuse_loose_options
 from trainmem.targets import fit_margin, report_words
-from trainmem.units import format_bytes
 
 SHARDING_WORLD = 8  # the remedy is shown for one node of 8 GPUs
 
@@ -97,6 +96,27 @@ class Remedy:
 
 
 @dataclasses.dataclass(frozen=True)
+class CandidatePeak:
+    """One candidate's peak as its estimate gives it: what the text compares when a larger candidate needs less
+    than a smaller one (the trace's tensors, the allocator's blocks and segments, the process's parts)."""
+
+    phase: str
+    op: str
+    tensor_bytes: int  # live tensor storage at the peak, as traced
+    allocated_bytes: int | None  # the allocator's peak (blocks rounded); None where it rounds nothing
+    reserved_bytes: int | None  # a caching allocator's segments; None on the CPU
+    segments: int | None  # a caching allocator's segments at its peak
+    process_bytes: int  # the expected figure (its high estimate is the candidate's row)
+    process_parts: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, est: Estimate) -> CandidatePeak:
+        return cls(est.peak_phase, est.peak_op, est.tensor_bytes, est.allocated_bytes, est.reserved_bytes,
+                   est.allocator.segments_at_peak if est.allocator else None, est.process_bytes,
+                   dict(est.process_parts))
+
+
+@dataclasses.dataclass(frozen=True)
 class FitResult:
     dimension: str  # "batch size" or "sequence length"
     best: int | None  # the largest value that fits; None when even 1 does not
@@ -112,6 +132,8 @@ class FitResult:
     # how the candidates were estimated: the batch sizes traced, those predicted from them, and why
     search: dict[str, Any] = dataclasses.field(default_factory=dict)
     failed: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (value, why) of candidates that failed
+    # value -> where its peak is and what the allocator held (CandidatePeak), to say why a larger one needs less
+    peaks: dict[int, CandidatePeak] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def budget(self) -> int:
@@ -123,51 +145,13 @@ class FitResult:
         return None if self.best_estimate is None else self.capacity - self.best_estimate.process_bytes_high
 
     def __str__(self) -> str:
-        lines = [f"trainmem fit — {self.device_name} ({format_bytes(self.capacity)}), searching the {self.dimension}",
-                 f"  a candidate fits when {self.compared} ≤ {format_bytes(self.budget)}, "
-                 f"keeping a {self.margin.fraction:.0%} margin", f"  margin from {self.margin.source}"]
-        if self.search:
-            lines.append(f"  candidates {self.search['how']}")
-        rows = [(value, f"{format_bytes(nbytes):>11s}  {'fits' if fits else 'does not fit'}")
-                for value, _, nbytes, fits in self.tried] + [(value, f"failed: {why}") for value, why in self.failed]
-        lines += [f"  {self.dimension} {value:>8,}: {text}" for value, text in sorted(rows, key=lambda row: row[0])]
-        answer = self._answer() if self.best is not None else self._remedies()
-        if self.failed:
-            answer.append(f"  ({self.dimension} {', '.join(f'{v:,}' for v, _ in self.failed)} failed to evaluate: the "
-                          f"answer rests on the candidates evaluated; one above it may fit)")
-        return "\n".join(lines + [""] + answer)
+        return self.render()
 
-    def _answer(self) -> list[str]:
-        est = self.best_estimate
-        lines = [f"Largest {self.dimension} that fits: {self.best:,}",
-                 f"  high estimate {format_bytes(est.process_bytes_high)} (expected {format_bytes(est.process_bytes)}) "
-                 f"of {format_bytes(self.capacity)}: headroom {format_bytes(self.headroom)} "
-                 f"({self.headroom / self.capacity:.1%}; the margin asks for {self.margin.fraction:.0%})",
-                 f"  peak in {est.peak_phase} (op {est.peak_op}); at the peak: "
-                 + ", ".join(f"{k} {format_bytes(v)}" for k, v in est.breakdown.items() if v)]
-        if self.first_miss is None and self.failed:
-            return lines
-        if self.first_miss is None:
-            return lines + [f"  (the search stopped at its limit, {self.tried[-1][0]:,}, which still fits)"]
-        miss = self.miss_estimate.process_bytes_high
-        over = (f"{format_bytes(miss - self.capacity)} over the capacity" if miss > self.capacity else
-                f"{format_bytes(miss - self.budget)} over the margin, {format_bytes(self.capacity - miss)} under the capacity")
-        return lines + [f"  {self.dimension} {self.first_miss:,} needs {format_bytes(miss)} (high): {over}"]
+    def render(self, verbose: bool = False) -> str:
+        """The answer first, then the candidates that decided it (every one with `verbose`): report/fit_text.py."""
+        from trainmem.report.fit_text import render
 
-    def _remedies(self) -> list[str]:
-        base = self.tried[0][2]
-        why = (f"its high estimate {format_bytes(base)} exceeds {format_bytes(self.budget)}" if base > self.budget
-               else "the simulated caching allocator runs out of memory")
-        lines = [f"Even {self.dimension} 1 does not fit: {why}. What to change first (high estimate and saving "
-                 f"at {self.dimension} 1):"]
-        for remedy in sorted(self.remedies, key=lambda r: (bool(r.error), r.process_bytes_high)):
-            if remedy.error:
-                lines.append(f"  - {remedy.what}: failed to evaluate — {remedy.error}")
-                continue
-            verdict = "fits" if remedy.process_bytes_high <= self.budget else "still does not fit"
-            lines.append(f"  - {remedy.what}: {format_bytes(remedy.process_bytes_high)} "
-                         f"(saves {format_bytes(remedy.saving(base))}; {verdict}) — {remedy.how}")
-        return lines
+        return render(self, verbose)
 
     def to_dict(self) -> dict[str, Any]:
         headroom = self.headroom
@@ -248,7 +232,8 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
     tried = [(value, est.process_bytes, est.process_bytes_high, within(est, budget))
              for value, est in found.estimates.items()]
     answer = dict(dimension=dimension, device_name=target.name, capacity=target.capacity_bytes, margin=kept,
-                  compared=compared_figure(target), search=candidates.summary(), failed=sorted(found.failed.items()))
+                  compared=compared_figure(target), search=candidates.summary(), failed=sorted(found.failed.items()),
+                  peaks={value: CandidatePeak.of(est) for value, est in found.estimates.items()})
     if found.best is None:
         return FitResult(best=None, best_estimate=None, first_miss=1, miss_estimate=found.estimates[1], tried=tried,
                          remedies=remedies(model, setup, target, found.estimates[1], options), **answer)

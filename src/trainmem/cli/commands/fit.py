@@ -18,6 +18,9 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
                      help="search the first input's first dimension (hf: --seq-len), batch fixed (default: off)")
     fit.add_argument("--margin", help="fraction of the capacity to keep free, 0 ≤ m < 1 (default: the measured "
                      "worst low error, each target's fit_margin in trainmem/targets/)")
+    fit.add_argument("--verbose", action="store_true", default=None,
+                     help="list every candidate evaluated, not only those that decided the answer (default: off; "
+                     "--format json always lists every one)")
 
 
 def run(options: Options, setup: Any) -> Outcome:
@@ -30,5 +33,6 @@ def run(options: Options, setup: Any) -> Outcome:
 
     result = fit(options.model, setup, options.device, sequence=bool(options.max_seq), margin=options.margin,
                  target_options=target_options(options))
-    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else str(result)
+    verbose = bool(options.values.get("verbose"))
+    text = json.dumps(result.to_dict(), indent=2) if options.format == "json" else result.render(verbose)
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
