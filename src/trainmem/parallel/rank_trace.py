@@ -158,7 +158,7 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
                                 optimizer_factory=parallel.make_optimizer or _grouped_optimizer(ctx.cuda_semantics),
                                 checkpointed=checkpointed)
     prepared.autocast = not _fsdp_casts(ctx)
-    prepared.make_batch = probe = BatchProbe(prepared.make_batch)
+    prepared.make_batch = probe = BatchProbe(prepared.make_batch, recorder)
     (parallel.run_steps or training.run_steps)(prepared, setup, observer)
     if ctx.layout.offload != Offload.NONE:  # the optimizer step runs on the host: its allocations are host RAM
         observer.offload({r.sid for r in recorder.trace.storages.values() if r.phase == Phase.OPTIMIZER})

@@ -10,6 +10,7 @@ import torch
 
 from trainmem.frontends import ModelSource
 from trainmem.setup import Loss, TrainingSetup
+from trainmem.trace.cast_batch import CastBatch, cast_note
 
 
 class BatchProbe:
@@ -17,9 +18,11 @@ class BatchProbe:
     really trained on. Only their metadata is kept: holding the tensors would keep the batch alive
     for the whole trace and add it to the peak."""
 
-    def __init__(self, make_batch: Any) -> None:
+    def __init__(self, make_batch: Any, recorder: Any = None) -> None:
         self.make_batch = make_batch
         self.first: list[tuple[str, torch.Size, torch.dtype]] | None = None
+        if recorder is not None and isinstance(make_batch, CastBatch):  # the loader's originals stay on the host
+            make_batch.host = lambda tensors: recorder.trace.host_storages.update(recorder.storage_ids_of(tensors))
 
     def __call__(self, batch_size: int) -> Any:
         batch = self.make_batch(batch_size)
@@ -73,6 +76,7 @@ def resolved_setup(setup: TrainingSetup, source: ModelSource, probe: BatchProbe,
                    own_loss: bool, optimizer: torch.optim.Optimizer, lora: dict | None) -> dict[str, Any]:
     out: dict[str, Any] = dict(source.resolved)
     out["inputs"] = inputs_used(probe.first, setup, source, own_maker)
+    out["inputs"]["from"] += cast_note(probe.make_batch)
     out["loss"] = loss_used(setup, source, own_loss)
     out["optimizer_impl"] = optimizer_impl_used(optimizer)
     if lora is not None:

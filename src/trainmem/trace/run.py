@@ -176,7 +176,7 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
     materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
     prepared = training.prepare(model, make_batch, loss_fn, setup, source,
                                 cuda_semantics=semantics is not None and semantics.cuda_semantics)
-    prepared.make_batch = probe = BatchProbe(prepared.make_batch)
+    prepared.make_batch = probe = BatchProbe(prepared.make_batch, recorder)
     recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))

@@ -18,6 +18,7 @@ import torch
 from trainmem.errors import SetupError
 from trainmem.frontends import ModelSource
 from trainmem.setup import MAX_ELEMENTS, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
+from trainmem.trace.cast_batch import CastBatch
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.events import Phase
 
@@ -229,6 +230,8 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
                          where="--target-shape")
     optimizer = (optimizer_factory(trainable, setup) if optimizer_factory is not None
                  else make_optimizer(trainable, setup, cuda_semantics))
+    if make_batch is not None and make_batch is not source.make_batch and setup.precision == Precision.BF16:
+        make_batch = CastBatch(make_batch, device_type)  # a factory's batch, as model.to(bfloat16) needs it
     return Prepared(model, optimizer, scaler,
                     make_batch or default_make_batch(setup, source), loss_fn or builtin_loss(loss),
                     make_target_fn(setup, loss), checkpointed, device_type, cuda_semantics)
