@@ -12,6 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 from trainmem.errors import TrainmemError, quote, unknown_key
+# --max-grad-norm none (or max_grad_norm = "none" in a --setup file): no clipping, even where --hf-trainer clips
+from trainmem.setup.text_values import NO_CLIPPING
 
 # Run options: what the command does with the setup. Their defaults are applied after the flags and
 # the --setup file are merged (argparse's own defaults are None, so that "not given" can be told apart
@@ -25,9 +27,6 @@ NOT_OPTIONS = {"command", "model", "setup", "debug"}
 # of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a
 # million would measure for days.
 MAX_RUNS = 20
-# --max-grad-norm none (or max_grad_norm = "none" in a --setup file): no clipping, even where --hf-trainer clips
-NO_CLIPPING = "none"
-
 
 @dataclasses.dataclass(frozen=True)
 class Options:

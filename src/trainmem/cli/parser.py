@@ -8,11 +8,11 @@ import dataclasses
 import sys
 from typing import Any
 
-from trainmem.cli.options import NO_CLIPPING, RUN_DEFAULTS
+from trainmem.cli.options import RUN_DEFAULTS
 from trainmem.cli.outcome import EXIT_STATUS_HELP
 from trainmem.errors import TrainmemError
 from trainmem.setup.count_limits import MAX_RUN_STEPS
-from trainmem.setup.text_values import MODULE_LOADING
+from trainmem.setup.text_values import MODULE_LOADING, reader
 
 
 def _version() -> str:
@@ -126,7 +126,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-trainer", action="store_true", default=None,
                         help="what transformers.Trainer does by default: AdamW (fused from torch 2.8, as transformers picks), clip at 1.0 (--max-grad-norm "
                              "none: no clipping), fp32 outputs under mixed precision" + d("hf_trainer"))
-    parser.add_argument("--max-grad-norm", type=norm_or_none, metavar="NORM|none", help="clip_grad_norm_ before each "
+    parser.add_argument("--max-grad-norm", type=reader("max_grad_norm"), metavar="NORM|none", help="clip_grad_norm_ before each "
                         "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
                         + d("loop"))
@@ -162,17 +162,6 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "json"], help="report format" + run_default("format"))
     parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + run_default("depth"))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-
-
-def norm_or_none(text: str) -> float | str:
-    """--max-grad-norm: a norm, or `none` (NO_CLIPPING) for no clipping where a preset (--hf-trainer) clips."""
-    if text.strip().lower() == NO_CLIPPING:
-        return NO_CLIPPING
-    try:
-        return float(text)
-    except ValueError:
-        raise TrainmemError(f"expected a gradient norm such as 1.0, or none (no clipping), got {text!r}",
-                            where="--max-grad-norm") from None
 
 
 def timeout_seconds(text: str) -> float:

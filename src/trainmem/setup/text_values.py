@@ -43,11 +43,23 @@ def one_of(choices: Sequence[str]) -> Callable[[str], str]:
 
 
 MODULE_LOADING = one_of(("lazy", "eager"))
+NO_CLIPPING = "none"  # --max-grad-norm none: no clipping, where a preset (--hf-trainer) clips
+
+
+def norm_or_none(text: str) -> float | str:
+    """--max-grad-norm: a norm, or `none` (NO_CLIPPING) for no clipping where a preset (--hf-trainer) clips."""
+    if str(text).strip().lower() == NO_CLIPPING:
+        return NO_CLIPPING
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a gradient norm such as 1.0, or none (no clipping), got "
+                                         f"{text!r}") from None
 
 TEXT_VALUES: dict[str, Callable[[str], Any]] = {
     # the training setup
     "batch_size": int, "grad_accum": int, "seq_len": int, "run_steps": int, "input_max": int,
-    "dropout": float, "max_grad_norm": float,
+    "dropout": float, "max_grad_norm": norm_or_none,
     "checkpointing": on_off, "hf_trainer": on_off, "qlora": on_off, "trust_remote_code": on_off,
     # the run on a GPU
     "cudnn_benchmark": on_off, "module_loading": MODULE_LOADING,
