@@ -194,3 +194,21 @@ def test_the_python_api_and_main_with_argv_stay_in_process(monkeypatch):
 
     monkeypatch.setattr(supervisor, "run_in_worker", refuse)
     assert main(["estimate", "mlp:10-4", "--batch-size", "2", "--quiet"]) == 0
+
+
+def test_the_python_api_can_isolate_the_model_code(tmp_path, monkeypatch):
+    """estimate(..., isolate=True): the same Estimate as in one process, and what the model's code does to its
+    process (here os._exit) is an error in the caller, not the end of the caller's process."""
+    import trainmem
+
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    here = trainmem.estimate("factories.py:small", input_shape="10", batch_size=2)
+    isolated = trainmem.estimate("factories.py:forks", input_shape="10", batch_size=2, isolate=True)
+    assert isolated.to_dict()["breakdown"] == here.to_dict()["breakdown"] and isolated.parameters == 44
+    assert isolated.replay_input is not None  # the drawings work on what came back
+    with pytest.raises(trainmem.TrainmemError, match="exited with status 0"):
+        trainmem.estimate("factories.py:hard_exit", input_shape="10", isolate=True)
+    with pytest.raises(trainmem.TrainmemError, match="a model reference"):
+        trainmem.estimate(object(), isolate=True)

@@ -39,8 +39,12 @@ def _run(job: dict[str, Any]) -> tuple[str, Any]:
     from trainmem.errors import TrainmemError, one_line
 
     sys.modules["trainmem.cli.main"]._running = True  # a factory calling trainmem's main is refused, as in one process
-    options = Options(job["values"], job["given"], job["origins"])
     try:
+        if "call" in job:  # the Python API's estimate(..., isolate=True): the Estimate itself comes back
+            from trainmem.estimate.orchestrate import estimate
+
+            return "outcome", estimate(job["model"], **job["keywords"])
+        options = Options(job["values"], job["given"], job["origins"])
         with deferred_writes() as files:
             outcome = execute(job["command"], options, job["setup"], job["model"])
         return "outcome", Outcome(outcome.text, outcome.code, outcome.warnings, tuple(files))

@@ -43,8 +43,12 @@ def setup_of(setup: TrainingSetup | None, setup_values: dict[str, Any], where: s
 
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", depth: int = 2,
              target_options: TargetOptions | Mapping[str, Any] | None = None, compare_loop: bool = False,
-             framework: str = "auto", keras_backend: str | None = None, **setup_values: Any) -> Estimate:
+             framework: str = "auto", keras_backend: str | None = None, isolate: bool = False,
+             **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
+
+    With `isolate`, the model's code runs in a supervised worker process, as the `trainmem` command runs it
+    (estimate/isolated.py): what it does to its process (atexit, threads, forks, os._exit) stays there.
 
     Setup values may be passed as a TrainingSetup or as keywords (batch_size=256, optimizer="adam",
     input_shape="1000", …), the same names as the CLI flags and TOML keys (`setup_of`). `device` is a
@@ -58,6 +62,12 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
     on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off; `tf_memory`:
     TensorFlow's GPU memory mode (targets/tf/gpu_memory.py)."""
+    if isolate:
+        from trainmem.estimate.isolated import estimate_isolated
+
+        return estimate_isolated(model, dict(setup=setup, device=device, depth=depth, target_options=target_options,
+                                             compare_loop=compare_loop, framework=framework,
+                                             keras_backend=keras_backend, **setup_values))
     refuse_loose_options(setup_values, "estimate()")
     setup = setup_of(setup, setup_values, "estimate()")
     run = TargetOptions.of(target_options, "estimate()")
