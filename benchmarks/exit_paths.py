@@ -66,7 +66,7 @@ def write(rows: list[tuple], only: str | None) -> None:
              f"Generated {time.strftime('%Y-%m-%d')} by `python benchmarks/exit_paths.py"
              + (f" --only {only}" if only else "") + "`: every case of tests/test_hostile.py run as a shell runs "
              "it (`python -m trainmem …`, a process of its own: the model's code in the supervised worker, "
-             "cli/supervisor.py), held to the table's contract (one `trainmem: error:` line with exit 2 naming what "
+             "supervised.py), held to the table's contract (one `trainmem: error:` line with exit 2 naming what "
              "the case says, an answer with exit 0/1, no traceback).", "",
              "Exit status: " + "; ".join(f"{code} {words}" for code, words in MEANING.items()) + ".", "",
              f"**{held} of {len(rows)} cases hold the contract.** Exit statuses seen: "

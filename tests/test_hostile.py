@@ -489,7 +489,7 @@ def _cases() -> list[Case]:
           where="--batch-size"),
         c("batch-size-2-62-activation-overflows", ("estimate", "mlp:1-4", "--input-shape", "1", "--batch-size", str(2**62)),
           2, ("module 0",), not_says=("--input-shape", "training step failed"), where="--batch-size"),
-        c("max-grad-norm-text", (*MLP, "--max-grad-norm", "abc"), 2, ("none",), where="--max-grad-norm"),
+        c("max-grad-norm-text", (*MLP, "--max-grad-norm", "abc"), 2, ("--max-grad-norm", "none")),
         c("input-shape-zero", (*MLP, "--input-shape", "0"), 2, ("--input-shape",)),
         c("input-shape-negative", (*MLP, "--input-shape", "-3"), 2, ("--input-shape",)),
         c("input-shape-empty-dimension", (*MLP, "--input-shape", "3,,4"), 2, ("--input-shape",)),
@@ -638,7 +638,7 @@ def _cases() -> list[Case]:
         c("py-factory-sys-exit-0", ("estimate", _factory("exits_0")), 2, ("exits_0",)),
         c("py-factory-sys-exit-3", ("estimate", _factory("exits_3")), 2, ("exits_3",)),
         # os._exit ends the process from inside the user's code: the `trainmem` command runs it in a supervised
-        # worker (cli/supervisor.py), whose parent turns the worker's end into one line
+        # worker (supervised.py), whose parent turns the worker's end into one line
         c("py-factory-os-exit", ("estimate", _factory("hard_exit")), 2, ("hard_exit", "os._exit"), process="cli", seconds=PROCESS_SECONDS),
         c("py-factory-prints-at-exit-with-json", ("estimate", _factory("prints_at_exit"), "--input-shape", "10",
                                                   "--format", "json"), 0, process="cli", seconds=PROCESS_SECONDS),

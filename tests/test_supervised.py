@@ -1,4 +1,4 @@
-"""The `trainmem` command runs the command of a model in a supervised worker (cli/supervisor.py, cli/worker.py):
+"""The `trainmem` command runs the command of a model in a supervised worker (supervised.py, cli/worker.py):
 whatever the user's code does besides returning a model — print from atexit, start a thread that never ends, fork,
 ignore Ctrl-C, close stderr, end the process, raise a BaseException — the answer stays the answer, and every
 failure is one line with exit 2 (issue 25, item 1). Each case runs the real command line in a process of its own,
@@ -187,12 +187,12 @@ def test_a_worker_past_its_timeout_is_one_line_and_exit_2(tmp_path):
 def test_the_python_api_and_main_with_argv_stay_in_process(monkeypatch):
     """tests and notebooks call main(argv): no worker, so their monkeypatches and captures still apply."""
     from trainmem.cli import main
-    from trainmem.cli import supervisor
+    from trainmem import supervised
 
     def refuse(*args, **kwargs):
         raise AssertionError("main(argv) must not start a worker")
 
-    monkeypatch.setattr(supervisor, "run_in_worker", refuse)
+    monkeypatch.setattr(supervised, "run_in_worker", refuse)
     assert main(["estimate", "mlp:10-4", "--batch-size", "2", "--quiet"]) == 0
 
 

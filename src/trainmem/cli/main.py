@@ -25,7 +25,7 @@ from trainmem.errors import TrainmemError, quote
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser, in_worker: bool = False) -> Outcome:
     """The command of `args`: in this process, or with `in_worker` the command of a model in a supervised worker
-    process (cli/supervisor.py), its files written here."""
+    process (supervised.py), its files written here."""
     if args.command in ARGS_COMMANDS:  # no model, no setup: their own few flags
         return ARGS_COMMANDS[args.command](args)
     options = with_environment(merge_options(args, option_keys(parser)).with_values(model=args.model), args.command)
@@ -36,12 +36,14 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser, in_wo
     options = options.with_values(colour=stdout_wants_colour(), debug=bool(getattr(args, "debug", False)))
     if in_worker:
         from trainmem.cli.output_files import write_deferred
-        from trainmem.cli.supervisor import DEFAULT_TIMEOUT_SECONDS, run_in_worker
+        from trainmem.cli.options import timeout_words
+        from trainmem.supervised import DEFAULT_TIMEOUT_SECONDS, run_in_worker
 
         job = {"command": args.command, "values": dict(options.values), "given": dict(options.given),
                "origins": dict(options.origins), "setup": setup, "model": args.model, "debug": args.debug}
-        outcome = run_in_worker(job, options.values.get("timeout") or DEFAULT_TIMEOUT_SECONDS,
-                                options.origins.get("timeout"))
+        timeout, origin = options.values.get("timeout") or DEFAULT_TIMEOUT_SECONDS, options.origins.get("timeout")
+        outcome = run_in_worker(job, "trainmem.cli.worker", timeout, timeout_words(timeout, origin),
+                                origin or "--timeout")
         write_deferred(outcome.files)
     else:
         outcome = execute(args.command, options, setup, args.model)
@@ -82,14 +84,14 @@ _running = False  # main() is running in this process: a model factory that call
 
 def main(argv: list[str] | None = None) -> int:
     """The command line. Given no `argv` (the `trainmem` command), the command of a model runs in a supervised
-    worker process (cli/supervisor.py); given `argv` (a Python program, a test), in this process."""
+    worker process (supervised.py); given `argv` (a Python program, a test), in this process."""
     global _running
     if _running:  # e.g. `trainmem estimate trainmem.cli:main`: trainmem itself given as the model's factory
         raise TrainmemError("expected a model factory, got trainmem's own command line (trainmem.cli.main)",
                             where="MODEL")
     _running = True
     try:
-        from trainmem.cli.supervisor import supervised
+        from trainmem.supervised import supervised
 
         return _main(argv, in_worker=argv is None and supervised())
     finally:
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, in_worker: bool = False) -> int:
-    from trainmem.cli.supervisor import WorkerFailed
+    from trainmem.supervised import WorkerFailed
 
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv

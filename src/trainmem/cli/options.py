@@ -206,7 +206,7 @@ def aimed_at_origin(error: TrainmemError, origins: Mapping[str, str]) -> Trainme
 
 
 def timeout_words(timeout: float, origin: str | None) -> str:
-    """The time limit as the user set it, for the line that says it was reached (cli/supervisor.py)."""
+    """The time limit as the user set it, for the line that says it was reached (supervised.py)."""
     if origin is None:
         return f"--timeout {timeout:g} s (the default)"
     return f"--timeout {timeout:g} s" if origin == "--timeout" else f"{timeout:g} s ({origin})"

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
+# SIGINT's and SIGTERM's numbers + 128, as a shell reports them: the supervisor's, which exits with them itself
+from trainmem.supervised import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from trainmem.supervised import EXIT_TERMINATED as EXIT_TERMINATED
+
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_INTERRUPTED = 128 + 2  # SIGINT's number, as a shell reports a process Ctrl-C ended
-EXIT_TERMINATED = 128 + 15  # SIGTERM's number
 EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's number on Linux and macOS, as a shell reports a process it ended
 INTERRUPTED_LINE = b"trainmem: interrupted\n"
 EXIT_STATUS_HELP = ("exit status: 0 fits (or the command's answer), 1 does not fit (only after a configuration was "

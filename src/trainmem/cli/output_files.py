@@ -96,7 +96,7 @@ _deferred: list[tuple[str, str, str, bytes]] | None = None  # in the worker: fil
 @contextlib.contextmanager
 def deferred_writes() -> Iterator[list[tuple[str, str, str, bytes]]]:
     """In the worker (cli/worker.py): write_safely renders each file into a private temporary folder and keeps
-    its bytes, (absolute, shown, where, bytes), for the parent process to write (cli/supervisor.py): only the
+    its bytes, (absolute, shown, where, bytes), for the parent process to write (supervised.py): only the
     parent writes the user's files."""
     global _deferred
     _deferred = []

@@ -165,8 +165,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def timeout_seconds(text: str) -> float:
-    """--timeout: seconds, more than 0 and at most a week (cli/supervisor.py)."""
-    from trainmem.cli.supervisor import MAX_TIMEOUT_SECONDS
+    """--timeout: seconds, more than 0 and at most a week (supervised.py)."""
+    from trainmem.supervised import MAX_TIMEOUT_SECONDS
 
     try:
         value = float(text)
@@ -186,8 +186,8 @@ def add_keras_data_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_process_flags(parser: argparse.ArgumentParser) -> None:
-    """How the `trainmem` command supervises the process that runs the model's code (cli/supervisor.py)."""
-    from trainmem.cli.supervisor import DEFAULT_TIMEOUT_SECONDS
+    """How the `trainmem` command supervises the process that runs the model's code (supervised.py)."""
+    from trainmem.supervised import DEFAULT_TIMEOUT_SECONDS
 
     parser.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS", help="stop the model's code after "
                         "this long: exit 2 with one line (the command runs it in a worker process it can stop) "

@@ -62,31 +62,21 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
     on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off; `tf_memory`:
     TensorFlow's GPU memory mode (targets/tf/gpu_memory.py)."""
-    if isolate:
-        from trainmem.estimate.isolated import estimate_isolated
-
-        return estimate_isolated(model, dict(setup=setup, device=device, depth=depth, target_options=target_options,
-                                             compare_loop=compare_loop, framework=framework,
-                                             keras_backend=keras_backend, **setup_values))
+    if isolate:  # the same call in a supervised worker process (estimate/isolated.py)
+        return _isolated(model, dict(setup=setup, device=device, depth=depth, target_options=target_options,
+                                     compare_loop=compare_loop, framework=framework, keras_backend=keras_backend,
+                                     **setup_values))
     refuse_loose_options(setup_values, "estimate()")
     setup = setup_of(setup, setup_values, "estimate()")
     run = TargetOptions.of(target_options, "estimate()")
-    options, tf_memory, tf_onednn = run.cuda(), run.tf_memory, run.tf_onednn
+    options = run.cuda()
     model = _framework_source(model, setup, framework, keras_backend)
     if framework_of(model) == "tensorflow":  # Keras on TensorFlow: its own trace and targets, the same assembler
         if setup.parallel.distributed:
             raise SetupError("expected a PyTorch model with --strategy (many ranks are traced with torch.distributed), "
                              f"got a Keras model {model.name!r}", where="--strategy")
         return _estimate_on_tensorflow(model, setup, device, depth, run)
-    if run.dataset_size is not None:
-        raise SetupError(f"expected a Keras model on TensorFlow with --dataset-size, got a PyTorch model {model.name!r}",
-                         where="--dataset-size")
-    if tf_onednn is not None:
-        raise SetupError(f"expected a Keras model on TensorFlow with --tf-onednn, got a PyTorch model {model.name!r}",
-                         where="--tf-onednn")
-    if tf_memory is not None:
-        raise SetupError(f"expected a Keras model on TensorFlow with --tf-memory, got a PyTorch model {model.name!r}",
-                         where="--tf-memory")
+    _refuse_tensorflow_options(run, model.name)
     chosen = prepare(model, setup, device, depth, **options)
     if setup.parallel.distributed:  # many ranks: one trace per distinct rank role (estimate/per_rank.py)
         from trainmem.estimate.per_rank import estimate_distributed
@@ -97,6 +87,20 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
         lean = dataclasses.replace(setup, loop=Loop.LEAN)
         return _with_lean_loop(est, assemble_traced(chosen, lean, trace(chosen, lean)))
     return est
+
+
+def _isolated(model: Any, keywords: dict[str, Any]) -> Estimate:
+    from trainmem.estimate.isolated import estimate_isolated
+
+    return estimate_isolated(model, keywords)
+
+
+def _refuse_tensorflow_options(run: TargetOptions, model_name: str) -> None:
+    """TensorFlow's options, given for a PyTorch model: each refused in one line naming its flag."""
+    for key, flag in (("dataset_size", "--dataset-size"), ("tf_onednn", "--tf-onednn"), ("tf_memory", "--tf-memory")):
+        if getattr(run, key) is not None:
+            raise SetupError(f"expected a Keras model on TensorFlow with {flag}, got a PyTorch model {model_name!r}",
+                             where=flag)
 
 
 def _estimate_on_tensorflow(source: Any, setup: TrainingSetup, device: DeviceRef, depth: int,
