@@ -1,5 +1,6 @@
-"""The command line's parent process: it parses the flags and checks them, then runs the command of a model in a
-worker process (cli/worker.py) and keeps what the user sees in its own hands.
+"""A supervised worker process for the user's model code: the `trainmem` command's (cli/worker.py runs a command in
+it) and the Python API's estimate(..., isolate=True) (estimate/isolated.py). The parent parses and checks
+everything first, runs the model's code in the worker and keeps what the user sees in its own hands.
 
 Why a worker: the user's model code (a factory, a forward, the libraries they import) runs inside trainmem. In one
 process it can print after the answer from atexit, start a thread that never ends, fork, ignore Ctrl-C, close
@@ -27,8 +28,12 @@ import sys
 import time
 from typing import Any
 
-from trainmem.cli.outcome import EXIT_INTERRUPTED, EXIT_TERMINATED, Outcome
+from collections.abc import Callable
+
 from trainmem.errors import TrainmemError
+
+EXIT_INTERRUPTED = 128 + 2  # SIGINT's number, as a shell reports a process Ctrl-C ended (cli/outcome.py)
+EXIT_TERMINATED = 128 + 15  # SIGTERM's number
 
 RESULT_FD_ENV = "TRAINMEM_RESULT_FD"  # the worker's end of the pipe its answer comes back on
 IN_PROCESS_ENV = "TRAINMEM_IN_PROCESS"
@@ -44,21 +49,24 @@ def supervised() -> bool:
     return os.environ.get(IN_PROCESS_ENV, "") in ("", "0")
 
 
-def run_in_worker(job: dict[str, Any], timeout: float, timeout_origin: str | None = None) -> Outcome:
-    """Run `job` (cli/worker.py) in a worker process and return its Outcome; TrainmemError for a worker that failed,
-    with the one line the user sees. Ctrl-C and SIGTERM kill the worker's group and end this process.
-    `timeout_origin`: where the time limit came from (options.origins), None for the default."""
+def run_in_worker(job: dict[str, Any], entry: str, timeout: float, timeout_said: str = "",
+                  timeout_where: str = "--timeout") -> Any:
+    """Run `job` in a worker process started as `python -m ENTRY` (a module whose main calls `serve`: cli/worker.py,
+    estimate/isolated.py) and return its answer; WorkerFailed with the worker's own line, TrainmemError for a worker
+    that ended, hung or grew too large. Ctrl-C and SIGTERM kill the worker's group and end this process.
+    `timeout_said`: the time limit in the user's words (cli/options.py timeout_words), `timeout_where` what set it."""
     read_end, write_end = os.pipe()
     environment = {**os.environ, RESULT_FD_ENV: str(write_end)}
     try:
-        process = subprocess.Popen([sys.executable, "-m", "trainmem.cli.worker"], stdin=subprocess.PIPE, stdout=2,
+        process = subprocess.Popen([sys.executable, "-m", entry], stdin=subprocess.PIPE, stdout=2,
                                    pass_fds=(write_end,), env=environment, start_new_session=True)
     finally:
         os.close(write_end)
     with _signals_kill(process):
         try:
             _send(process, job)
-            data = _answer(process, read_end, (timeout, timeout_origin), str(job.get("model") or "MODEL"))
+            limit = (timeout, timeout_said or f"{timeout:g} s", timeout_where)
+            data = _answer(process, read_end, limit, str(job.get("model") or "MODEL"))
         finally:
             os.close(read_end)
             _kill_group(process)
@@ -84,11 +92,9 @@ def _send(process: subprocess.Popen, job: dict[str, Any]) -> None:
         pass
 
 
-def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str | None], model: str) -> bytes:
+def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str, str], model: str) -> bytes:
     """The worker's framed answer (8-byte length, then a pickle), read as it comes; the bounds checked meanwhile.
-    `timeout`: the seconds and where they came from."""
-    from trainmem.cli.options import timeout_words
-
+    `timeout`: the seconds, in the user's words, and what set them."""
     data = bytearray()
     deadline = time.monotonic() + timeout[0]
     limit = int(_memory_total() * MEMORY_SHARE)
@@ -102,9 +108,8 @@ def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str 
             if not chunk:  # end of file without a whole answer: the worker has ended
                 raise TrainmemError(_ended_words(process), where=model)
         if time.monotonic() > deadline:
-            raise TrainmemError(f"expected the model's code to finish within {timeout_words(*timeout)}, it was "
-                                "still running: stopped (raise --timeout for a run this long)",
-                                where=timeout[1] or "--timeout")
+            raise TrainmemError(f"expected the model's code to finish within {timeout[1]}, it was "
+                                "still running: stopped (raise --timeout for a run this long)", where=timeout[2])
         if limit and _rss(process.pid) > limit:
             raise TrainmemError(f"expected the model's code to stay within {limit / 2**30:.1f} GiB of RAM ("
                                 f"{MEMORY_SHARE:.0%} of this machine's), the worker running it grew past that: stopped "
@@ -163,6 +168,32 @@ def _kill_group(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+
+
+def serve(run: Callable[[dict[str, Any]], tuple[str, Any]]) -> None:
+    """The worker's side: read the job from stdin, `run(job)` -> ("outcome", answer) or ("failed", (line, code)),
+    send it on the answer pipe, end at once (os._exit: no atexit handler, no thread join). The user's code's stdout
+    goes to stderr. A copy of the worker that the model's code forked never answers: only the process that read
+    the job does."""
+    answer_fd = int(os.environ.pop(RESULT_FD_ENV))
+    me = os.getpid()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    answer = run(pickle.load(sys.stdin.buffer))
+    if os.getpid() == me:
+        _send_answer(answer_fd, answer)
+    os._exit(0)
+
+
+def _send_answer(fd: int, answer: tuple[str, Any]) -> None:
+    try:
+        data = pickle.dumps(answer)
+    except Exception as error:  # noqa: BLE001 - an answer that cannot travel is still one line
+        data = pickle.dumps(("failed", (f"trainmem: error: the worker's answer could not be sent back "
+                                        f"({type(error).__name__}: {error})", 2)))
+    view = memoryview(len(data).to_bytes(8, "big") + data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class _signals_kill:
