@@ -62,13 +62,19 @@ def _interrupted(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def ctrl_c_ends_the_process() -> Iterator[None]:
+def sigint_handled_by(handler: Any) -> Iterator[None]:
+    """`handler` for SIGINT during the block, the previous one after it; outside the main thread (main() called from
+    a thread) the handler cannot be changed and Python's stays."""
     try:
-        previous = signal.signal(signal.SIGINT, _interrupted)
-    except ValueError:  # not the main thread (main() called from a thread): Python's default stays
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:
         yield
         return
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def ctrl_c_ends_the_process() -> contextlib.AbstractContextManager[None]:
+    return sigint_handled_by(_interrupted)

@@ -178,12 +178,7 @@ def _restoring_on_interrupt(restore) -> Iterator[None]:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
 
-    try:
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: the handler cannot be changed
+    from trainmem.cli.process import sigint_handled_by
+
+    with sigint_handled_by(handler):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
