@@ -19,7 +19,7 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 def documented_commands() -> list[tuple[str, list[str]]]:
     """(where, arguments after `trainmem`) for each `trainmem …` line of a fenced code block that names
     examples/, its continuation lines (a trailing backslash) joined, its comment left off."""
-    found = []
+    found, seen = [], []
     for document in DOCUMENTS:
         fenced, pending, start = False, None, 0
         for number, line in enumerate(document.read_text().splitlines(), 1):
@@ -34,8 +34,9 @@ def documented_commands() -> list[tuple[str, list[str]]]:
             pending += shlex.split(line.rstrip().removesuffix("\\"), comments=True)
             if continued:
                 continue
-            if any(arg.startswith("examples/") for arg in pending):
-                found.append((f"{document.name}:{start}", pending[1:]))
+            if any(arg.startswith("examples/") for arg in pending) and pending[1:] not in seen:
+                found.append((f"{document.name}:{start}", pending[1:]))  # a command on two pages runs once
+                seen.append(pending[1:])
             pending = None
     return found
 
