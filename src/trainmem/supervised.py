@@ -148,14 +148,11 @@ def _rss(pid: int) -> int:
 
 
 def _memory_total() -> int:
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0  # no /proc (macOS): no memory bound
+    """This machine's RAM, as the CPU device's capacity reads it (devices.py: MemTotal, else sysconf). Where there
+    is no /proc (macOS) the worker's RSS reads 0 (_rss), so the bound never applies there."""
+    from trainmem.devices import cpu_device
+
+    return cpu_device().capacity_bytes
 
 
 def _kill_group(process: subprocess.Popen) -> None:
