@@ -96,15 +96,24 @@ def run_rows(runs: int, only: str | None, optimizers=OPTIMIZERS) -> list[dict]:
     return rows
 
 
-def re_estimate(row: dict) -> dict:
-    """The row's estimate again with this checkout; the measurements stay. A run length that moved is refused:
-    the measured runs ran the old one. A row measured before run lengths existed ran two steps."""
+def re_estimate(row: dict, remeasure: bool = False) -> dict:
+    """The row's estimate again with this checkout; the measurements stay. A run length that moved is refused
+    (the measured runs ran the old one), or with `remeasure` its RSS runs are measured again at the new length,
+    on this machine. A row measured before run lengths existed ran two steps."""
     name, ref, extra, _, _ = next(entry for entry in ZOO if entry[0] == row["model"])
     est = estimate(ref, setup=TrainingSetup.from_mapping(
         {"batch_size": row["batch"], "optimizer": row["optimizer"], "loop": "inline", **extra,
          **({} if "steps" in row else {"run_steps": 2})}))
     steps = int(est.coverage.get("heap_steps", 2))
-    if steps != row.get("steps", 2):
+    if steps != row.get("steps", 2) and remeasure:
+        if row.get("cpu") != _cpu_name():
+            raise SystemExit(f"{name} batch {row['batch']}: measured on {row.get('cpu')}, not on this CPU "
+                             f"({_cpu_name()}): its runs cannot be measured again here")
+        flags = next(entry for entry in ZOO if entry[0] == row["model"])[4]
+        runs = [truth(ref, row["batch"], row["optimizer"], "rss", flags, steps)["peak_rss_bytes"]
+                for _ in row["rss_runs"]]
+        row = {**row, "rss_runs": runs, "meas_rss": int(statistics.median(runs)), "steps": steps}
+    elif steps != row.get("steps", 2):
         raise SystemExit(f"{name} batch {row['batch']}: the estimate now stands for {steps} steps, the runs ran "
                          f"{row.get('steps', 2)}: measure again")
     row = {**row, "est_tensor": est.tensor_bytes, "est_rss": est.process_bytes, "est_rss_high": est.process_bytes_high}
@@ -218,6 +227,8 @@ def main() -> None:
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated (default: both)")
     parser.add_argument("--re-estimate", action="store_true", help="estimate the rows of the data file again with "
                         "this checkout and keep their measurements (the run length must not change)")
+    parser.add_argument("--remeasure", action="store_true", help="with --re-estimate: rows whose run length "
+                        "moved are measured again at the new length (RSS runs only; on this machine)")
     parser.add_argument("--as-cpu", metavar="VENDOR,CAPABILITY,THREADS",
                         help="with --re-estimate: estimate as for the CPU the rows were measured on (another "
                         "machine's recorded rows), e.g. AuthenticAMD,AVX2,2; writes accuracy_cpu_TAG_here.md")
@@ -245,7 +256,7 @@ def main() -> None:
                     f"{args.as_cpu}{' --tag ' + args.tag if args.tag else ''}`"))
             return
         if args.re_estimate:
-            rows = [re_estimate(row) for row in rows]
+            rows = [re_estimate(row, args.remeasure) for row in rows]
             data.write_text("".join(json.dumps(row) + "\n" for row in rows))
         result.write_text(write_markdown(rows, len(rows[0]["rss_runs"])))
         return

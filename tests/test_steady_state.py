@@ -89,6 +89,23 @@ def test_run_length_is_honoured_and_the_default_is_bounded_and_deterministic():
     assert values == sorted(values)
 
 
+def test_each_shorter_runs_peak_is_read_off_the_long_replay():
+    # one replay of the long run gives every doubling's peak: each must be what replaying that run alone gives
+    est = trainmem.estimate(f"{MODELS}:cnn_bn", target_shape="scalar", batch_size=4)
+    events = est.replay_input.events
+    long = steady_heap(events, glibc_heap, 16)
+    assert list(long.growth) == [2, 4, 8, 16] and long.growth[16] == long.resident
+    for steps in (2, 4, 8):
+        assert long.growth[steps] == steady_heap(events, glibc_heap, steps).resident
+
+
+def test_the_default_is_the_long_run_not_the_first_plateau():
+    # a heap that held over two doublings can still grow later (tied_lm batch 16: 467 MiB of modelled heap after
+    # 2, 4 and 8 steps, 521 after 32): the default replays the whole long run within its bound on events
+    est = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2)
+    assert steady_heap(est.replay_input.events, glibc_heap).steps == MAX_STEPS
+
+
 def test_the_estimate_reports_the_run_length_and_steps_flag_is_checked():
     short = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2, run_steps=2)
     long = trainmem.estimate("mlp:64-32-10", input_shape="64", batch_size=2)

@@ -224,23 +224,39 @@ class GlibcModel:
 def replay_actions(actions, pinned: bool = False) -> int:
     """Peak resident bytes for tensors and runtime objects interleaved (alloc/small_objects.py):
     tensors and 64-byte-aligned objects through posix_memalign, the rest through malloc."""
+    return replay_growth(actions, {}, pinned)[0]
+
+
+def replay_growth(actions, marks: dict[int, object], pinned: bool = False) -> tuple[int, dict[object, int]]:
+    """replay_actions, and the peak so far just before each mark (action index -> label): one replay of a long
+    run gives the peak of every shorter run that is a prefix of it (alloc/steady_state.py)."""
     model = GlibcModel(pinned)
-    chunks, tcache = model.chunks, model.tcache
+    seen: dict[object, int] = {}
+    start = 0
     with gc_paused():
-        for action in actions:
-            if action.action == "free":
-                if action.key in chunks:
-                    model.free(action.key)
-                continue
-            if action.aligned:
-                model.malloc(action.key, action.nbytes)
-            elif action.transient and tcache[request_to_chunk(action.nbytes)]:
-                continue  # malloc pops a tcache chunk and free pushes it back: nothing changes
-            else:
-                model.malloc_plain(action.key, action.nbytes)
-            if action.transient:
+        for index in sorted(marks):
+            _advance(model, actions[start:index])
+            seen[marks[index]] = model.peak_resident
+            start = index
+        _advance(model, actions[start:])
+    return model.peak_resident, seen
+
+
+def _advance(model: GlibcModel, actions) -> None:
+    chunks, tcache = model.chunks, model.tcache
+    for action in actions:
+        if action.action == "free":
+            if action.key in chunks:
                 model.free(action.key)
-    return model.peak_resident
+            continue
+        if action.aligned:
+            model.malloc(action.key, action.nbytes)
+        elif action.transient and tcache[request_to_chunk(action.nbytes)]:
+            continue  # malloc pops a tcache chunk and free pushes it back: nothing changes
+        else:
+            model.malloc_plain(action.key, action.nbytes)
+        if action.transient:
+            model.free(action.key)
 
 
 def replay_resident(stream: list[DeviceEvent]) -> int:

@@ -245,13 +245,22 @@ class HeapReplay:
     objects: int  # small objects interleaved
     defaulted_ops: dict[str, int]  # op kinds without a small-object row (their phase's average is used)
     table: dict  # targets/data/cpu_small_objects.json: its source and run-to-run spread
+    growth: dict[int, int] = dataclasses.field(default_factory=dict)  # n -> resident peak of the first n steps
 
 
-def glibc_heap(events: Sequence[DeviceEvent]) -> HeapReplay:
+def glibc_heap(events: Sequence[DeviceEvent], after_steps: Sequence[int] = ()) -> HeapReplay:
+    """The heap over the whole stream, and (`after_steps`) the peak of each shorter run it begins with."""
     interleaved = small_objects.interleave(events)
-    return HeapReplay(cpu_alloc.replay_actions(interleaved.actions),
-                      cpu_alloc.replay_actions(interleaved.actions, pinned=True),
-                      interleaved.objects, interleaved.defaulted_ops, small_objects.load_table())
+    traced = sorted({event.step for event in events if str(event.phase) != "init"})
+    marks = {}
+    for steps in after_steps:
+        start = interleaved.step_starts.get(traced[0] + steps) if traced else None
+        if start is not None:
+            marks[start] = steps
+    resident, seen = cpu_alloc.replay_growth(interleaved.actions, marks)
+    growth = {steps: seen.get(steps, resident) for steps in after_steps}
+    return HeapReplay(resident, cpu_alloc.replay_actions(interleaved.actions, pinned=True),
+                      interleaved.objects, interleaved.defaulted_ops, small_objects.load_table(), growth)
 
 
 def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:

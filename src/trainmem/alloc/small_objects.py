@@ -105,6 +105,7 @@ class Interleaved:
     actions: list[Action]
     objects: int  # runtime objects placed
     defaulted_ops: dict[str, int]  # op|phase -> tensor allocations that took their phase's average
+    step_starts: dict[int, int] = dataclasses.field(default_factory=dict)  # step -> index of its first action
 
 
 def _templates(table: dict, event, first: bool, defaulted: dict[str, int]) -> list:
@@ -191,8 +192,17 @@ def _interleave(stream, table: dict | None) -> Interleaved:
                     companions[event.key].append(Action("free", key))
                 elif end is not None:
                     deaths[end].append(Action("free", key))
+    actions, step_starts = _assemble(stream, births, deaths, companions)
+    return Interleaved(actions, count, dict(defaulted), step_starts)
+
+
+def _assemble(stream, births: dict, deaths: dict, companions: dict) -> tuple[list[Action], dict[int, int]]:
+    """The tensor events with the objects' births and deaths after them, and where each step's actions begin."""
     actions: list[Action] = []
+    step_starts: dict[int, int] = {}
     for index, event in enumerate(stream):
+        if event.step not in step_starts:
+            step_starts[event.step] = len(actions)
         actions.append(Action(event.action, event.key, event.nbytes))
         if event.action == "free" and companions:
             actions.extend(companions.pop(event.key, ()))
@@ -200,4 +210,4 @@ def _interleave(stream, table: dict | None) -> Interleaved:
             actions.extend(births.pop(index, ()))
         if deaths:
             actions.extend(deaths.pop(index, ()))
-    return Interleaved(actions, count, dict(defaulted))
+    return actions, step_starts
