@@ -438,3 +438,39 @@ def moe_token_mask():
                 x = x + moe(norm(x))
             return self.head(x.mean(dim=1))
     return Model(), _tokens(4000, 64)
+
+
+class _PackedTagger(nn.Module):
+    """Padded token sequences through pack_padded_sequence, a recurrent layer, and back (pad_packed_sequence),
+    as a sequence tagger over sentences of different lengths is written."""
+
+    def __init__(self, cell: type, batch_first: bool, vocab: int = 2000, hidden: int = 128) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.embed = nn.Embedding(vocab, 64)
+        self.rnn = cell(64, hidden, batch_first=batch_first, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, 12)
+
+    def forward(self, tokens, lengths):
+        x = self.embed(tokens)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=self.batch_first, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=self.batch_first,
+                                                  total_length=tokens.shape[1 if self.batch_first else 0])
+        return self.head(out)
+
+
+def _tag_loss(logits, inputs):
+    return logits.float().pow(2).mean()
+
+
+def packed_lstm_tagger():
+    """A bidirectional LSTM tagger over packed sequences (batch first), every sentence at the padded length 60."""
+    return (_PackedTagger(nn.LSTM, batch_first=True),
+            lambda batch: (torch.randint(0, 2000, (batch, 60)), torch.full((batch,), 60)), _tag_loss)
+
+
+def packed_gru_tagger():
+    """A bidirectional GRU tagger over packed sequences (time first), sentences of 5 to 60 tokens."""
+    return (_PackedTagger(nn.GRU, batch_first=False),
+            lambda batch: (torch.randint(0, 2000, (60, batch)), torch.randint(5, 61, (batch,))), _tag_loss)

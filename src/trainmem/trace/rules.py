@@ -40,7 +40,7 @@ _NONZERO_TESTS = frozenset({"gt", "ne"})  # count > 0, count != 0: was this expe
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
-    kind: str  # "index" (expert ids per slot), "mask" (bool/0-1 per element), "count", "expert_id"
+    kind: str  # "index" (expert ids per slot), "mask" (bool/0-1 per element), "count", "expert_id", "batch_sizes"
     per_element: float = 0.0  # expected true entries (mask) or value (count) per element, × 1/experts
 
 
@@ -91,6 +91,8 @@ class DataDependentRules:
             raise error  # a real error of the model on this input (shape mismatch…): reported as such
         if op == "_local_scalar_dense" and isinstance(args[0], torch.Tensor):
             return self._value_read(args[0], module)
+        if op == "_pack_padded_sequence":
+            return self._packed_at_full_length(args, module)
         experts = getattr(module_object, "num_experts", None)
         if op in ("nonzero", "index") and isinstance(experts, int) and experts > 0:
             return self._balanced_routing(op, args, experts, module)
@@ -112,6 +114,8 @@ class DataDependentRules:
             self.fired[("_local_scalar_dense", module, "value read as 0 / False")] += 1
             return 0.0
         routing = routing_of(tensor)
+        if routing is not None and routing.kind == "batch_sizes":  # packed at full length: every entry is B
+            return int(routing.per_element)
         if routing is not None and routing.kind == "expert_id":
             self.fired[("_local_scalar_dense", module, "expert id read as 0 (experts are alike under balanced routing)")] += 1
             return 0
@@ -148,6 +152,18 @@ class DataDependentRules:
         if op == "nonzero":
             return torch.empty((rows, mask.dim()), dtype=torch.long)
         return values.new_empty((rows, *values.shape[mask.dim():]))
+
+    def _packed_at_full_length(self, args: tuple, module: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """pack_padded_sequence by its bound: every sequence at the padded length, the most the packed data
+        can hold (B × T rows); the batch sizes are a real CPU tensor, as the op makes them, because the packed
+        RNN kernels and pad_packed_sequence read their values (T entries of B)."""
+        padded, batch_first = args[0], bool(args[2]) if len(args) > 2 else False
+        steps, batch = (padded.shape[1], padded.shape[0]) if batch_first else (padded.shape[0], padded.shape[1])
+        self.fired[("_pack_padded_sequence", module, "every sequence at the padded length (the bound)")] += 1
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            batch_sizes = torch.full((int(steps),), int(batch), dtype=torch.int64)
+        _tag(batch_sizes, Routing("batch_sizes", float(batch)))  # an entry read (`batch_sizes[0]`) is B
+        return padded.new_empty((int(steps) * int(batch), *padded.shape[2:])), batch_sizes
 
     def warnings(self) -> list[str]:
         """One line per (op, assumption), with how often and where (the first modules by name)."""

@@ -24,6 +24,7 @@ from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
+from trainmem.trace.packed_sequences import PaddedUnpacking
 from trainmem.trace.rng_state import checkpoint_rng_states
 from trainmem.trace.recorder import TraceRecorder
 from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode, module_tensor_tables
@@ -218,7 +219,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         switched = semantics.switched_in() if semantics is not None else contextlib.nullcontext()
         # SameDtypeKernels sits right above fake_mode, so it sees each op as its kernel would (dtype_checks.py)
         with fake_mode, SameDtypeKernels(), tracker, recorder, checkpoint_rng_states(recorder), \
-                cast_cache_freed_in_order(recorder), switched as notes:
+                cast_cache_freed_in_order(recorder), PaddedUnpacking(recorder), switched as notes:
             if keras:
                 prepared = keras_torch_step.trace_run(model, setup, source, recorder, observer, layers)
                 facts = keras_torch_step.model_facts(model)
