@@ -12,6 +12,7 @@ from trainmem.devices import Device
 from trainmem.estimate.result import AllocatorSummary, Estimate, ModuleRow, ReplayInput
 from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
+from trainmem.setup.presets import said as torch_version_said
 from trainmem.targets import Target
 from trainmem.trace.events import Category, Phase
 
@@ -34,7 +35,8 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
         peak_step=peak_event.step,
         modules=own.modules if own else module_table(traced, replayed.live, depth, target.module_rounding),
         warnings=tuple(process.leading_warnings + list(traced.warnings) + process.warnings
-                       + _checkpointing(traced.checkpointed, target.checkpoint_lists_blocks)),
+                       + _checkpointing(traced.checkpointed, target.checkpoint_lists_blocks)
+                       + torch_version_said(setup)),
         explanation=own.explanation if own else explain(traced, setup, breakdown, target.runtime_words),
         process_parts=process.parts,
         coverage=own.coverage if own else {"ops": dict(traced.op_counts), "kernel_rules": stream.rules,

@@ -17,7 +17,8 @@ from trainmem.files import regular_file
 from trainmem.setup.count_limits import MAX_ELEMENTS as MAX_ELEMENTS, MAX_GRAD_ACCUM as MAX_GRAD_ACCUM, check_counts
 from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS
 from trainmem.setup.layout import ParallelLayout
-from trainmem.trainer_defaults import trainer_optimizer_impl
+from trainmem.setup import presets
+from trainmem.setup.presets import HF_TRAINER_DEFAULTS as HF_TRAINER_DEFAULTS, QLORA_DEFAULTS as QLORA_DEFAULTS
 
 
 class Optimizer(enum.StrEnum):
@@ -144,13 +145,6 @@ class LoraSpec:
 # QLoRA (Dettmers et al. 2023): LoRA on every linear layer, r=64, alpha=16, dropout 0.1 (models up to
 # 13B), bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft prepare_model_for_kbit_training)
 QLORA_LORA = LoraSpec(r=64, alpha=16, targets=("all-linear",), dropout=0.1)
-QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "checkpointing": True}
-# transformers TrainingArguments (5.x): optim adamw_torch_fused with torch >= 2.8, adamw_torch (torch's default
-# AdamW implementation) before (trainer_defaults.py); max_grad_norm 1.0, evaluation off; Trainer.training_step:
-# loss / gradient_accumulation_steps, zero_grad to None; under mixed precision the Accelerator converts model
-# outputs to fp32 (trace/step.py outputs_to_fp32)
-HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": trainer_optimizer_impl(), "max_grad_norm": 1.0,
-                       "loop": "trainer"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +175,7 @@ class TrainingSetup:
     qlora: bool = False  # 4-bit NF4 base weights + LoRA (QLORA_DEFAULTS unless given)
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
+    torch_version: str | None = None  # the run's torch, for its defaults (setup/presets.py); None: this one's
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
     parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
 
@@ -198,6 +193,8 @@ class TrainingSetup:
         if self.max_grad_norm is not None and not _positive_finite(self.max_grad_norm):
             # clip_grad_norm_ scales by max_norm / total_norm: a norm of 0 or less zeroes or flips every gradient
             raise expected("a positive gradient norm such as 1.0", self.max_grad_norm, "--max-grad-norm")
+        if self.torch_version is not None:
+            presets.torch_release(self.torch_version)
         for name, enum_type in _ENUM_FIELDS.items():
             if getattr(self, name) is None and name == "loss":
                 continue
@@ -225,10 +222,7 @@ class TrainingSetup:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in names}
         kwargs.update(_parallel_kwargs(values))
-        if kwargs.get("qlora"):
-            kwargs = {**QLORA_DEFAULTS, **kwargs}
-        if kwargs.get("hf_trainer"):
-            kwargs = {**HF_TRAINER_DEFAULTS, **kwargs}
+        kwargs = presets.apply(kwargs)
         for flag in ("checkpointing", "qlora", "hf_trainer", "trust_remote_code"):
             if flag in kwargs and not isinstance(kwargs[flag], bool):
                 raise expected("true or false", kwargs[flag], f"--{flag.replace('_', '-')}")
@@ -258,12 +252,8 @@ class TrainingSetup:
     def flag_for(self, name: str) -> str:
         """The flag a user gave to get this field's value: --qlora and --hf-trainer fill in several
         (QLORA_DEFAULTS, HF_TRAINER_DEFAULTS), and an error about the value must name what was typed."""
-        value = getattr(self, name)
-        if self.qlora and name in QLORA_DEFAULTS and str(value) == str(QLORA_DEFAULTS[name]):
-            return f"--qlora (its {name.replace('_', '-')} {value})"
-        if self.hf_trainer and name in HF_TRAINER_DEFAULTS and str(value) == str(HF_TRAINER_DEFAULTS[name]):
-            return f"--hf-trainer (its {name.replace('_', '-')} {value})"
-        return f"--{name.replace('_', '-')}"
+        values = {"qlora": self.qlora, "hf_trainer": self.hf_trainer, "torch_version": self.torch_version}
+        return presets.filled_by(values, name, getattr(self, name)) or f"--{name.replace('_', '-')}"
 
     def lora_spec(self) -> LoraSpec | None:
         if self.lora is not None:
@@ -286,6 +276,8 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
+        if self.torch_version is None:
+            out.pop("torch_version")
         if self.parallel.distributed:
             out["parallel"] = self.parallel.to_dict()
         return out

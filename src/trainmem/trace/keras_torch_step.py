@@ -95,7 +95,7 @@ def check_setup(setup: TrainingSetup) -> None:
         (setup.checkpointing, "--checkpointing"),
         (bool(setup.freeze), "--freeze (set layer.trainable = False in the model instead)"),
         (setup.lora is not None or setup.qlora, "--lora/--qlora"),
-        (setup.hf_trainer, "--hf-trainer"),
+        (setup.hf_trainer, "--hf-trainer"), (setup.torch_version is not None, "--torch-version"),
         (setup.optimizer_impl != OptimizerImpl.DEFAULT, "--optimizer-impl (Keras's torch optimizers are "
                                                          "torch._foreach_* only)"),
         (setup.zero_grad != ZeroGrad.NONE, "--zero-grad zeros (Keras's train_step calls Module.zero_grad(), "

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-_PAD = torch._C._VariableFunctions._pad_packed_sequence
+from trainmem.trace.torch_private import FakeTensor, disable_current_modes
+
+_PAD = "_pad_packed_sequence"  # torch._VF's, as nn.utils.rnn.pad_packed_sequence calls it
 
 
 class _PadPacked(torch.autograd.Function):
@@ -49,12 +51,12 @@ class PaddedUnpacking(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not _PAD:
+        if getattr(func, "__name__", None) != _PAD:
             return func(*args, **kwargs)
         data, batch_sizes, batch_first, padding_value, total_length = _arguments(args, kwargs)
-        if isinstance(batch_sizes, torch._subclasses.fake_tensor.FakeTensor) or batch_sizes.numel() == 0:
+        if isinstance(batch_sizes, FakeTensor) or batch_sizes.numel() == 0:
             return func(*args, **kwargs)  # not ours to answer: the op's own error says what failed
-        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        with disable_current_modes():
             lengths = _lengths(batch_sizes)
             steps = max(batch_sizes.numel(), int(total_length))
             batch = int(batch_sizes[0])

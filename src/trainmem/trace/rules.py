@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from trainmem.errors import TraceError
-from trainmem.trace.torch_private import FAKE_LIMITATIONS
+from trainmem.trace.torch_private import FAKE_LIMITATIONS, disable_current_modes
 
 _TAG = "_trainmem_routing"
 # ops whose output (or output at this position) is a per-token choice of expert
@@ -160,7 +160,7 @@ class DataDependentRules:
         padded, batch_first = args[0], bool(args[2]) if len(args) > 2 else False
         steps, batch = (padded.shape[1], padded.shape[0]) if batch_first else (padded.shape[0], padded.shape[1])
         self.fired[("_pack_padded_sequence", module, "every sequence at the padded length (the bound)")] += 1
-        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        with disable_current_modes():
             batch_sizes = torch.full((int(steps),), int(batch), dtype=torch.int64)
         _tag(batch_sizes, Routing("batch_sizes", float(batch)))  # an entry read (`batch_sizes[0]`) is B
         return padded.new_empty((int(steps) * int(batch), *padded.shape[2:])), batch_sizes

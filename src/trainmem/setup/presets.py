@@ -1,0 +1,95 @@
+"""Presets: values a flag fills in unless the user gave them (--qlora, --hf-trainer, --torch-version).
+
+--torch-version X.Y: the defaults of the torch the run used, where they differ from the installed one's and
+decide memory. A published run made with torch 1.13 kept its gradients between steps and stepped its optimizer
+one tensor at a time; the installed torch would not. Each default, with where it changed:
+- `Optimizer.zero_grad()` frees the gradients (set_to_none=True) from torch 2.0 (pytorch #92731); before, it
+  zeroed them in place, so they stay allocated across steps: `zero_grad = "zeros"`;
+- torch.optim's optimizers default to the foreach implementation on CUDA parameters from torch 2.0 (#92306,
+  #95862: "One major difference between 1.13 and 2.0 is that we now default to the faster foreach
+  implementation", #97712); before, the for-loop, on every device: `optimizer_impl = "for-loop"`;
+- transformers' Trainer asks for the fused AdamW from torch 2.8 (trainer_defaults.py).
+Everything else (kernels, autocast lists, attention backends) is the installed torch's: it is what is traced.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from trainmem.errors import expected
+from trainmem.trainer_defaults import installed_torch_version, trainer_optimizer_impl
+
+# QLoRA (Dettmers et al. 2023): bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft
+# prepare_model_for_kbit_training); its LoRA (r=64, alpha=16, every linear layer) is setup.QLORA_LORA
+QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "checkpointing": True}
+# transformers TrainingArguments (5.x): optim adamw_torch_fused with torch >= 2.8, adamw_torch (torch's default
+# AdamW implementation) before (trainer_defaults.py); max_grad_norm 1.0, evaluation off; Trainer.training_step:
+# loss / gradient_accumulation_steps, zero_grad to None; under mixed precision the Accelerator converts model
+# outputs to fp32 (trace/step.py outputs_to_fp32)
+HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": trainer_optimizer_impl(), "max_grad_norm": 1.0,
+                       "loop": "trainer"}
+DEFAULTS_CHANGED_IN = (2, 0)  # zero_grad's set_to_none and the foreach default (module docstring)
+BEFORE_2_0 = {"zero_grad": "zeros", "optimizer_impl": "for-loop"}
+_VERSION = re.compile(r"(\d+)\.(\d+)(\.\d+)?([+.\w-]*)")
+
+
+def torch_release(text: Any) -> tuple[int, int]:
+    """(major, minor) of a torch version given as text (1.13, 2.1.2, 2.8.0+cu128); one line for anything else."""
+    if not isinstance(text, str):  # a TOML number would read 2.10 as 2.1
+        raise expected('a torch version as text such as "1.13" or "2.10"', text, "--torch-version")
+    match = _VERSION.fullmatch(text.strip())
+    if match is None or int(match.group(1)) not in (1, 2):
+        raise expected("a torch version such as 1.13 or 2.1.2", text, "--torch-version")
+    return int(match.group(1)), int(match.group(2))
+
+
+def hf_trainer_defaults(torch_version: str | None) -> dict[str, Any]:
+    return {**HF_TRAINER_DEFAULTS, "optimizer_impl": trainer_optimizer_impl(torch_version)}
+
+
+def torch_version_defaults(torch_version: str | None) -> dict[str, Any]:
+    if torch_version is None or torch_release(torch_version) >= DEFAULTS_CHANGED_IN:
+        return {}
+    return dict(BEFORE_2_0)
+
+
+def apply(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The setup values with each preset's defaults under what was given. The Trainer's AdamW is torch's default
+    implementation before torch 2.8, so under --torch-version before 2.0 that default is the for-loop too."""
+    given, version = dict(values), values.get("torch_version")
+    filled: dict[str, Any] = {}
+    if given.get("qlora"):
+        filled.update(QLORA_DEFAULTS)
+    if given.get("hf_trainer"):
+        filled.update(hf_trainer_defaults(version))
+    for key, value in torch_version_defaults(version).items():
+        if filled.get(key, "default") == "default":
+            filled[key] = value
+    return {**filled, **given}
+
+
+def filled_by(values: Mapping[str, Any], name: str, value: Any) -> str | None:
+    """The preset flag whose default `value` of `name` is, in the user's words; None when none filled it."""
+    version = values.get("torch_version")
+    for flag, on, defaults in (("--qlora", values.get("qlora"), QLORA_DEFAULTS),
+                               ("--hf-trainer", values.get("hf_trainer"), hf_trainer_defaults(version)),
+                               (f"--torch-version {version}", version, torch_version_defaults(version))):
+        if on and name in defaults and str(value) == str(defaults[name]):
+            return f"{flag} (its {name.replace('_', '-')} {value})"
+    return None
+
+
+def said(setup: Any) -> list[str]:
+    """The report's line on --torch-version: the defaults of that torch in effect (a value given beside it wins),
+    and what stays the installed torch's."""
+    if setup.torch_version is None:
+        return []
+    taken = [words for key, words in (("zero_grad", "zero_grad keeps the gradients (set_to_none=False)"),
+                                      ("optimizer_impl", "the optimizer steps one tensor at a time (for-loop)"))
+             if str(getattr(setup, key)) == torch_version_defaults(setup.torch_version).get(key)]
+    defaults = ", ".join(taken) if taken else "the same as the installed torch's here"
+    return [f"--torch-version {setup.torch_version}: torch {setup.torch_version}'s defaults where they decide memory "
+            f"({defaults}); the kernels, autocast lists and attention backends traced are the installed torch "
+            f"{installed_torch_version()}'s"]
