@@ -474,3 +474,13 @@ def packed_gru_tagger():
     """A bidirectional GRU tagger over packed sequences (time first), sentences of 5 to 60 tokens."""
     return (_PackedTagger(nn.GRU, batch_first=False),
             lambda batch: (torch.randint(0, 2000, (60, batch)), torch.randint(5, 61, (batch,))), _tag_loss)
+
+
+# sentence lengths of a batch of 16, longest first: a fixed batch, so that `--seq-lengths` with them is the run
+TAGGER_LENGTHS = (60, 57, 52, 47, 44, 40, 33, 30, 28, 25, 21, 17, 14, 11, 8, 5)
+
+
+def packed_lstm_fixed_lengths():
+    """The LSTM tagger over packed sequences, the batch's sentences of TAGGER_LENGTHS (up to 16 per batch)."""
+    return (_PackedTagger(nn.LSTM, batch_first=True),
+            lambda batch: (torch.randint(0, 2000, (batch, 60)), torch.tensor(TAGGER_LENGTHS[:batch])), _tag_loss)

@@ -81,6 +81,8 @@ def references_help() -> str:
 
 TORCH_VERSION_HELP = ("the torch the run used, for its defaults where they decide memory: before 2.0 zero_grad keeps "
                       "the gradients and optimizers step per tensor; the Trainer's AdamW is fused from 2.8")
+SEQ_LENGTHS_HELP = ("pack_padded_sequence: the dataset's sequence lengths (or a sample); the worst batch packs "
+                    "its B longest, each at most the padded length")
 TRUST_REMOTE_CODE_HELP = ("hf: models whose config.json names custom code (auto_map): download that repository's "
                           "Python files and run them to build the model (executes code from the hub; only for "
                           "repositories you trust)")
@@ -121,8 +123,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         + d("task", "the model's"))
     parser.add_argument("--seq-len", type=int, metavar="N", help="hf: models: tokens per sample"
                         + d("seq_len", f"{DEFAULT_SEQ_LEN}, capped by the model's positions"))
-    parser.add_argument("--trust-remote-code", action="store_true", default=None,
-                        help=TRUST_REMOTE_CODE_HELP + d("trust_remote_code", "refused"))
+    parser.add_argument("--trust-remote-code", action="store_true", default=None, help=TRUST_REMOTE_CODE_HELP + d(
+                        "trust_remote_code", "refused"))
     parser.add_argument("--lora", metavar="SPEC", help="LoRA through peft: r=16,alpha=32,targets=q_proj,v_proj"
                         "[,dropout=0.05]" + d("lora", "none"))
     parser.add_argument("--qlora", action="store_true", default=None,
@@ -134,6 +136,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-grad-norm", type=reader("max_grad_norm"), metavar="NORM|none", help="clip_grad_norm_ before each "
                         "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--torch-version", metavar="X.Y", help=TORCH_VERSION_HELP + d("torch_version", "installed"))
+    parser.add_argument("--seq-lengths", metavar="N,N,…", help=SEQ_LENGTHS_HELP + d("seq_lengths", "the padded length"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
                         + d("loop"))
     parser.add_argument("--steps", dest="run_steps", type=int, metavar="N",

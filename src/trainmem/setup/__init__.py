@@ -16,6 +16,7 @@ from trainmem.files import regular_file
 # the bounds stay importable from here (trace/step.py, cli/ and tests read them as trainmem.setup's)
 from trainmem.setup.count_limits import MAX_ELEMENTS as MAX_ELEMENTS, MAX_GRAD_ACCUM as MAX_GRAD_ACCUM, check_counts
 from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS
+from trainmem.setup.count_limits import sequence_lengths
 from trainmem.setup.layout import ParallelLayout
 from trainmem.setup import presets
 from trainmem.setup.presets import HF_TRAINER_DEFAULTS as HF_TRAINER_DEFAULTS, QLORA_DEFAULTS as QLORA_DEFAULTS
@@ -176,6 +177,7 @@ class TrainingSetup:
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
     torch_version: str | None = None  # the run's torch, for its defaults (setup/presets.py); None: this one's
+    seq_lengths: tuple[int, ...] | None = None  # the dataset's lengths for pack_padded_sequence; None: the bound
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
     parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
 
@@ -195,6 +197,7 @@ class TrainingSetup:
             raise expected("a positive gradient norm such as 1.0", self.max_grad_norm, "--max-grad-norm")
         if self.torch_version is not None:
             presets.torch_release(self.torch_version)
+        object.__setattr__(self, "seq_lengths", sequence_lengths(self.seq_lengths))
         for name, enum_type in _ENUM_FIELDS.items():
             if getattr(self, name) is None and name == "loss":
                 continue
@@ -276,8 +279,9 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
-        if self.torch_version is None:
-            out.pop("torch_version")
+        for key in ("torch_version", "seq_lengths"):  # absent unless given: the keys other runs had, unchanged
+            if out[key] is None:
+                out.pop(key)
         if self.parallel.distributed:
             out["parallel"] = self.parallel.to_dict()
         return out

@@ -66,3 +66,29 @@ def batch_overflow(error: BaseException, batch_size: int, where: str) -> SetupEr
     return SetupError(f"expected a batch size whose tensors stay within int64 sizes (at most {MAX_ELEMENTS:,} "
                       f"elements and bytes), got {batch_size:,}: {where} overflowed ({type(error).__name__}: "
                       f"{one_line(error, 120)})", where="--batch-size")
+
+
+# --seq-lengths: a dataset's sequence lengths (or a sample of them) for pack_padded_sequence. A million lengths
+# is a large corpus's worth; the trace sorts them once.
+MAX_SEQUENCE_LENGTHS = 1_000_000
+
+
+def sequence_lengths(value: Any) -> tuple[int, ...] | None:
+    """--seq-lengths as text ("12,40,60") or a list of integers: each a positive integer, at most a million."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if isinstance(items, (bytes, dict)) or not hasattr(items, "__iter__"):
+        raise expected("sequence lengths such as 12,40,60", value, "--seq-lengths")
+    items = list(items)
+    if not items or len(items) > MAX_SEQUENCE_LENGTHS:
+        raise expected(f"1 to {MAX_SEQUENCE_LENGTHS:,} sequence lengths such as 12,40,60", one_line(value)[:80],
+                       "--seq-lengths")
+    lengths = []
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        number = int(text) if isinstance(text, str) and text.isdigit() else text
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            raise expected("positive whole sequence lengths such as 12,40,60", item, "--seq-lengths")
+        lengths.append(number)
+    return tuple(lengths)

@@ -1,5 +1,4 @@
-"""The training step of Keras 3 on the torch backend, as `model.fit` runs it, for the trace and for the
-real run alike.
+"""The training step of Keras 3 on the torch backend, as `model.fit` runs it, for the trace and real run alike.
 
 On the torch backend a Keras layer is a torch.nn.Module (keras/src/backend/torch/layer.py TorchLayer) and
 each Keras variable holds a torch.nn.Parameter (backend/torch/core.py Variable._initialize), so the torch
@@ -95,7 +94,8 @@ def check_setup(setup: TrainingSetup) -> None:
         (setup.checkpointing, "--checkpointing"),
         (bool(setup.freeze), "--freeze (set layer.trainable = False in the model instead)"),
         (setup.lora is not None or setup.qlora, "--lora/--qlora"),
-        (setup.hf_trainer, "--hf-trainer"), (setup.torch_version is not None, "--torch-version"),
+        (setup.hf_trainer, "--hf-trainer"), *[(getattr(setup, k.replace("-", "_")) is not None, f"--{k}")
+                                               for k in ("torch-version", "seq-lengths")],
         (setup.optimizer_impl != OptimizerImpl.DEFAULT, "--optimizer-impl (Keras's torch optimizers are "
                                                          "torch._foreach_* only)"),
         (setup.zero_grad != ZeroGrad.NONE, "--zero-grad zeros (Keras's train_step calls Module.zero_grad(), "

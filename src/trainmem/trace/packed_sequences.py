@@ -35,6 +35,19 @@ class _PadPacked(torch.autograd.Function):
         return grad.new_zeros(ctx.data_shape), None, None, None, None
 
 
+def packed_lengths(batch: int, steps: int, dataset: tuple[int, ...] | None) -> tuple[list[int], str]:
+    """The lengths pack_padded_sequence packs, longest first, and the assumption in the report's words: every
+    sequence at the padded length (the bound), or the B longest of the dataset's lengths, each at most the padded
+    length (the batch of them is the largest any batch of that dataset can pack; a dataset of fewer than B takes
+    its longest for the rest)."""
+    if not dataset:
+        return [steps] * batch, "every sequence at the padded length (the bound)"
+    longest = sorted((min(n, steps) for n in dataset), reverse=True)[:batch]
+    longest = [longest[0]] * (batch - len(longest)) + longest
+    return longest, (f"the batch of the {batch} longest of the {len(dataset):,} --seq-lengths given "
+                     f"({sum(longest):,} of {batch * steps:,} padded positions)")
+
+
 def _lengths(batch_sizes: torch.Tensor) -> torch.Tensor:
     """Each sequence's length from the batch sizes, as the op computes it (sorted, longest first)."""
     sizes = batch_sizes.tolist()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from trainmem.errors import TraceError
+from trainmem.trace.packed_sequences import packed_lengths
 from trainmem.trace.torch_private import FAKE_LIMITATIONS, disable_current_modes
 
 _TAG = "_trainmem_routing"
@@ -61,6 +62,7 @@ def _numel(value: Any) -> int:
 class DataDependentRules:
     def __init__(self) -> None:
         self.fired: Counter[tuple[str, str, str]] = Counter()  # (op, module, assumption) -> count
+        self.sequence_lengths: tuple[int, ...] | None = None  # --seq-lengths, for pack_padded_sequence
 
     def observe(self, op: str, args: tuple, out: Any) -> None:
         """Tag what a routing decision becomes (see the module docstring). Cheap: a set lookup per op."""
@@ -155,15 +157,17 @@ class DataDependentRules:
 
     def _packed_at_full_length(self, args: tuple, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         """pack_padded_sequence by its bound: every sequence at the padded length, the most the packed data
-        can hold (B × T rows); the batch sizes are a real CPU tensor, as the op makes them, because the packed
-        RNN kernels and pad_packed_sequence read their values (T entries of B)."""
+        can hold (B × T rows), or, given the dataset's lengths (--seq-lengths), the batch of its B longest
+        (trace/packed_sequences.py). The batch sizes are a real CPU tensor, as the op makes them, because the
+        packed RNN kernels and pad_packed_sequence read their values."""
         padded, batch_first = args[0], bool(args[2]) if len(args) > 2 else False
         steps, batch = (padded.shape[1], padded.shape[0]) if batch_first else (padded.shape[0], padded.shape[1])
-        self.fired[("_pack_padded_sequence", module, "every sequence at the padded length (the bound)")] += 1
+        lengths, assumption = packed_lengths(int(batch), int(steps), self.sequence_lengths)
+        self.fired[("_pack_padded_sequence", module, assumption)] += 1
         with disable_current_modes():
-            batch_sizes = torch.full((int(steps),), int(batch), dtype=torch.int64)
-        _tag(batch_sizes, Routing("batch_sizes", float(batch)))  # an entry read (`batch_sizes[0]`) is B
-        return padded.new_empty((int(steps) * int(batch), *padded.shape[2:])), batch_sizes
+            batch_sizes = torch.tensor([sum(1 for n in lengths if n > t) for t in range(lengths[0])], dtype=torch.int64)
+        _tag(batch_sizes, Routing("batch_sizes", float(batch)))  # `batch_sizes[0]`, the one entry read, is B
+        return padded.new_empty((sum(lengths), *padded.shape[2:])), batch_sizes
 
     def warnings(self) -> list[str]:
         """One line per (op, assumption), with how often and where (the first modules by name)."""

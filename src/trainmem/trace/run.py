@@ -181,6 +181,7 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
     recorder.set_category(recorder.storage_ids_of(list(model.parameters())), Category.PARAMETERS)
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
+    recorder.rules.sequence_lengths = setup.seq_lengths
     training.run_steps(prepared, setup, observer)
     facts = traced_model_facts(model)
     resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,

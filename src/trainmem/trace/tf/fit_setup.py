@@ -36,7 +36,7 @@ def check_supported(setup: TrainingSetup) -> None:
     unsupported = {  # the presets first: --qlora turns checkpointing on, --hf-trainer a fused AdamW
         "--qlora": setup.qlora,
         "--hf-trainer": setup.hf_trainer,
-        "--torch-version": setup.torch_version is not None,
+        "--torch-version": setup.torch_version is not None, "--seq-lengths": setup.seq_lengths is not None,
         "--grad-accum": setup.grad_accum != 1,
         "--checkpointing": setup.checkpointing,
         "--lora": setup.lora is not None,
