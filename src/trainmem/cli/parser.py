@@ -142,7 +142,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", dest="run_steps", type=int, metavar="N",
                         help=f"the run's length in optimizer steps, 1 to {MAX_RUN_STEPS:,}, for CPU peak RSS (glibc's heap keeps "
                              "growing after the first steps; two are traced, the last repeated; measure runs N real "
-                             "steps) (default: a long run, repeated until the heap stops growing, at most 32 steps)")
+                             "steps) (default: a long run, 32 steps, fewer only where the replay would be too long)")
     parser.add_argument("--trace-steps", dest="steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", metavar="DEVICE", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9"
                         + run_default("device"))

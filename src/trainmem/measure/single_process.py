@@ -112,8 +112,8 @@ def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: 
         raise MeasureError(f"expected the run to fit in available memory ({format_bytes(free)}), the estimate is "
                            f"{format_bytes(est.process_bytes)}; use --force to run anyway", where="measure")
     child_backend = est.resolved.get("keras_backend") if est.resolved.get("framework") == "keras" else None
-    # the RSS runs run as many steps as the estimate's heap stands for (--steps N, else the steps its replay
-    # took to stop growing: alloc/steady_state.py); the profiled tensor run keeps the traced steps
+    # the RSS runs run as many steps as the estimate's heap stands for (--steps N, else the long run its
+    # replay stands for: alloc/steady_state.py); the profiled tensor run keeps the traced steps
     run_steps = setup.run_steps or est.coverage.get("heap_steps") or setup.steps
     rss_setup = dataclasses.replace(setup, steps=max(setup.steps, run_steps))
     with Progress("measure: runs", unit="run") as bar:  # each run a fresh process, seconds each

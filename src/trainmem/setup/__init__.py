@@ -165,7 +165,7 @@ class TrainingSetup:
     zero_grad: ZeroGrad = ZeroGrad.NONE
     steps: int = 2  # steps traced (--trace-steps, hidden); the run's own length is run_steps
     # the run's length in optimizer steps, for CPU peak RSS (alloc/steady_state.py: the heap keeps growing after
-    # the traced steps); None: a long run, replayed until the heap stops growing (bounded)
+    # the traced steps); None: a long run, 32 steps replayed (bounded)
     run_steps: int | None = None
     activation: Activation = Activation.RELU  # used by mlp: references only
     dropout: float = 0.0  # used by mlp: references only

@@ -19,9 +19,9 @@ OVERFLOW_WORDS = ("Storage size calculation overflowed", "more than 2**63 - 1 en
 # runs accumulate up to a few hundred micro-batches (a global batch of 1,024 from micro-batches of 1 on
 # 8 GPUs is 128); 1,024 covers them with room, and tracing more would take minutes to say the same.
 MAX_GRAD_ACCUM = 1024
-# The run's length (--steps, run_steps) and the steps traced (steps): the CPU heap's growth is replayed by
-# doubling the run until it stops moving (alloc/steady_state.py: within 32 steps by default, and never more
-# events than a bounded replay holds, a few hundred steps of a small model), and `trainmem measure` runs that
+# The run's length (--steps, run_steps) and the steps traced (steps): the CPU heap's growth is replayed over
+# the run (alloc/steady_state.py: 32 steps by default, and never more events than a bounded replay holds, a few
+# hundred steps of a small model), and `trainmem measure` runs that
 # many real steps in each fresh process. 1,000 is far past where a heap still grows; a million is a typo that
 # would measure for hours.
 MAX_RUN_STEPS = 1000
