@@ -197,7 +197,8 @@ def check(run: Invocation, rules: tuple[FlagRule, ...] = RULES) -> list[str]:
     given option a WARN row does not allow (the caller prints them on stderr)."""
     warnings: list[str] = []
     for rule in rules:
-        if not run.given(rule.key) or rule.applies(run):
+        # a switch turned off (--no-qlora over a setup file's qlora = true) asks for nothing its rules check
+        if not run.given(rule.key) or run.values[rule.key] is False or rule.applies(run):
             continue
         where = run.origins.get(rule.key, flag_of(rule.key))
         if rule.action == REFUSE:

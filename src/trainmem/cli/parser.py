@@ -127,10 +127,10 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "trust_remote_code", "refused"))
     parser.add_argument("--lora", metavar="SPEC", help="LoRA through peft: r=16,alpha=32,targets=q_proj,v_proj"
                         "[,dropout=0.05]" + d("lora", "none"))
-    parser.add_argument("--qlora", action="store_true", default=None,
+    parser.add_argument("--qlora", action=argparse.BooleanOptionalAction, default=None,
                         help="4-bit NF4 base weights + LoRA (r=64,alpha=16,all linear), bf16-mixed, paged 8-bit "
                              "AdamW, checkpointing (--no-checkpointing: none); GPU devices" + d("qlora"))
-    parser.add_argument("--hf-trainer", action="store_true", default=None,
+    parser.add_argument("--hf-trainer", action=argparse.BooleanOptionalAction, default=None,
                         help="what transformers.Trainer does by default: AdamW (fused from torch 2.8, as transformers picks), clip at 1.0 (--max-grad-norm "
                              "none: no clipping), fp32 outputs under mixed precision" + d("hf_trainer"))
     parser.add_argument("--max-grad-norm", type=reader("max_grad_norm"), metavar="NORM|none", help="clip_grad_norm_ before each "

@@ -1,4 +1,5 @@
-"""--torch-version X.Y: the run's torch's defaults where they decide memory (setup/presets.py)."""
+"""Presets (setup/presets.py): --torch-version X.Y, the run's torch's defaults where they decide memory; --qlora and
+--hf-trainer, and their --no- forms over a setup file."""
 
 from __future__ import annotations
 
@@ -64,3 +65,16 @@ def test_keras_refuses_it():
 
     with pytest.raises(SetupError, match="--torch-version"):
         keras_torch_step.check_setup(TrainingSetup.from_mapping({"torch_version": "2.1"}))
+
+
+@pytest.mark.parametrize("key,flag", [("qlora", "--no-qlora"), ("hf_trainer", "--no-hf-trainer")])
+def test_a_presets_no_form_undoes_a_setup_file(key, flag, tmp_path, capsys):
+    import json
+
+    path = tmp_path / "run.toml"
+    path.write_text(f'input_shape = "64"\n{key} = true\n')
+    code = main(["estimate", "mlp:64-32-10", "--setup", str(path), flag, "--format", "json"])
+    out = capsys.readouterr()
+    setup = json.loads(out.out)["setup"]
+    # no preset values filled in, and --qlora's GPU-only rule does not refuse the CPU run
+    assert code == 0 and setup[key] is False and setup["optimizer"] == "adam" and not setup["checkpointing"], out.err
