@@ -28,6 +28,12 @@ def test_a_value_given_beside_it_wins_and_errors_name_what_filled_it():
     assert given.flag_for("zero_grad") == "--zero-grad"
 
 
+def test_an_optimizer_of_one_implementation_takes_only_the_zero_grad_default():
+    for values in ({"optimizer": "lion"}, {"qlora": True}):
+        setup = TrainingSetup.from_mapping({**values, "torch_version": "1.13"})
+        assert (str(setup.zero_grad), str(setup.optimizer_impl)) == ("zeros", "default"), values
+
+
 def test_the_trainers_adamw_follows_the_runs_torch():
     assert str(TrainingSetup.from_mapping({"hf_trainer": True, "torch_version": "2.8"}).optimizer_impl) == "fused"
     assert str(TrainingSetup.from_mapping({"hf_trainer": True, "torch_version": "2.7"}).optimizer_impl) == "default"

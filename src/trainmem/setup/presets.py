@@ -32,6 +32,7 @@ HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": trainer_optimizer
                        "loop": "trainer"}
 DEFAULTS_CHANGED_IN = (2, 0)  # zero_grad's set_to_none and the foreach default (module docstring)
 BEFORE_2_0 = {"zero_grad": "zeros", "optimizer_impl": "for-loop"}
+ONE_IMPLEMENTATION = frozenset({"lion", "adamw-8bit", "paged-adamw-8bit"})  # setup.Optimizer's, not torch.optim's
 _VERSION = re.compile(r"(\d+)\.(\d+)(\.\d+)?([+.\w-]*)")
 
 
@@ -64,7 +65,10 @@ def apply(values: Mapping[str, Any]) -> dict[str, Any]:
         filled.update(QLORA_DEFAULTS)
     if given.get("hf_trainer"):
         filled.update(hf_trainer_defaults(version))
+    optimizer = str(given.get("optimizer", filled.get("optimizer", "adam")))
     for key, value in torch_version_defaults(version).items():
+        if key == "optimizer_impl" and optimizer in ONE_IMPLEMENTATION:
+            continue  # trainmem's stand-ins for lion and bitsandbytes' optimizers have one implementation
         if filled.get(key, "default") == "default":
             filled[key] = value
     return {**filled, **given}
