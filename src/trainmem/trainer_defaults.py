@@ -18,12 +18,21 @@ import re
 FUSED_DEFAULT_SINCE = (2, 8)
 
 
+# a torch version: major.minor, an optional patch, and a local or pre-release tail (+cu124, .dev20250601)
+_VERSION = re.compile(r"(\d+)\.(\d+)(\.\d+)?([+.\w-]*)")
+
+
+def release_of(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string ("2.6.0+cu124", "2.8.0.dev20250601", "1.13"); None for other text."""
+    match = _VERSION.fullmatch(version.strip())
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
 def _base_release(version: str) -> tuple[int, int]:
-    """(major, minor) of a torch version string ("2.6.0+cu124", "2.8.0.dev20250601")."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
+    release = release_of(version)
+    if release is None:
         raise ValueError(f"expected a torch version like 2.6.0, got {version!r}")
-    return int(match.group(1)), int(match.group(2))
+    return release
 
 
 def installed_torch_version() -> str | None:

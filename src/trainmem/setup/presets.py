@@ -14,12 +14,11 @@ Everything else (kernels, autocast lists, attention backends) is the installed t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from trainmem.errors import expected
-from trainmem.trainer_defaults import installed_torch_version, trainer_optimizer_impl
+from trainmem.trainer_defaults import installed_torch_version, release_of, trainer_optimizer_impl
 
 # QLoRA (Dettmers et al. 2023): bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft
 # prepare_model_for_kbit_training); its LoRA (r=64, alpha=16, every linear layer) is setup.QLORA_LORA
@@ -33,17 +32,16 @@ HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": trainer_optimizer
 DEFAULTS_CHANGED_IN = (2, 0)  # zero_grad's set_to_none and the foreach default (module docstring)
 BEFORE_2_0 = {"zero_grad": "zeros", "optimizer_impl": "for-loop"}
 ONE_IMPLEMENTATION = frozenset({"lion", "adamw-8bit", "paged-adamw-8bit"})  # setup.Optimizer's, not torch.optim's
-_VERSION = re.compile(r"(\d+)\.(\d+)(\.\d+)?([+.\w-]*)")
 
 
 def torch_release(text: Any) -> tuple[int, int]:
     """(major, minor) of a torch version given as text (1.13, 2.1.2, 2.8.0+cu128); one line for anything else."""
     if not isinstance(text, str):  # a TOML number would read 2.10 as 2.1
         raise expected('a torch version as text such as "1.13" or "2.10"', text, "--torch-version")
-    match = _VERSION.fullmatch(text.strip())
-    if match is None or int(match.group(1)) not in (1, 2):
+    release = release_of(text)
+    if release is None or release[0] not in (1, 2):
         raise expected("a torch version such as 1.13 or 2.1.2", text, "--torch-version")
-    return int(match.group(1)), int(match.group(2))
+    return release
 
 
 def hf_trainer_defaults(torch_version: str | None) -> dict[str, Any]:
