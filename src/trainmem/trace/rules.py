@@ -94,7 +94,7 @@ class DataDependentRules:
         if op == "_local_scalar_dense" and isinstance(args[0], torch.Tensor):
             return self._value_read(args[0], module)
         if op == "_pack_padded_sequence":
-            return self._packed_at_full_length(args, module)
+            return self._packed(args, module)
         experts = getattr(module_object, "num_experts", None)
         if op in ("nonzero", "index") and isinstance(experts, int) and experts > 0:
             return self._balanced_routing(op, args, experts, module)
@@ -116,7 +116,7 @@ class DataDependentRules:
             self.fired[("_local_scalar_dense", module, "value read as 0 / False")] += 1
             return 0.0
         routing = routing_of(tensor)
-        if routing is not None and routing.kind == "batch_sizes":  # packed at full length: every entry is B
+        if routing is not None and routing.kind == "batch_sizes":  # B: batch_sizes[0], the largest entry
             return int(routing.per_element)
         if routing is not None and routing.kind == "expert_id":
             self.fired[("_local_scalar_dense", module, "expert id read as 0 (experts are alike under balanced routing)")] += 1
@@ -155,7 +155,7 @@ class DataDependentRules:
             return torch.empty((rows, mask.dim()), dtype=torch.long)
         return values.new_empty((rows, *values.shape[mask.dim():]))
 
-    def _packed_at_full_length(self, args: tuple, module: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _packed(self, args: tuple, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         """pack_padded_sequence by its bound: every sequence at the padded length, the most the packed data
         can hold (B × T rows), or, given the dataset's lengths (--seq-lengths), the batch of its B longest
         (trace/packed_sequences.py). The batch sizes are a real CPU tensor, as the op makes them, because the
@@ -166,7 +166,8 @@ class DataDependentRules:
         self.fired[("_pack_padded_sequence", module, assumption)] += 1
         with disable_current_modes():
             batch_sizes = torch.tensor([sum(1 for n in lengths if n > t) for t in range(lengths[0])], dtype=torch.int64)
-        _tag(batch_sizes, Routing("batch_sizes", float(batch)))  # `batch_sizes[0]`, the one entry read, is B
+        # an entry read is taken as B: batch_sizes[0], the one nn.LSTM/GRU read, and no other entry exceeds it
+        _tag(batch_sizes, Routing("batch_sizes", float(batch)))
         return padded.new_empty((sum(lengths), *padded.shape[2:])), batch_sizes
 
     def warnings(self) -> list[str]:
