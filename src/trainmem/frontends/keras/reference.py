@@ -81,11 +81,23 @@ def _from_object(model: Any) -> KerasSource:
         from trainmem.frontends.keras.imports import import_keras
 
         keras = import_keras()
+        # clone_model compiles the clone as the model was (compile_from_config), which rebuilds the optimizer and
+        # reads its variables' values: impossible inside the graph the trace builds in ("numpy() is only available
+        # when eager execution is enabled"). The trace compiles the clone itself, so the clone is made as from an
+        # uncompiled model and given the model's loss, which the trace uses when --loss is not given
+        # (trace/tf/fit_setup.py make_loss)
+        compiled = getattr(model, "compiled", False)
         try:  # Sequential and functional models rebuild from their config; a subclass needs get_config
-            return keras.models.clone_model(model)
+            model.compiled = False
+            clone = keras.models.clone_model(model)
         except Exception as error:  # noqa: BLE001 - the user's model class: one line
             raise ModelRefError(f"expected a Keras model that clone_model can rebuild without weights, got "
                                 f"{type(error).__name__}: {one_line(error)}", where=type(model).__name__) from None
+        finally:
+            model.compiled = compiled
+        if compiled and getattr(model, "loss", None) is not None:
+            clone.loss = model.loss
+        return clone
 
     return KerasSource("", getattr(model, "name", type(model).__name__), build, "model-object")
 
