@@ -105,7 +105,57 @@ def loop_lean(model, optimizer, loss_fn, loader, accum):
         optimizer.zero_grad()
 
 
-LOOPS = {"inline": loop_inline, "step-fn": loop_step_fn, "trainer": loop_trainer, "lean": loop_lean}
+def lightning_run(model, optimizer, loss_fn, loader, accum, sized):
+    # a real lightning.Trainer (automatic optimization) on the CPU: a LightningModule around the model, the
+    # loader's batches handed over as they are (batch_size=None), nothing logged, saved or printed. sized: a
+    # Dataset with a length, read one batch at a time; else an IterableDataset, which Lightning's fetcher reads
+    # one batch ahead: it is given one batch more than the steps take, as a dataset longer than the run would be
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            outputs = self.model(*inputs)
+            return loss_fn(outputs, targets)
+
+        def configure_optimizers(self):
+            return optimizer
+
+    steps = loader.left // accum
+
+    class Indexed(torch.utils.data.Dataset):
+        def __len__(self):
+            return steps * accum
+
+        def __getitem__(self, index):
+            return next(loader)
+
+    class Streamed(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            loader.left += 1
+            return iter(loader)
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accum,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    data = Indexed() if sized else Streamed()
+    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=None))
+
+
+def loop_lightning(model, optimizer, loss_fn, loader, accum):
+    lightning_run(model, optimizer, loss_fn, loader, accum, sized=True)
+
+
+def loop_lightning_iterable(model, optimizer, loss_fn, loader, accum):
+    lightning_run(model, optimizer, loss_fn, loader, accum, sized=False)
+
+
+LOOPS = {"inline": loop_inline, "step-fn": loop_step_fn, "trainer": loop_trainer, "lean": loop_lean,
+         "lightning": loop_lightning, "lightning-iterable": loop_lightning_iterable}
 
 
 # ---- models, data and losses, written out plainly -------------------------------------------------

@@ -23,7 +23,7 @@ MODELS = [  # (reference, setup values; targets are made with the batch, as a lo
     (zoo("tiny_gpt"), {"batch_size": 4, "optimizer": "adamw", "target_shape": "128"}),
     (zoo("unet"), {"batch_size": 2, "optimizer": "adam", "target_shape": "96,96"}),
 ]
-LOOPS = ["inline", "step-fn", "trainer", "lean"]
+LOOPS = ["inline", "step-fn", "trainer", "lean", "lightning", "lightning-iterable"]
 
 
 def truth(reference: str, values: dict, loop: str) -> int:
@@ -46,7 +46,7 @@ def test_loop_matches_a_real_loop(reference, values, loop):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["inline", "trainer"])
+@pytest.mark.parametrize("loop", ["inline", "trainer", "lightning", "lightning-iterable"])
 def test_accumulating_loops(loop):
     reference, values = MODELS[1][0], {**MODELS[1][1], "grad_accum": 2}
     measured = truth(reference, values, loop)

@@ -137,7 +137,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--torch-version", metavar="X.Y", help=TORCH_VERSION_HELP + d("torch_version", "installed"))
     parser.add_argument("--seq-lengths", metavar="N,N,…", help=SEQ_LENGTHS_HELP + d("seq_lengths", "the padded length"))
-    parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean"
+    parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean | lightning | lightning-iterable"
                         + d("loop"))
     parser.add_argument("--steps", dest="run_steps", type=int, metavar="N",
                         help=f"the run's length in optimizer steps, 1 to {MAX_RUN_STEPS:,}, for CPU peak RSS (glibc's heap keeps "

@@ -41,8 +41,10 @@ def _used(est) -> list[str]:
 LOOP_WORDS = {  # trace/loops.py has the code each loop stands for
     "inline": "PyTorch's tutorial loop; inputs, outputs and loss stay bound until the next iteration rebinds them",
     "step-fn": "a train_step() function; outputs and loss die when it returns, the batch when the next replaces it",
-    "trainer": "Hugging Face Trainer / Lightning; outputs dropped before backward, the batch kept through the step",
+    "trainer": "Hugging Face Trainer; outputs dropped before backward, the batch kept through the step",
     "lean": "outputs deleted before backward, the batch and loss right after it",
+    "lightning": "Lightning's automatic optimization; zero_grad between forward and backward, the batch through the step",
+    "lightning-iterable": "Lightning over a loader without a length; as lightning, with the next batch loaded ahead",
 }
 
 

@@ -63,8 +63,10 @@ class Loop(enum.StrEnum):
 
     INLINE = "inline"  # PyTorch's tutorials: names live until the next iteration rebinds them
     STEP_FN = "step-fn"  # def train_step(...): outputs and loss die at return; the batch lives on
-    TRAINER = "trainer"  # HF Trainer / Lightning: outputs dropped before backward, batch through the step
+    TRAINER = "trainer"  # HF Trainer: outputs dropped before backward, batch through the step
     LEAN = "lean"  # outputs deleted before backward, batch and loss right after it
+    LIGHTNING = "lightning"  # Lightning's automatic optimization: zero_grad between forward and backward
+    LIGHTNING_ITERABLE = "lightning-iterable"  # the same over a loader without a length: one batch looked ahead
 
 
 class Loss(enum.StrEnum):

@@ -161,8 +161,51 @@ def lean_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
         _zero_grad(prepared, setup, observer, step)
 
 
+def lightning_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer, look_ahead: bool = False) -> None:
+    """Lightning's automatic optimization (lightning 2.x: loops/training_epoch_loop.py advance,
+    loops/fetchers.py _PrefetchDataFetcher, loops/optimization/automatic.py Closure), the loop a LightningModule's
+    training_step runs in. Each micro-batch is one call of advance():
+
+        def advance(i):
+            batch = next(fetcher)
+            def closure():            # run by optimizer.step(closure), or alone while accumulating
+                loss = training_step(batch, i) / accum      # the outputs die inside training_step
+                if i % accum == 0:
+                    optimizer.zero_grad()                    # after the forward, before backward
+                loss.backward()
+                return loss.detach().clone()
+            optimizer.step(closure) if (i + 1) % accum == 0 else closure()
+            # returning drops `batch` and the closure's result
+
+    The gradients of the last update live through the next forward: zero_grad runs between forward and backward,
+    where the trainer loop runs it after the step. The fetcher looks one batch ahead only for a loader without a
+    length (an IterableDataset, `look_ahead`: --loop lightning-iterable): it loads the next batch before it hands
+    this one over, so two batches are alive through the step; a loader with a length (a Dataset) is read one batch
+    at a time."""
+    fetched: dict[str, Any] = {}  # the fetcher's buffer
+    for step in range(setup.steps):
+        for micro in range(setup.grad_accum):
+            observer.phase(Phase.INPUTS, step)
+            if look_ahead and "next" not in fetched:  # the first load, when the epoch's iterator starts
+                fetched["next"] = training.make_micro_batch(prepared, setup)
+            local = {"batch": fetched.pop("next") if look_ahead else training.make_micro_batch(prepared, setup)}
+            if look_ahead:
+                fetched["next"] = training.make_micro_batch(prepared, setup)
+            _forward_and_loss(prepared, setup, observer, step, local, local["batch"])
+            del local["output"]
+            if micro == 0:
+                _zero_grad(prepared, setup, observer, step)
+            _backward(prepared, observer, step, local["loss"])
+            local["result"] = local.pop("loss").detach().clone()
+            if micro == setup.grad_accum - 1:
+                _optimizer_step(prepared, setup, observer, step)
+            local.clear()  # advance() returns
+
+
 LOOPS: dict[Loop, Callable[[Prepared, TrainingSetup, Observer], None]] = {
     Loop.INLINE: inline_loop, Loop.STEP_FN: step_fn_loop, Loop.TRAINER: trainer_loop, Loop.LEAN: lean_loop,
+    Loop.LIGHTNING: lightning_loop,
+    Loop.LIGHTNING_ITERABLE: lambda prepared, setup, observer: lightning_loop(prepared, setup, observer, look_ahead=True),
 }
 
 
