@@ -5,6 +5,7 @@ file, the SavedModel, the safetensors checkpoint) or written by hand (net.yaml, 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shlex
 import subprocess
 import sys
@@ -88,3 +89,30 @@ def test_a_documented_example_command_runs(args):
     assert done.returncode in (0, 1), output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert done.stdout.strip(), done.stderr[-3000:]
+
+
+TRAINING_SCRIPTS = {"train_guard.py": None, "train_hf.py": "transformers", "train_lightning.py": "lightning",
+                    "train_keras.py": "keras"}
+
+
+def test_every_training_script_example_is_documented_and_run_here():
+    written = {path.name for path in (ROOT / "examples").glob("train_*.py")}
+    assert written == set(TRAINING_SCRIPTS)
+    page = (ROOT / "docs" / "integrations.md").read_text()
+    assert all(f"python examples/{name}" in page for name in TRAINING_SCRIPTS)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.tf] if name == "train_keras.py" else [])
+                                  for name in sorted(TRAINING_SCRIPTS)])
+def test_a_training_script_example_runs(name):
+    """docs/integrations.md's examples (examples/train_*.py) run as written from the repository root: two real
+    training steps on the CPU with the check before them."""
+    needs = TRAINING_SCRIPTS[name]
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs}")
+    done = subprocess.run([sys.executable, f"examples/{name}"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in output, output[-3000:]
+    assert "fits on" in output, output[-3000:]

@@ -57,7 +57,7 @@ def _torch_requirement():
     found = {extra: _named(lines, {"torch"}) for extra, lines in extras.items()}
     torch_lines = found["torch"]
     assert len(torch_lines) == 1, f"expected one torch requirement in the [torch] extra, got {extras['torch']}"
-    for extra in ("hf", "onnx", "vision"):
+    for extra in ("hf", "onnx", "vision", "lightning"):
         assert [str(line) for line in found[extra]] == [str(torch_lines[0])], (extra, extras[extra])
     return torch_lines[0]
 

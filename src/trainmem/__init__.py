@@ -6,6 +6,7 @@ from trainmem.devices import Device
 from trainmem.errors import TrainmemError
 from trainmem.estimate import Estimate, estimate
 from trainmem.fit import FitResult, fit
+from trainmem.integrations.guard import DoesNotFit, find_batch_size, guard
 from trainmem.plan import PlanResult, plan
 from trainmem.setup import InputSpec, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup
 from trainmem.setup.layout import ParallelLayout
@@ -16,6 +17,7 @@ from trainmem.sweep import compare_setups, sweep  # noqa: E402 - after the resul
 __all__ = [
     "Comparison",
     "Device",
+    "DoesNotFit",
     "Estimate",
     "FitResult",
     "InputSpec",
@@ -33,7 +35,9 @@ __all__ = [
     "compare",
     "compare_setups",
     "estimate",
+    "find_batch_size",
     "fit",
+    "guard",
     "plan",
     "sweep",
 ]

@@ -121,3 +121,14 @@ def vision_hint() -> str:
         return f"install it with {vision_install()}"
     return (f"install it with {vision_install()} (keeps your torch {torch_version}: each torchvision release "
             "requires its own torch)")
+
+
+def require(module: str, extra: str) -> object:
+    """`module` imported, for an integration that only works beside it (trainmem.integrations); when it is missing,
+    an ImportError whose one line says which extra brings it."""
+    import importlib
+
+    if not is_installed(module):
+        raise ImportError(f"expected {module} installed for this part of trainmem, it is not: "
+                          f"pip install 'trainmem[{extra}]'")
+    return importlib.import_module(module)
