@@ -87,6 +87,33 @@ def test_unmodelled_optimizers_are_refused_in_one_line(make, said):
     assert said in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_a_compiled_model_is_estimated_as_the_module_it_wraps_and_says_so():
+    import integration_models as models
+
+    model = models.mlp()
+    compiled = torch.compile(model)
+    optimizer = torch.optim.Adam(model.parameters())
+    eager, traced = check(model, optimizer, torch.randn(32, 64)), check(compiled, optimizer, torch.randn(32, 64))
+    same_figures(eager.estimate, traced.estimate)
+    assert any("torch.compile'd" in line for line in traced.estimate.warnings)
+
+
+def test_the_room_on_this_machines_gpu_is_free_plus_what_the_process_holds(monkeypatch):
+    from types import SimpleNamespace
+
+    from trainmem.devices import get_device
+    from trainmem.fit import default_margin
+    from trainmem.integrations.guard import room_on
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 << 30, 40 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 << 30)
+    planned = SimpleNamespace(device=get_device("a100-40gb"), process_parts={"cuda_context": 500 << 20})
+    room, kept = room_on("cuda:0", planned, None)
+    assert room == (30 << 30) + (2 << 30) + (500 << 20)
+    assert kept == int(planned.device.capacity_bytes * default_margin(planned.device).fraction)
+    assert room_on("a100-40gb", planned, 0.0) == (planned.device.capacity_bytes, 0)
+
+
 def test_a_batch_without_a_batch_dimension_is_refused():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(SetupError, match="expected a batch of tensors whose first dimension is the batch"):

@@ -45,9 +45,20 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
 
     if not isinstance(model, torch.nn.Module):
         raise SetupError(f"expected a torch.nn.Module as the model, got {type(model).__name__}", where="model")
+    compiled = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule around the user's module
+    model = compiled if isinstance(compiled, torch.nn.Module) else model
     size = batch_size_of(batch)
     values = {**(optimizer_values(optimizer, model) if optimizer is not None else {}), **precision_values(model)}
-    return LiveRun(source_of(model, batch, loss_fn), size, values, device_of(model))
+    source = source_of(model, batch, loss_fn)
+    if compiled is not None:
+        source = dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE))
+    return LiveRun(source, size, values, device_of(model))
+
+
+# torch.compile'd models: trainmem traces the step eagerly (the compiled graph's saved activations and Inductor's
+# buffers are not modelled yet), and says so in the estimate's warnings
+COMPILED_NOTE = ("the model is torch.compile'd: it is estimated as the eager module it wraps; the compiled graph's "
+                 "saved activations and buffers are not modelled")
 
 
 def source_of(model: Any, batch: Any, loss_fn: Callable | None = None) -> Any:
