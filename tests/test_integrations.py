@@ -209,12 +209,35 @@ def test_trainer_arguments_that_are_not_read_yet_are_refused():
     from trainmem.integrations.hf_trainer import trainer_values
 
     args = SimpleNamespace(deepspeed=None, fsdp="full_shard", gradient_accumulation_steps=1, max_grad_norm=1.0,
-                           bf16=False, fp16=False)
+                           bf16=False, fp16=False, world_size=1, ddp_bucket_cap_mb=None)
     with pytest.raises(SetupError, match="expected a single-device Trainer run"):
         trainer_values(args)
     args.fsdp, args.bf16 = "", True
     assert trainer_values(args) == {"hf_trainer": True, "grad_accum": 1, "max_grad_norm": 1.0,
                                     "precision": "bf16-mixed"}
+    args.world_size, args.ddp_bucket_cap_mb = 4, 50  # torchrun with 4 processes: the Trainer's DDP
+    assert trainer_values(args)["strategy"] == "ddp" and trainer_values(args)["world_size"] == 4
+    assert trainer_values(args)["ddp_bucket_mb"] == 50.0
+
+
+def test_lightning_strategies_read_as_trainmem_layouts():
+    lightning = pytest.importorskip("lightning")
+    from trainmem.integrations.lightning import strategy_values
+
+    def trainer(**options):
+        return lightning.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, **options)
+
+    assert strategy_values(trainer(devices=1)) == {}
+    ddp = lightning.pytorch.strategies.DDPStrategy(bucket_cap_mb=10, gradient_as_bucket_view=True)
+    assert strategy_values(trainer(devices=2, strategy=ddp)) == {"strategy": "ddp", "world_size": 2,
+                                                                 "ddp_bucket_mb": 10.0, "gradient_as_bucket_view": True}
+    from types import SimpleNamespace
+
+    class FSDPStrategy:  # Lightning's (FSDP1) needs a GPU to be made at all; its name is what is refused
+        pass
+
+    with pytest.raises(SetupError, match="expected one device or DDP, got FSDPStrategy"):
+        strategy_values(SimpleNamespace(strategy=FSDPStrategy(), world_size=2))
 
 
 @pytest.mark.heavy

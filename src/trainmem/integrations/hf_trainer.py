@@ -12,7 +12,10 @@ TrainingArguments:
   detached, model.zero_grad after the step);
 - one batch: the train dataloader's collate_fn over its dataset's first samples (live.first_batch: no iterator is
   made, so the sampler's random state is left as it was).
-DeepSpeed and FSDP runs are refused in one line (their sharding is not read from the arguments yet).
+A run on several processes without DeepSpeed or FSDP is the Trainer's DistributedDataParallel: --strategy ddp over
+args.world_size ranks, with ddp_bucket_cap_mb; every rank checks its own device, so that no rank goes on alone.
+DeepSpeed and FSDP runs are refused in one line (their sharding is not read from the arguments yet; the Trainer's
+FSDP is FSDP1, which trainmem does not model).
 """
 
 from __future__ import annotations
@@ -45,13 +48,12 @@ class MemoryCheckCallback(transformers.TrainerCallback):
         from trainmem.integrations.guard import DoesNotFit, check
         from trainmem.integrations.live import first_batch
 
-        if not state.is_world_process_zero and args.world_size > 1:
-            return
         if train_dataloader is None:
             raise SetupError("expected the Trainer's train dataloader, got none", where="MemoryCheckCallback")
         self.check = check(model, optimizer, first_batch(train_dataloader),
                            device=self.device, margin=self.margin, **{**trainer_values(args), **self.setup_values})
-        LOG.info("trainmem: %s", self.check.reason)
+        if state.is_world_process_zero:
+            LOG.info("trainmem: %s", self.check.reason)
         if not self.check.fits and self.raise_if_not_fit:
             raise DoesNotFit(self.check)
 
@@ -63,6 +65,10 @@ def trainer_values(args: Any) -> dict[str, Any]:
                          f"{'deepspeed' if args.deepspeed else 'fsdp=' + repr(args.fsdp)}", where="TrainingArguments")
     values: dict[str, Any] = {"hf_trainer": True, "grad_accum": args.gradient_accumulation_steps,
                               "max_grad_norm": args.max_grad_norm if args.max_grad_norm else "none"}
+    if args.world_size > 1:  # several processes, neither DeepSpeed nor FSDP: the Trainer wraps the model in DDP
+        values.update(strategy="ddp", world_size=args.world_size)
+        if getattr(args, "ddp_bucket_cap_mb", None):
+            values["ddp_bucket_mb"] = float(args.ddp_bucket_cap_mb)
     if args.bf16:
         values["precision"] = "bf16-mixed"
     elif args.fp16:

@@ -13,7 +13,10 @@ fit loop loads its data (lightning 2.x trainer.py _run). What is read:
 - the optimizer: trainer.optimizers[0], unwrapped (integrations/live.py);
 - one batch: the train dataloader's first, from its dataset and collate_fn (live.first_batch). The dataloader is
   asked for as the fit loop will ask (the module's or datamodule's train_dataloader(), or the loader given to fit).
-Refused in one line: manual optimization, several optimizers, more than one device, other precisions.
+- the strategy: one device, or DDP (--strategy ddp over the Trainer's world size, its bucket_cap_mb and
+  gradient_as_bucket_view); every rank checks its own device.
+Refused in one line: manual optimization, several optimizers, other strategies (Lightning's FSDP is FSDP1, which
+trainmem does not model), other precisions.
 """
 
 from __future__ import annotations
@@ -74,9 +77,8 @@ def trainer_values(trainer: Any, loader: Any) -> dict[str, Any]:
     if not trainer.lightning_module.automatic_optimization:
         raise SetupError("expected automatic optimization (manual optimization's training_step is the user's own "
                          "loop), got automatic_optimization=False", where="MemoryCheck")
-    if len(trainer.optimizers) != 1 or trainer.world_size != 1:
-        raise SetupError(f"expected one optimizer on one device, got {len(trainer.optimizers)} optimizer(s) on "
-                         f"{trainer.world_size} device(s)", where="MemoryCheck")
+    if len(trainer.optimizers) != 1:
+        raise SetupError(f"expected one optimizer, got {len(trainer.optimizers)}", where="MemoryCheck")
     precision = str(trainer.precision)
     if precision not in _PRECISIONS:
         raise SetupError(f"expected precision {', '.join(_PRECISIONS)}, got {precision!r}", where="Trainer(precision)")
@@ -84,8 +86,27 @@ def trainer_values(trainer: Any, loader: Any) -> dict[str, Any]:
                               "loop": "lightning" if _has_length(loader) else "lightning-iterable"}
     if _PRECISIONS[precision]:
         values["precision"] = _PRECISIONS[precision]
+    values.update(strategy_values(trainer))
     if trainer.gradient_clip_val and str(trainer.gradient_clip_algorithm) in ("norm", "GradClipAlgorithmType.NORM"):
         values["max_grad_norm"] = float(trainer.gradient_clip_val)
+    return values
+
+
+def strategy_values(trainer: Any) -> dict[str, Any]:
+    """One device: nothing; DDP (ddp, ddp_spawn, ddp_fork …: DDPStrategy) over the Trainer's world size."""
+    strategies = lightning.pytorch.strategies
+    strategy = trainer.strategy
+    if isinstance(strategy, strategies.SingleDeviceStrategy) and trainer.world_size == 1:
+        return {}
+    if not isinstance(strategy, strategies.DDPStrategy):
+        raise SetupError(f"expected one device or DDP, got {type(strategy).__name__} (trainmem models FSDP2, not "
+                         "Lightning's FSDP1, and not DeepSpeed yet)", where="Trainer(strategy)")
+    kwargs = getattr(strategy, "_ddp_kwargs", {}) or {}
+    values: dict[str, Any] = {"strategy": "ddp", "world_size": trainer.world_size}
+    if kwargs.get("bucket_cap_mb"):
+        values["ddp_bucket_mb"] = float(kwargs["bucket_cap_mb"])
+    if kwargs.get("gradient_as_bucket_view"):
+        values["gradient_as_bucket_view"] = True
     return values
 
 
