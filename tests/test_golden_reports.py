@@ -120,7 +120,6 @@ def _stable_cpu_json(data: dict) -> dict:
     data["device"] = {"name": data["device"]["name"], "kind": data["device"]["kind"]}
     for key in ("process_bytes", "process_bytes_high"):
         data["peak"].pop(key)
-    data.get("lean_loop", {}).pop("process_bytes", None)
     for key in ("process", "fits", "warnings"):
         data.pop(key)
     return data

@@ -1,3 +1,5 @@
+import pytest
+
 import trainmem
 from trainmem.setup.target_options import TargetOptions
 
@@ -74,6 +76,17 @@ def test_the_lean_loop_comparison_resolves_the_model_once(monkeypatch):
     monkeypatch.setattr(frontends, "resolve", lambda model, setup: resolved.append(model) or real(model, setup))
     est = trainmem.estimate("mlp:64-32-8", batch_size=4, input_shape="64", compare_loop=True)
     assert resolved == ["mlp:64-32-8"] and est.lean_loop is not None and est.lean_loop.loop == "lean"
+
+
+@pytest.mark.parametrize("device", ["cpu", "a100-40gb"])
+def test_the_lean_loop_figure_is_the_lean_loops_own_estimate(device):
+    """The comparison replays only the allocator (estimate/orchestrate.py lean_allocated), and its figure is the one a
+    whole estimate of the lean loop reports."""
+    values = dict(batch_size=16, input_shape="64", optimizer="adam", device=device)
+    est = trainmem.estimate("mlp:64-256-256-8", compare_loop=True, **values)
+    lean = trainmem.estimate("mlp:64-256-256-8", loop="lean", **values)
+    assert est.lean_loop.allocated_bytes == lean.allocated_bytes
+    assert est.lean_loop.saving_bytes == est.allocated_bytes - lean.allocated_bytes > 0
 
 
 def test_a_cuda_context_as_large_as_the_card_is_refused():

@@ -58,11 +58,11 @@ class AllocatorSummary:
 
 @dataclasses.dataclass(frozen=True)
 class LeanLoop:
-    """The same setup in the lean loop (`del outputs` before backward, `del loss, inputs` after it)."""
+    """The same setup in the lean loop (`del outputs` before backward, `del loss, inputs` after it): its allocated
+    figure only (estimate/orchestrate.py lean_allocated: no process model, which on a CPU is the glibc replay)."""
 
     loop: str
     allocated_bytes: int
-    process_bytes: int
     saving_bytes: int  # this estimate's allocated bytes minus the lean loop's
 
 
