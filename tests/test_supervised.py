@@ -212,3 +212,63 @@ def test_the_python_api_can_isolate_the_model_code(tmp_path, monkeypatch):
         trainmem.estimate("factories.py:hard_exit", input_shape="10", isolate=True)
     with pytest.raises(trainmem.TrainmemError, match="a model reference"):
         trainmem.estimate(object(), isolate=True)
+
+
+RANKS_FACTORY = '''
+import os
+import time
+
+import torch
+import torch.nn as nn
+
+
+class StallsInRanks(nn.Module):
+    """Trains normally where trainmem estimates it; in a gloo rank of `measure --strategy` it says so and stalls."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 4)
+
+    def forward(self, x):
+        if "RANK" in os.environ:
+            with open(os.environ["MARKER"] + "-" + os.environ["RANK"], "w") as marker:
+                marker.write(str(os.getpid()))
+            while True:
+                time.sleep(0.1)
+        return self.fc(x)
+
+
+def stalls_in_ranks():
+    return StallsInRanks(), lambda n: (torch.randn(n, 10),)
+'''
+
+
+@pytest.mark.slow
+def test_a_signal_to_measure_ends_its_gloo_ranks_too(tmp_path):
+    """SIGTERM to `trainmem measure --strategy … --world-size 2` ends trainmem (143) and both ranks with it: the
+    ranks are in the worker's process group, which the parent kills (measure/gloo_ranks.py)."""
+    (tmp_path / "ranks.py").write_text(RANKS_FACTORY)
+    environment = {**os.environ, "MARKER": str(tmp_path / "marker"), "PYTHONPATH": str(ROOT / "src")}
+    environment.pop("TRAINMEM_IN_PROCESS", None)
+    process = subprocess.Popen([sys.executable, "-m", "trainmem", "measure", "ranks.py:stalls_in_ranks", "--batch-size",
+                                "2", "--strategy", "ddp", "--world-size", "2"], cwd=tmp_path, env=environment,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    markers = [tmp_path / f"marker-{rank}" for rank in range(2)]
+    try:
+        deadline = time.monotonic() + 180
+        while not all(m.exists() and m.read_text() for m in markers) and process.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(m.exists() for m in markers), process.stderr.read().decode() if process.poll() is not None else ""
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        process.communicate(timeout=10)
+        assert time.monotonic() - sent < 1.5 and process.returncode == 143
+    finally:
+        _kill(process)
+    ranks = [int(m.read_text()) for m in markers]
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in ranks), "a gloo rank outlived trainmem measure"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -50,11 +49,13 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def _kill(processes: list[subprocess.Popen]) -> None:
-    """SIGKILL each rank's own process group (each was started in a session of its own)."""
+    """SIGKILL each rank still running. The ranks stay in this process's process group (no session of their own):
+    when `trainmem measure` is interrupted, its parent kills the worker's whole group (supervised.py), and that
+    reaches the ranks too; in a session of their own they ran on, orphaned, until their own timeout."""
     for process in processes:
         if process.poll() is None:
             try:
-                os.killpg(process.pid, signal.SIGKILL)
+                process.kill()
             except ProcessLookupError:
                 pass
     for process in processes:
@@ -72,7 +73,7 @@ def launch(request: dict[str, Any], world_size: int, timeout: float, where: str)
                 with open(out, "w") as stdout, open(err, "w") as stderr:
                     processes.append(subprocess.Popen(
                         [sys.executable, "-P", str(CHILD), json.dumps({**request, "timeout": timeout, "log_dir": folder})],
-                        stdout=stdout, stderr=stderr, env=_rank_env(rank, world_size, port), start_new_session=True))
+                        stdout=stdout, stderr=stderr, env=_rank_env(rank, world_size, port)))
             failed = _wait(processes, outputs, time.monotonic() + timeout)
         finally:
             _kill(processes)
