@@ -43,12 +43,16 @@ IMPORT_SETS = {("transformers",): ("hf:tests/data/tiny_llama", {}),
                ("peft", "torchvision", "transformers"): ("torchvision:squeezenet1_1", {"lora": "r=4,targets=squeeze"}),
                ("timm", "torchvision"): ("timm:mobilenetv3_small_050", {}),
                ("peft", "timm", "torchvision", "transformers"): ("timm:mobilenetv3_small_050",
-                                                                  {"lora": "r=4,targets=conv_head"})}
+                                                                  {"lora": "r=4,targets=conv_head"}),
+               # a LightningModule's file imports lightning (torchmetrics, fsspec …): the training-script callbacks'
+               # processes (trainmem/integrations/lightning.py) hold it
+               ("lightning",): ("tests/data/lightning_step.py:tiny_step", {})}
 # single libraries, for a set not measured: (library, the set it is measured in, the set below it)
 SINGLE_LIBRARIES = {"transformers": (("transformers",), ()),
                     "peft": (("peft", "transformers"), ("transformers",)),
                     "torchvision": (("torchvision",), ()),
-                    "timm": (("timm", "torchvision"), ("torchvision",))}
+                    "timm": (("timm", "torchvision"), ("torchvision",)),
+                    "lightning": (("lightning",), ())}
 
 
 def main() -> None:
@@ -60,6 +64,8 @@ def main() -> None:
                         help="how the bundled entry names its CPU, e.g. 'AMD EPYC (AVX512-BF16, no AMX), 2 vCPUs'")
     parser.add_argument("--libraries-only", action="store_true",
                         help="measure the libraries' increments again, keep the floor and kernel families")
+    parser.add_argument("--only", metavar="SET", action="append", default=[],
+                        help="with --libraries-only: measure only this import set (e.g. lightning), keep the others")
     args = parser.parse_args()
     out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
     calibrations = json.loads(out.read_text())["calibrations"] if out.exists() else []
@@ -70,12 +76,17 @@ def main() -> None:
     else:
         measured = measure(args.runs, libraries=False, say=print)
         floor, families = measured["floor_bytes"], measured["families"]
-    import_sets: dict[tuple[str, ...], int] = {}
+    import_sets: dict[tuple[str, ...], int] = {tuple(key.split("+")): value for key, value in
+                                               old.get("import_sets", {}).items()} if args.only else {}
     for libraries, (ref, extra) in IMPORT_SETS.items():
+        if args.only and cpu_runtime.import_set_key(libraries) not in args.only:
+            continue
         if any(importlib.util.find_spec(library) is None for library in libraries):
             print(f"libraries {'+'.join(libraries)}: not installed here, not measured")
             continue
-        above, peaks = above_tensors(ref.replace("hf:", f"hf:{ROOT}/"), args.runs, extra)
+        where = (ref.replace("hf:", f"hf:{ROOT}/") if ref.startswith("hf:") else
+                 f"{ROOT}/{ref}" if ref.startswith("tests/") else ref)  # a repository path, wherever this runs from
+        above, peaks = above_tensors(where, args.runs, extra)
         import_sets[libraries] = max(0, above - floor)
         print(f"libraries {'+'.join(libraries)}: +{import_sets[libraries]:,} B (peak RSS of runs: {peaks})")
     libraries = {library: max(0, import_sets[within] - import_sets.get(below, 0))
@@ -87,8 +98,15 @@ def main() -> None:
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py",
             "cpu": args.cpu_name, "machine_facts": here, "measured": datetime.date.today().isoformat()}
-    calibrations = [c for c in calibrations if (c["torch"], c.get("machine_facts")) != (data["torch"], here)] + [data]
-    out.write_text(json.dumps({"calibrations": calibrations}, indent=2) + "\n")
+    if args.only:  # the entry as it was, with the sets measured now added and said so
+        added = {key: f"python benchmarks/calibrate_cpu.py --libraries-only --only {key} --runs {args.runs}, "
+                      f"{datetime.date.today().isoformat()}" for key in args.only}
+        data = {**old, "libraries": libraries, "import_sets": data["import_sets"],
+                "added_sets": {**old.get("added_sets", {}), **added}}
+    calibrations = [c if (c["torch"], c.get("machine_facts")) != (data["torch"], here) else data for c in calibrations]
+    if data not in calibrations:
+        calibrations.append(data)
+    out.write_text(json.dumps({"calibrations": calibrations}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

@@ -49,7 +49,7 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
     model = compiled if isinstance(compiled, torch.nn.Module) else model
     size = batch_size_of(batch)
     values = {**(optimizer_values(optimizer, model) if optimizer is not None else {}), **precision_values(model)}
-    source = source_of(model, batch, loss_fn)
+    source = dataclasses.replace(source_of(model, batch, loss_fn), libraries=imported_libraries())
     if compiled is not None:
         source = dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE))
     return LiveRun(source, size, values, device_of(model))
@@ -59,6 +59,19 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
 # buffers are not modelled yet), and says so in the estimate's warnings
 COMPILED_NOTE = ("the model is torch.compile'd: it is estimated as the eager module it wraps; the compiled graph's "
                  "saved activations and buffers are not modelled")
+
+
+# Libraries whose resident memory the CPU process model adds when the training process imports them
+# (targets/data/cpu_runtime.json, measured by benchmarks/calibrate_cpu.py's import sets)
+PROCESS_LIBRARIES = ("lightning", "peft", "timm", "torchvision", "transformers")
+
+
+def imported_libraries() -> tuple[str, ...]:
+    """The script's process is the training process: the libraries it has imported are part of its resident memory
+    (Lightning's import alone adds 71 MiB on the Intel machine), whichever of them the model itself uses."""
+    import sys
+
+    return tuple(name for name in PROCESS_LIBRARIES if name in sys.modules)
 
 
 def source_of(model: Any, batch: Any, loss_fn: Callable | None = None) -> Any:
