@@ -251,6 +251,33 @@ def test_lightning_strategies_read_as_trainmem_layouts():
 
 
 @pytest.mark.heavy
+def test_lightning_bf16_true_trains_on_the_batch_cast_as_the_trainer_casts_it():
+    lightning = pytest.importorskip("lightning")
+    from trainmem.integrations.lightning import MemoryCheck
+    import integration_models as models
+
+    class Classifier(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = models.mlp()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters())
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.zeros(64, dtype=torch.long))
+    checked = MemoryCheck()
+    trainer = lightning.Trainer(max_steps=1, accelerator="cpu", precision="bf16-true", callbacks=[checked],
+                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False)
+    trainer.fit(Classifier(), torch.utils.data.DataLoader(data, batch_size=16))
+    assert str(checked.check.estimate.setup.precision) == "bf16" and checked.check.fits
+
+
+@pytest.mark.heavy
 def test_lightning_manual_optimization_is_refused_before_a_step():
     lightning = pytest.importorskip("lightning")
     from trainmem.integrations.lightning import MemoryCheck

@@ -56,7 +56,7 @@ class MemoryCheck(lightning.pytorch.Callback):
 
         loader = trainer.fit_loop._data_source.dataloader()  # what the fit loop's setup_data will request
         batch = first_batch(loader)
-        step = TrainingStep(pl_module, batch)
+        step = TrainingStep(pl_module, batch, half_inputs=str(trainer.precision) == "bf16-true")
         options = dict(loss_fn=_output_is_loss, device=self.device, margin=self.margin,
                        **{**trainer_values(trainer, loader), **self.setup_values})
         optimizer = trainer.optimizers[0]
@@ -123,15 +123,21 @@ class TrainingStep(torch.nn.Module):
     """The LightningModule seen as a model whose forward is its training_step and whose output is the loss: the
     batch comes back in the form the loader gives it (a tensor, a sequence, a dict)."""
 
-    def __init__(self, module: Any, batch: Any) -> None:
+    def __init__(self, module: Any, batch: Any, half_inputs: bool = False) -> None:
         super().__init__()
         self.module = module
+        # bf16-true: the Trainer casts the batch's floating tensors to bfloat16 before training_step
+        # (plugins/precision/half.py convert_input); the fp32 batch dies there, here it is kept: the high side
+        self.half_inputs = half_inputs
         self.form = "mapping" if isinstance(batch, Mapping) else "sequence" if isinstance(batch, (tuple, list)) \
             else "tensor"
 
     def forward(self, *inputs: Any, **named: Any) -> Any:
         import warnings
 
+        if self.half_inputs:
+            inputs = tuple(_bf16(value) for value in inputs)
+            named = {key: _bf16(value) for key, value in named.items()}
         batch = named if self.form == "mapping" else list(inputs) if self.form == "sequence" else inputs[0]
         with warnings.catch_warnings():  # self.log() on the detached copy says it does nothing: it is meant to
             warnings.filterwarnings("ignore", message=r"You are trying to `self.log\(\)`")
@@ -164,6 +170,10 @@ def _log_figures(trainer: Any, verdict: Any) -> None:
                "trainmem/batch_size": verdict.batch_size}
     for logger in trainer.loggers:
         logger.log_metrics(figures, step=0)
+
+
+def _bf16(value: Any) -> Any:
+    return value.to(torch.bfloat16) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 def _output_is_loss(output: Any, inputs: Any) -> Any:
