@@ -27,7 +27,7 @@ def factory(name: str) -> str:
 
 def same_figures(one, other) -> None:
     """The same estimate, but for the libraries the script's process has imported, which a live check counts
-    (integrations/live.py imported_libraries) and a factory reference does not."""
+    (integrations/live.py model_libraries) and a factory reference does not."""
     def own(est):
         return {key: value for key, value in est.process_parts.items() if not key.startswith("librar")}
 
