@@ -60,14 +60,15 @@ class Check:
 
 
 def check(model: Any, optimizer: Any, batch: Any, *, loss_fn: Callable | None = None, device: Any = None,
-          margin: float | None = None, **setup_values: Any) -> Check:
+          margin: float | None = None, libraries: tuple[str, ...] = (), **setup_values: Any) -> Check:
     """Whether training `model` with `optimizer` on batches like `batch` fits the memory its device has now.
-    `device` is where the run will train (default: where the model's parameters are); `setup_values` are
+    `device` is where the run will train (default: where the model's parameters are); `libraries`: those the
+    training framework brings into the process beside the model's own (live.model_libraries); `setup_values` are
     estimate()'s (precision="bf16-mixed", grad_accum=4, checkpointing=True, loop="step-fn", …)."""
     from trainmem.estimate import estimate
     from trainmem.integrations.live import live_run
 
-    run = live_run(model, optimizer, batch, loss_fn)
+    run = live_run(model, optimizer, batch, loss_fn, libraries)
     where = str(device) if device is not None else run.device
     values = {**run.values, "batch_size": run.batch_size, **setup_values}
     est = estimate(run.source, device=where, **values)

@@ -50,12 +50,20 @@ class MemoryCheckCallback(transformers.TrainerCallback):
 
         if train_dataloader is None:
             raise SetupError("expected the Trainer's train dataloader, got none", where="MemoryCheckCallback")
-        self.check = check(model, optimizer, first_batch(train_dataloader),
+        self.check = check(model, optimizer, first_batch(train_dataloader), libraries=trainer_libraries(),
                            device=self.device, margin=self.margin, **{**trainer_values(args), **self.setup_values})
         if state.is_world_process_zero:
             LOG.info("trainmem: %s", self.check.reason)
         if not self.check.fits and self.raise_if_not_fit:
             raise DoesNotFit(self.check)
+
+
+def trainer_libraries() -> tuple[str, ...]:
+    """transformers' Trainer imports peft where it is installed (trainer.py: is_peft_available), so the training
+    process holds peft whether or not the model uses it."""
+    import sys
+
+    return ("transformers", "peft") if "peft" in sys.modules else ("transformers",)
 
 
 def trainer_values(args: Any) -> dict[str, Any]:

@@ -39,8 +39,10 @@ class LiveRun:
     device: str  # "cpu" or "cuda:N": where the model's parameters are
 
 
-def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = None) -> LiveRun:
-    """The LiveRun of a script's model, optimizer (None: the setup's own, adam unless given) and one batch."""
+def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = None,
+             libraries: tuple[str, ...] = ()) -> LiveRun:
+    """The LiveRun of a script's model, optimizer (None: the setup's own, adam unless given) and one batch;
+    `libraries`: what the training framework imports beside the model's own (model_libraries)."""
     import torch
 
     if not isinstance(model, torch.nn.Module):
@@ -49,7 +51,9 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
     model = compiled if isinstance(compiled, torch.nn.Module) else model
     size = batch_size_of(batch)
     values = {**(optimizer_values(optimizer, model) if optimizer is not None else {}), **precision_values(model)}
-    source = dataclasses.replace(source_of(model, batch, loss_fn), libraries=model_libraries(model))
+    used = set(model_libraries(model)) | set(libraries)
+    source = dataclasses.replace(source_of(model, batch, loss_fn),
+                                 libraries=tuple(name for name in PROCESS_LIBRARIES if name in used))
     if compiled is not None:
         source = dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE))
     return LiveRun(source, size, values, device_of(model))
