@@ -100,3 +100,20 @@ def test_a_cuda_context_as_large_as_the_card_is_refused():
     assert trainmem.estimate("mlp:8-4", batch_size=2, device="a100-40gb",
                              target_options=TargetOptions(cuda_context=2**30)).process_parts[
         "cuda_context"] == 2**30
+
+
+def test_a_model_built_from_a_calibrated_library_counts_its_import():
+    """A factory or module object of transformers classes: its process holds transformers, as an hf: reference's
+    does (frontends/libraries.py); a plain torch model holds none."""
+    pytest.importorskip("transformers")
+    from trainmem.frontends.libraries import model_libraries
+
+    root = __import__("pathlib").Path(__file__).resolve().parent
+    factory = f"{root}/integration_models.py:tiny_gpt2"
+    est = trainmem.estimate(factory, batch_size=2)
+    assert "libraries_transformers" in est.process_parts
+    plain = trainmem.estimate(f"{root}/integration_models.py:mlp_factory", batch_size=2)
+    assert not any(key.startswith("librar") for key in plain.process_parts)
+    import integration_models as models
+
+    assert model_libraries(models.tiny_gpt2_model()) == ("transformers",) and model_libraries(models.mlp()) == ()

@@ -51,9 +51,8 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
     model = compiled if isinstance(compiled, torch.nn.Module) else model
     size = batch_size_of(batch)
     values = {**(optimizer_values(optimizer, model) if optimizer is not None else {}), **precision_values(model)}
-    used = set(model_libraries(model)) | set(libraries)
-    source = dataclasses.replace(source_of(model, batch, loss_fn),
-                                 libraries=tuple(name for name in PROCESS_LIBRARIES if name in used))
+    # the model's own libraries are found by the trace (frontends/libraries.py); a framework's are given here
+    source = dataclasses.replace(source_of(model, batch, loss_fn), libraries=tuple(libraries))
     if compiled is not None:
         source = dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE))
     return LiveRun(source, size, values, device_of(model))
@@ -63,21 +62,6 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
 # buffers are not modelled yet), and says so in the estimate's warnings
 COMPILED_NOTE = ("the model is torch.compile'd: it is estimated as the eager module it wraps; the compiled graph's "
                  "saved activations and buffers are not modelled")
-
-
-# Libraries whose resident memory the CPU process model adds when the training process trains with them
-# (targets/data/cpu_runtime.json, measured by benchmarks/calibrate_cpu.py's import sets)
-PROCESS_LIBRARIES = ("lightning", "peft", "timm", "torchvision", "transformers")
-
-
-def model_libraries(model: Any) -> tuple[str, ...]:
-    """The calibrated libraries the model is built from: a library counts when one of the model's modules is of a
-    class it defines or derives from one (a LightningModule, a transformers or peft model, a torchvision or timm
-    network). Its import set is then part of the training process's resident memory (Lightning's adds 71 MiB on the
-    Intel machine). Being imported is not enough: `import lightning` imports transformers, whose calibrated
-    increment is that of a process that trains a transformers model, and would be counted twice."""
-    found = {cls.__module__.split(".")[0] for module in model.modules() for cls in type(module).__mro__}
-    return tuple(name for name in PROCESS_LIBRARIES if name in found)
 
 
 def source_of(model: Any, batch: Any, loss_fn: Callable | None = None) -> Any:

@@ -15,6 +15,7 @@ import torch
 
 from trainmem.errors import TraceError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
+from trainmem.frontends.libraries import model_libraries
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.setup.count_limits import batch_overflow
 from trainmem.trace import keras_torch_step
@@ -188,7 +189,7 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
                               prepared.optimizer, finetune.lora_used(model))
     counts = {"quantized_parameters": sum(finetune.quantized_facts(model).values()),
               "adapter_parameters": finetune.adapter_parameters(model),
-              "quantized_storage_bytes": finetune.quantized_storage_bytes(model)}
+              "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model)}
     return prepared, facts, resolved, counts
 
 
