@@ -110,7 +110,7 @@ def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str,
         if time.monotonic() > deadline:
             raise TrainmemError(f"expected the model's code to finish within {timeout[1]}, it was "
                                 "still running: stopped (raise --timeout for a run this long)", where=timeout[2])
-        if limit and _rss(process.pid) > limit:
+        if limit and resident_bytes(process.pid) > limit:
             raise TrainmemError(f"expected the model's code to stay within {limit / 2**30:.1f} GiB of RAM ("
                                 f"{MEMORY_SHARE:.0%} of this machine's), the worker running it grew past that: stopped "
                                 "(an estimate allocates no tensor memory; the model's code allocated for real)",
@@ -136,7 +136,8 @@ def _ended_words(process: subprocess.Popen) -> str:
             "model's code or a library it uses ended the process: os._exit, a crash, the kernel's OOM killer)")
 
 
-def _rss(pid: int) -> int:
+def resident_bytes(pid: int) -> int:
+    """A process's resident set (VmRSS, /proc/PID/status); 0 where there is no /proc."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
@@ -149,7 +150,7 @@ def _rss(pid: int) -> int:
 
 def _memory_total() -> int:
     """This machine's RAM, as the CPU device's capacity reads it (devices.py: MemTotal, else sysconf). Where there
-    is no /proc (macOS) the worker's RSS reads 0 (_rss), so the bound never applies there."""
+    is no /proc (macOS) the worker's RSS reads 0 (resident_bytes), so the bound never applies there."""
     from trainmem.devices import cpu_device
 
     return cpu_device().capacity_bytes

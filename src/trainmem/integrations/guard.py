@@ -122,7 +122,11 @@ def room_on(where: str, est: Any, margin: float | None) -> tuple[int, int]:
     if where == "cpu":
         from trainmem.devices import available_bytes
 
-        return (available_bytes() or est.device.capacity_bytes) + _own_rss(), kept
+        import os
+
+        from trainmem.supervised import resident_bytes
+
+        return (available_bytes() or est.device.capacity_bytes) + resident_bytes(os.getpid()), kept
     import torch
 
     free, _ = torch.cuda.mem_get_info(torch.device(where))
@@ -131,14 +135,3 @@ def room_on(where: str, est: Any, margin: float | None) -> tuple[int, int]:
 
 def _this_machine(where: str) -> bool:
     return where == "cpu" or where.split(":")[0] == "cuda"
-
-
-def _own_rss() -> int:
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
