@@ -36,9 +36,15 @@ def truth(reference: str, values: dict, loop: str) -> int:
     return json.loads(lines[-1])["tensor_peak_bytes"]
 
 
+# the look-ahead batch of lightning-iterable shows at the MLP's optimizer peak and at the U-Net's step-1 peak; the
+# other two models (within 0.003% when measured, docs/accuracy.md) are left to lightning, to keep the suite short
+CASES = [(reference, values, loop) for reference, values in MODELS for loop in LOOPS
+         if loop != "lightning-iterable" or reference.rsplit(":", 1)[-1] in ("1000-100-100-100-100-10", "unet")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("reference,values", MODELS, ids=[r.rsplit(":", 1)[-1] for r, _ in MODELS])
+@pytest.mark.parametrize("reference,values,loop", CASES,
+                         ids=[f"{r.rsplit(':', 1)[-1]}-{loop}" for r, _, loop in CASES])
 def test_loop_matches_a_real_loop(reference, values, loop):
     measured = truth(reference, values, loop)
     est = estimate(reference, setup=TrainingSetup.from_mapping({**values, "loop": loop}))
