@@ -80,7 +80,7 @@ class CpuTarget:
     def process_memory(self, source, setup, traced, stream: DeviceStream, replayed) -> ProcessMemory:
         # peft imports transformers itself, so LoRA brings both into the process
         libraries = (frozenset(source.libraries) | ({"peft", "transformers"} if setup.lora_spec() else set())
-                     | frozenset(getattr(traced, "libraries", ())))
+                     | frozenset(traced.libraries))
         keras_parts, keras_spread, keras_said = {}, 0, []
         if keras_torch_runtime.applies(source):  # Keras's import and model.fit, measured apart
             keras_parts, keras_spread, keras_said = keras_torch_runtime.keras_parts()
