@@ -23,8 +23,9 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-args = transformers.TrainingArguments(output_dir=tempfile.mkdtemp(prefix="trainmem-example-"), per_device_train_batch_size=8,
-                                      max_steps=2, report_to=[], save_strategy="no", use_cpu=True)
-trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
-                               callbacks=[MemoryCheckCallback()])  # logs "trainmem: training at batch 8 fits …"
-trainer.train()
+with tempfile.TemporaryDirectory(prefix="trainmem-example-") as out:  # the Trainer's output_dir, removed after
+    args = transformers.TrainingArguments(output_dir=out, per_device_train_batch_size=8, max_steps=2, report_to=[],
+                                          save_strategy="no", use_cpu=True)
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
+                                   callbacks=[MemoryCheckCallback()])  # logs "trainmem: training at batch 8 fits …"
+    trainer.train()
