@@ -71,10 +71,16 @@ def check(model: Any, optimizer: Any, batch: Any, *, loss_fn: Callable | None = 
     run = live_run(model, optimizer, batch, loss_fn, libraries)
     where = str(device) if device is not None else run.device
     values = {**run.values, "batch_size": run.batch_size, **setup_values}
-    est = estimate(run.source, device=where, **values)
+    return verdict_of(estimate(run.source, device=where, **values), values["batch_size"], where, margin)
+
+
+def verdict_of(est: Any, batch_size: int, where: str, margin: float | None) -> Check:
+    """The Check of an estimate on `where`: its high end against the room less the margin, as fit.within judges a
+    candidate (a simulated allocator that ran out of memory does not fit either)."""
+    from trainmem.fit import within
+
     room, kept = room_on(where, est, margin)
-    return Check(est, values["batch_size"], where, room, kept, est.process_bytes_high <= room - kept
-                 and est.fits_override is not False)
+    return Check(est, batch_size, where, room, kept, within(est, room - kept))
 
 
 @contextlib.contextmanager

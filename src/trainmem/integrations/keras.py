@@ -36,7 +36,7 @@ def check(model: Any, x: Any = None, batch_size: int | None = None, *, device: A
     """A Check (integrations/guard.py) of `model.fit(x, batch_size=batch_size)` on `device` (this machine's CPU,
     or a catalog GPU by name); `setup_values` are estimate()'s (they win over what is read off the model)."""
     from trainmem.estimate import estimate
-    from trainmem.integrations.guard import Check, room_on
+    from trainmem.integrations.guard import verdict_of
 
     values = {**compiled_values(model), **input_values(x), **setup_values}
     values["batch_size"] = batch_size or values.get("batch_size") or KERAS_DEFAULT_BATCH
@@ -44,9 +44,7 @@ def check(model: Any, x: Any = None, batch_size: int | None = None, *, device: A
     if where.split(":")[0] == "cuda":
         raise SetupError("expected the GPU's name from `trainmem devices` (e.g. a100-80gb) for a Keras run, got "
                          f"{where!r}: TensorFlow does not say how much of a GPU is free", where="device")
-    est = estimate(model, device=where, **values)
-    room, kept = room_on(where, est, margin)
-    return Check(est, values["batch_size"], where, room, kept, est.process_bytes_high <= room - kept)
+    return verdict_of(estimate(model, device=where, **values), values["batch_size"], where, margin)
 
 
 class MemoryCheck(keras.callbacks.Callback):
