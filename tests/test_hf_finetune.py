@@ -271,3 +271,70 @@ def test_setup_reports_loss_and_inputs_taken_from_a_spec(tmp_path):
     assert used["inputs"]["from"] == "the model's default input"
     assert [(t["shape"], t["dtype"]) for t in used["inputs"]["tensors"]] == [([3, 8], "float32")]
     assert "inputs [3, 8] float32 (the model's default input) · loss mse" in str(est)
+
+
+def test_old_bitsandbytes_keeps_a_4bit_layers_input_as_long_as_the_graph():
+    """bitsandbytes before 0.43.2 put MatMul4Bit's input on the context (`ctx.tensors = (A, B)`), not in
+    save_for_backward: backward does not release it, so it lives until the graph itself dies (#1270)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from trainmem.trace.finetune import NF4Linear, bnb_behaviour
+
+    def input_alive_after(version, stage):
+        layer = NF4Linear(torch.nn.Linear(8, 4), bnb_behaviour(version))
+        x = torch.ones(3, 8, dtype=torch.bfloat16, requires_grad=True)
+        y = x * 2  # an intermediate input, as a layer's input is
+        alive = weakref.ref(y)
+        loss = layer(y).float().sum()
+        del y
+        if stage == "backward":
+            loss.backward()
+        else:
+            del loss
+        gc.collect()
+        return alive() is not None
+
+    for stage in ("backward", "graph freed"):
+        assert not input_alive_after((0, 45, 0), stage)
+    assert input_alive_after((0, 41, 1), "backward")
+    assert input_alive_after((0, 43, 1), "backward")
+    assert not input_alive_after((0, 43, 1), "graph freed")
+    assert not input_alive_after((0, 43, 2), "backward")
+
+
+def test_bnb_behaviour_follows_the_release():
+    from trainmem.trace.finetune import bnb_behaviour
+
+    old = bnb_behaviour((0, 41, 1))
+    assert (old.keeps_input, old.fp16_state) == (True, True)
+    assert (bnb_behaviour((0, 43, 1)).keeps_input, bnb_behaviour((0, 43, 1)).fp16_state) == (True, False)
+    assert not bnb_behaviour((0, 43, 2)).keeps_input
+    assert "0.41.1 (--bnb-version)" in old.describe() and "#1270" in old.describe()
+    with pytest.raises(SetupError, match="--bnb-version"):
+        TrainingSetup(bnb_version="banana")
+    with pytest.raises(SetupError, match="--bnb-version"):
+        TrainingSetup.from_mapping({"bnb_version": 0.41})  # a TOML number is not a version
+    assert TrainingSetup(bnb_version="0.45.0.dev0").to_dict()["bnb_version"] == "0.45.0.dev0"
+    assert "bnb_version" not in TrainingSetup().to_dict()
+
+
+@pytest.mark.heavy
+def test_qlora_with_an_old_bitsandbytes_holds_the_4bit_layers_inputs(tiny):
+    """Under checkpointing too: the context attribute is beyond checkpoint's saved-tensor hooks. The extra memory
+    is at least one step's down_proj inputs (they always need a gradient under LoRA) and at most two steps'
+    inputs of every 4-bit layer (the inline loop keeps the last step's graph through the next forward). Under
+    bf16-mixed the hidden states are fp32 and each layer keeps its own bf16 cast (Linear4bit.forward casts x to
+    the compute dtype), so q, k and v keep three copies."""
+    tokens, layers = 2 * 64, 2
+    for checkpointing in (False, True):
+        runs = {version: estimate(f"hf:{tiny}", batch_size=2, seq_len=64, qlora=True, device="a100-40gb",
+                                  checkpointing=checkpointing, bnb_version=version) for version in ("0.45.0", "0.41.1")}
+        extra = runs["0.41.1"].tensor_bytes - runs["0.45.0"].tensor_bytes
+        down_inputs = tokens * layers * 256 * 2  # bf16 inputs of down_proj
+        every_input = tokens * layers * (3 * 128 + 128 + 2 * 128 + 256) * 2  # q, k, v; o; gate, up; down
+        assert down_inputs <= extra <= 2 * every_input, (checkpointing, extra)
+        assert any("bitsandbytes 0.41.1 (--bnb-version): keeps each 4-bit layer's input" in w
+                   for w in runs["0.41.1"].warnings)

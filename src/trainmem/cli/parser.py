@@ -136,6 +136,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-grad-norm", type=reader("max_grad_norm"), metavar="NORM|none", help="clip_grad_norm_ before each "
                         "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--torch-version", metavar="X.Y", help=TORCH_VERSION_HELP + d("torch_version", "installed"))
+    parser.add_argument("--bnb-version", metavar="X.Y.Z", help="--qlora: the bitsandbytes the run used; before 0.43.2 "
+                        "each 4-bit layer kept its input until the graph was freed" + d("bnb_version", "installed, else the newest"))
     parser.add_argument("--seq-lengths", metavar="N,N,…", help=SEQ_LENGTHS_HELP + d("seq_lengths", "the padded length"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean | lightning | lightning-iterable"
                         + d("loop"))
@@ -144,6 +146,14 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                              "growing after the first steps; two are traced, the last repeated; measure runs N real "
                              "steps) (default: a long run, 32 steps, fewer only where the replay would be too long)")
     parser.add_argument("--trace-steps", dest="steps", type=int, help=argparse.SUPPRESS)
+    add_target_flags(parser)
+    parser.add_argument("--format", choices=["table", "json"], help="report format" + run_default("format"))
+    parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + run_default("depth"))
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_target_flags(parser: argparse.ArgumentParser) -> None:
+    """What the run trains on: the device, its CUDA and allocator settings, and the framework."""
     parser.add_argument("--device", metavar="DEVICE", help="cpu | a GPU from `trainmem devices` | custom:capacity=24GiB,cc=8.9"
                         + run_default("device"))
     parser.add_argument("--cuda-context", metavar="SIZE", help="GPU devices: CUDA context bytes in nvidia-smi "
@@ -168,9 +178,6 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tf-onednn", metavar="auto|on|off", help="Keras on TensorFlow, CPU: whether the run has "
                         "oneDNN and its MklCPUAllocator (on/off: TF_ENABLE_ONEDNN_OPTS=1/0; auto: as TensorFlow "
                         "decides, from TF_ENABLE_ONEDNN_OPTS here and this CPU's features) (default: auto)")
-    parser.add_argument("--format", choices=["table", "json"], help="report format" + run_default("format"))
-    parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + run_default("depth"))
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def timeout_seconds(text: str) -> float:

@@ -14,6 +14,7 @@ Everything else (kernels, autocast lists, attention backends) is the installed t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,24 @@ def torch_release(text: Any) -> tuple[int, int]:
     if release is None or release[0] not in (1, 2):
         raise expected("a torch version such as 1.13 or 2.1.2", text, "--torch-version")
     return release
+
+
+def bnb_release(text: Any) -> tuple[int, int, int]:
+    """(major, minor, patch) of a bitsandbytes version (0.41.1, 0.45, 0.49.0.dev0); one line for anything else."""
+    if not isinstance(text, str):  # a TOML number would read 0.41 as a float
+        raise expected('a bitsandbytes version as text such as "0.41.1"', text, "--bnb-version")
+    match = re.match(r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?![\d])", text.strip())
+    if match is None:
+        raise expected("a bitsandbytes version such as 0.41.1 or 0.45", text, "--bnb-version")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def check_releases(torch_version: Any, bnb_version: Any) -> None:
+    """A setup's versions, where given, read as versions (one line naming the flag otherwise)."""
+    if torch_version is not None:
+        torch_release(torch_version)
+    if bnb_version is not None:
+        bnb_release(bnb_version)
 
 
 def hf_trainer_defaults(torch_version: str | None) -> dict[str, Any]:

@@ -9,43 +9,106 @@ functional.quantize_4bit with compress_statistics=True):
   a 256-entry fp32 code table and an fp32 offset;
 and does what its matmul_4bit does in training: cast the input to the compute dtype, dequantize the
 whole weight into a transient tensor of the compute dtype, multiply, cast the output back; backward
-dequantizes again for the input's gradient and saves no activation (MatMul4Bit).
+dequantizes again for the input's gradient and, since 0.43.2, saves no activation (MatMul4Bit).
 The layers left in full precision are transformers' own choice (the output embeddings, tied weights,
 _keep_in_fp32_modules such as T5's `wo`), and prepare_model_for_kbit_training keeps every other
 parameter in fp32.
+
+Older releases kept more (BnbBehaviour): the release is --bnb-version, else the installed one, else the newest.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
+
 import torch
 
 from trainmem.errors import SetupError
-from trainmem.setup import LoraSpec, TrainingSetup
+from trainmem.setup import LoraSpec, TrainingSetup, presets
 
 NF4_BLOCK = 64  # bitsandbytes quantize_4bit blocksize
 NESTED_BLOCK = 256  # compress_statistics: absmax quantized in blocks of 256
 COMPUTE_DTYPE = torch.bfloat16  # bnb_4bit_compute_dtype in the QLoRA recipe
 
 
+# What a bitsandbytes release does in training that moves memory, by the first release that changed it
+# (bitsandbytes/autograd/_functions.py MatMul4Bit, nn/modules.py Params4bit):
+# * before 0.43.2 MatMul4Bit.forward kept its input A on the context (`ctx.tensors = (A, B)`) whenever an input
+#   needs a gradient. A context attribute is not save_for_backward: backward does not release it and checkpointing's
+#   hooks never see it, so every 4-bit layer's input lives until the autograd graph itself is freed (when the loop
+#   drops its loss, in an inline loop after the next forward). bitsandbytes #1270 ("fix QLoRA mem bug: delete
+#   useless buffered activation", 0.43.2) keeps only B.
+# * before 0.43.0 Params4bit.cuda quantized `self.data.contiguous().half()`: dequantize_4bit returns fp16 and
+#   MatMul4Bit's `.to(A.dtype)` makes a second copy under bf16 compute. 0.43.0 quantizes in the weight's own dtype.
+KEEPS_INPUT_BEFORE = (0, 43, 2)
+FP16_STATE_BEFORE = (0, 43, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BnbBehaviour:
+    release: tuple[int, int, int] | None  # None: no release given or installed, the newest behaviour
+    origin: str  # "--bnb-version", "installed", or "newest"
+    keeps_input: bool = False
+    fp16_state: bool = False
+
+    def describe(self) -> str:
+        if self.release is None:
+            return ("bitsandbytes as released since 0.43.2 (none installed here; --bnb-version X.Y.Z for a run made "
+                    "with an older one)")
+        version = ".".join(map(str, self.release))
+        kept = []
+        if self.keeps_input:
+            kept.append("keeps each 4-bit layer's input until the autograd graph is freed (before 0.43.2, "
+                        "bitsandbytes #1270)")
+        if self.fp16_state:
+            kept.append("dequantizes through an fp16 copy (before 0.43.0)")
+        return f"bitsandbytes {version} ({self.origin})" + (": " + "; ".join(kept) if kept else "")
+
+
+def bnb_behaviour(given: tuple[int, int, int] | None) -> BnbBehaviour:
+    """The behaviour of the release the run uses: the one given, else the installed one (read from its metadata,
+    never imported: its import looks for CUDA), else the newest."""
+    release, origin = given, "--bnb-version"
+    if release is None:
+        try:
+            release, origin = presets.bnb_release(importlib.metadata.version("bitsandbytes")), "installed"
+        except (importlib.metadata.PackageNotFoundError, SetupError):
+            return BnbBehaviour(None, "newest")
+    return BnbBehaviour(release, origin, keeps_input=release < KEEPS_INPUT_BEFORE,
+                        fp16_state=release < FP16_STATE_BEFORE)
+
+
+def _dequantized_weight(shape: tuple[int, int], like: torch.Tensor, behaviour: BnbBehaviour) -> torch.Tensor:
+    """dequantize_4bit's output in the compute dtype; through an fp16 copy, freed on return, where the release
+    quantized from fp16."""
+    if behaviour.fp16_state and like.dtype != torch.float16:
+        return torch.empty(shape, dtype=torch.float16, device=like.device).to(like.dtype)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
 class _Dequantized(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, packed, out_features: int, in_features: int, bias):
-        ctx.shape = (out_features, in_features)
-        weight = torch.empty(ctx.shape, dtype=x.dtype, device=x.device)  # dequantize_4bit's output
-        return torch.nn.functional.linear(x, weight, bias)
+    def forward(ctx, x, packed, out_features: int, in_features: int, bias, behaviour: BnbBehaviour):
+        ctx.shape, ctx.behaviour = (out_features, in_features), behaviour
+        output = torch.nn.functional.linear(x, _dequantized_weight(ctx.shape, x, behaviour), bias)
+        if behaviour.keeps_input and any(ctx.needs_input_grad[:2]):
+            ctx.tensors = (x, packed)  # as MatMul4Bit did: an attribute, alive with the graph
+        return output
 
     @staticmethod
     def backward(ctx, grad):
-        weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)  # dequantized again
-        return grad @ weight, None, None, None, None
+        weight = _dequantized_weight(ctx.shape, grad, ctx.behaviour)  # dequantized again
+        return grad @ weight, None, None, None, None, None
 
 
 class NF4Linear(torch.nn.Linear):
     """A frozen linear layer stored as bitsandbytes stores a 4-bit NF4 weight (an nn.Linear subclass so
     that peft can wrap it as a base layer)."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, behaviour: BnbBehaviour) -> None:
         torch.nn.Module.__init__(self)
+        self.behaviour = behaviour
         self.in_features, self.out_features = linear.in_features, linear.out_features
         numel = self.in_features * self.out_features
         self.quantized_values = numel  # the weight's parameter count, as the unquantized model counts it
@@ -62,7 +125,8 @@ class NF4Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         original = x.dtype
         bias = None if self.bias is None else self.bias.to(COMPUTE_DTYPE)
-        out = _Dequantized.apply(x.to(COMPUTE_DTYPE), self.weight, self.out_features, self.in_features, bias)
+        out = _Dequantized.apply(x.to(COMPUTE_DTYPE), self.weight, self.out_features, self.in_features, bias,
+                                 self.behaviour)
         return out.to(original)
 
     def storage_bytes(self) -> int:
@@ -129,7 +193,7 @@ def _transformers_keeps(model: torch.nn.Module):
     return lambda name: should_convert_module(name, skip)
 
 
-def quantize_4bit(model: torch.nn.Module) -> int:
+def quantize_4bit(model: torch.nn.Module, behaviour: BnbBehaviour) -> int:
     """Replace the linear layers bitsandbytes would quantize by NF4Linear; returns how many. For a
     transformers model that is transformers' own choice; otherwise every nn.Linear but the output layer."""
     converts = _transformers_keeps(model)
@@ -141,7 +205,7 @@ def quantize_4bit(model: torch.nn.Module) -> int:
             if type(child) is not torch.nn.Linear:
                 continue
             if converts(full_name) if converts is not None else child is not keep:
-                setattr(parent, name, NF4Linear(child))
+                setattr(parent, name, NF4Linear(child, behaviour))
                 count += 1
     return count
 
@@ -184,14 +248,15 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
     """The fine-tuning the setup asks for; returns the model and notes for the report."""
     notes: list[str] = []
     if setup.qlora:
-        count = quantize_4bit(model)
+        behaviour = bnb_behaviour(None if setup.bnb_version is None else presets.bnb_release(setup.bnb_version))
+        count = quantize_4bit(model, behaviour)
         packed = quantized_facts(model)
         full = sum(p.numel() for p in model.parameters() if id(p) not in packed)
         total = full + sum(packed.values())
         notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, double-quantized "
                      f"statistics), dequantized to bf16 per use; {full:,} parameters ({full / max(total, 1):.1%}) stay "
                      "in full precision (embeddings, norms, the layers transformers keeps, and weights that are not "
-                     "nn.Linear, such as fused mixture-of-experts weights)")
+                     "nn.Linear, such as fused mixture-of-experts weights); " + behaviour.describe())
     spec = setup.lora_spec()
     if spec is not None:
         model = apply_lora(model, spec)
