@@ -314,11 +314,31 @@ def test_bnb_behaviour_follows_the_release():
     assert not bnb_behaviour((0, 43, 2)).keeps_input
     assert "0.41.1 (--bnb-version)" in old.describe() and "#1270" in old.describe()
     with pytest.raises(SetupError, match="--bnb-version"):
-        TrainingSetup(bnb_version="banana")
+        TrainingSetup(qlora=True, bnb_version="banana")
     with pytest.raises(SetupError, match="--bnb-version"):
-        TrainingSetup.from_mapping({"bnb_version": 0.41})  # a TOML number is not a version
-    assert TrainingSetup(bnb_version="0.45.0.dev0").to_dict()["bnb_version"] == "0.45.0.dev0"
-    assert "bnb_version" not in TrainingSetup().to_dict()
+        TrainingSetup.from_mapping({"qlora": True, "bnb_version": 0.41})  # a TOML number is not a version
+    assert TrainingSetup(qlora=True, bnb_version="0.45.0.dev0").to_dict()["bnb_version"] == "0.45.0.dev0"
+    assert "bnb_version" not in TrainingSetup().to_dict() and "bnb_quant" not in TrainingSetup().to_dict()
+    with pytest.raises(SetupError, match="--bnb-quant: expected nf4-dq or nf4, got 'fp4'"):
+        TrainingSetup(qlora=True, bnb_quant="fp4")
+    with pytest.raises(SetupError, match="--bnb-version: expected --qlora beside it"):
+        TrainingSetup(bnb_version="0.41.1")  # describes no layer without --qlora
+
+
+def test_single_quantized_nf4_keeps_an_fp32_absmax_per_block():
+    """bitsandbytes quantize_4bit without compress_statistics: the packed values, an fp32 absmax per 64 values and
+    the 16-entry NF4 code; with it, a uint8 absmax per block, an fp32 absmax per 256 blocks, the nested state's
+    256-entry map and an fp32 offset."""
+    import torch
+
+    from trainmem.trace.finetune import NF4Linear, bnb_behaviour
+
+    n = 300 * 200
+    blocks = -(-n // 64)
+    single = NF4Linear(torch.nn.Linear(200, 300, device="meta"), bnb_behaviour((0, 45, 0), double_quant=False))
+    double = NF4Linear(torch.nn.Linear(200, 300, device="meta"), bnb_behaviour((0, 45, 0)))
+    assert single.storage_bytes() == n // 2 + 4 * blocks + 16 * 4
+    assert double.storage_bytes() == n // 2 + blocks + 4 * -(-blocks // 256) + 256 * 4 + 4
 
 
 @pytest.mark.heavy
@@ -338,3 +358,27 @@ def test_qlora_with_an_old_bitsandbytes_holds_the_4bit_layers_inputs(tiny):
         assert down_inputs <= extra <= 2 * every_input, (checkpointing, extra)
         assert any("bitsandbytes 0.41.1 (--bnb-version): keeps each 4-bit layer's input" in w
                    for w in runs["0.41.1"].warnings)
+
+
+@pytest.mark.heavy
+def test_qlora_layers_all_quantizes_the_output_layer_unless_tied(tmp_path):
+    """Lightning Fabric's BitsandbytesPrecision (LitGPT's --quantize) converts every nn.Linear, the output layer
+    too; transformers' quantizer leaves the output layer out. A tied output layer shares the embeddings and stays."""
+    untied = tmp_path / "untied"
+    untied.mkdir()
+    (untied / "config.json").write_text(json.dumps(TINY_LLAMA))
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    (tied / "config.json").write_text(json.dumps({**TINY_LLAMA, "tie_word_embeddings": True}))
+
+    def quantized(path, **kwargs):
+        est = estimate(f"hf:{path}", batch_size=2, seq_len=16, qlora=True, device="a100-40gb", **kwargs)
+        return est.quantized_parameters, next(w for w in est.warnings if w.startswith("QLoRA:"))
+
+    layers = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256)
+    assert quantized(untied)[0] == layers
+    values, note = quantized(untied, qlora_layers="all")
+    assert values == layers + 1000 * 128 and "QLoRA: 15 linear layers" in note
+    assert quantized(tied, qlora_layers="all")[0] == layers
+    with pytest.raises(SetupError, match="--qlora-layers: expected transformers or all"):
+        TrainingSetup(qlora=True, qlora_layers="most")

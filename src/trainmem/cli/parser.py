@@ -138,6 +138,11 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-version", metavar="X.Y", help=TORCH_VERSION_HELP + d("torch_version", "installed"))
     parser.add_argument("--bnb-version", metavar="X.Y.Z", help="--qlora: the bitsandbytes the run used; before 0.43.2 "
                         "each 4-bit layer kept its input until the graph was freed" + d("bnb_version", "installed, else the newest"))
+    parser.add_argument("--bnb-quant", metavar="nf4-dq|nf4", help="--qlora: double-quantized statistics "
+                        "(bnb_4bit_use_double_quant) or an fp32 absmax per 64 values" + d("bnb_quant", "nf4-dq"))
+    parser.add_argument("--qlora-layers", metavar="transformers|all", help="--qlora: the linear layers transformers' "
+                        "quantizer converts, or all of them with the output layer (Lightning Fabric, LitGPT)"
+                        + d("qlora_layers", "transformers"))
     parser.add_argument("--seq-lengths", metavar="N,N,…", help=SEQ_LENGTHS_HELP + d("seq_lengths", "the padded length"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean | lightning | lightning-iterable"
                         + d("loop"))

@@ -180,6 +180,8 @@ class TrainingSetup:
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
     torch_version: str | None = None  # the run's torch, for its defaults (setup/presets.py); None: this one's
     bnb_version: str | None = None  # the run's bitsandbytes, for --qlora (trace/finetune.py); None: the installed one
+    bnb_quant: str | None = None  # --qlora's statistics: nf4-dq (None: double-quantized, QLoRA's recipe) or nf4
+    qlora_layers: str | None = None  # --qlora's 4-bit layers: None, transformers' choice; "all", every nn.Linear
     seq_lengths: tuple[int, ...] | None = None  # the dataset's lengths for pack_padded_sequence; None: the bound
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
     parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
@@ -198,7 +200,7 @@ class TrainingSetup:
         if self.max_grad_norm is not None and not _positive_finite(self.max_grad_norm):
             # clip_grad_norm_ scales by max_norm / total_norm: a norm of 0 or less zeroes or flips every gradient
             raise expected("a positive gradient norm such as 1.0", self.max_grad_norm, "--max-grad-norm")
-        presets.check_releases(self.torch_version, self.bnb_version)
+        presets.check_library_settings(self)
         object.__setattr__(self, "seq_lengths", sequence_lengths(self.seq_lengths))
         for name, enum_type in _ENUM_FIELDS.items():
             if getattr(self, name) is None and name == "loss":
@@ -281,7 +283,7 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
-        for key in ("torch_version", "bnb_version", "seq_lengths"):  # absent unless given: the keys other runs had, unchanged
+        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "seq_lengths"):  # absent unless given: the keys other runs had, unchanged
             if out[key] is None:
                 out.pop(key)
         if self.parallel.distributed:

@@ -55,12 +55,25 @@ def bnb_release(text: Any) -> tuple[int, int, int]:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
-def check_releases(torch_version: Any, bnb_version: Any) -> None:
-    """A setup's versions, where given, read as versions (one line naming the flag otherwise)."""
-    if torch_version is not None:
-        torch_release(torch_version)
-    if bnb_version is not None:
-        bnb_release(bnb_version)
+BNB_QUANT_TYPES = ("nf4-dq", "nf4")  # bitsandbytes' 4-bit NF4 with or without double-quantized statistics
+QLORA_LAYERS = ("transformers", "all")  # which linear layers are 4-bit (trace/finetune.py quantize_4bit)
+
+
+def check_library_settings(setup: Any) -> None:
+    """A setup's library versions and bitsandbytes' 4-bit type, where given (one line naming the flag otherwise);
+    the bitsandbytes settings only describe --qlora's layers, so without it they would change nothing."""
+    if setup.torch_version is not None:
+        torch_release(setup.torch_version)
+    for flag, value in (("--bnb-version", setup.bnb_version), ("--bnb-quant", setup.bnb_quant),
+                        ("--qlora-layers", setup.qlora_layers)):
+        if value is not None and not setup.qlora:
+            raise expected("--qlora beside it (it describes QLoRA's 4-bit layers)", value, flag)
+    if setup.bnb_version is not None:
+        bnb_release(setup.bnb_version)
+    for flag, value, allowed in (("--bnb-quant", setup.bnb_quant, BNB_QUANT_TYPES),
+                                 ("--qlora-layers", setup.qlora_layers, QLORA_LAYERS)):
+        if value is not None and value not in allowed:
+            raise expected(" or ".join(allowed), value, flag)
 
 
 def hf_trainer_defaults(torch_version: str | None) -> dict[str, Any]:

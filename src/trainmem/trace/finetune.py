@@ -51,6 +51,7 @@ class BnbBehaviour:
     origin: str  # "--bnb-version", "installed", or "newest"
     keeps_input: bool = False
     fp16_state: bool = False
+    double_quant: bool = True  # --bnb-quant nf4-dq (bnb_4bit_use_double_quant, compress_statistics) or nf4
 
     def describe(self) -> str:
         if self.release is None:
@@ -66,7 +67,7 @@ class BnbBehaviour:
         return f"bitsandbytes {version} ({self.origin})" + (": " + "; ".join(kept) if kept else "")
 
 
-def bnb_behaviour(given: tuple[int, int, int] | None) -> BnbBehaviour:
+def bnb_behaviour(given: tuple[int, int, int] | None, double_quant: bool = True) -> BnbBehaviour:
     """The behaviour of the release the run uses: the one given, else the installed one (read from its metadata,
     never imported: its import looks for CUDA), else the newest."""
     release, origin = given, "--bnb-version"
@@ -74,9 +75,9 @@ def bnb_behaviour(given: tuple[int, int, int] | None) -> BnbBehaviour:
         try:
             release, origin = presets.bnb_release(importlib.metadata.version("bitsandbytes")), "installed"
         except (importlib.metadata.PackageNotFoundError, SetupError):
-            return BnbBehaviour(None, "newest")
+            return BnbBehaviour(None, "newest", double_quant=double_quant)
     return BnbBehaviour(release, origin, keeps_input=release < KEEPS_INPUT_BEFORE,
-                        fp16_state=release < FP16_STATE_BEFORE)
+                        fp16_state=release < FP16_STATE_BEFORE, double_quant=double_quant)
 
 
 def _dequantized_weight(shape: tuple[int, int], like: torch.Tensor, behaviour: BnbBehaviour) -> torch.Tensor:
@@ -117,10 +118,14 @@ class NF4Linear(torch.nn.Linear):
                                          requires_grad=False)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
         blocks = -(-numel // NF4_BLOCK)
-        self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
-        self.register_buffer("nested_absmax", torch.empty(-(-blocks // NESTED_BLOCK), device=device))
-        self.register_buffer("code", torch.empty(256, device=device))
-        self.register_buffer("offset", torch.empty((), device=device))
+        if behaviour.double_quant:  # compress_statistics: the absmax quantized to uint8 in blocks of 256
+            self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
+            self.register_buffer("nested_absmax", torch.empty(-(-blocks // NESTED_BLOCK), device=device))
+            self.register_buffer("code", torch.empty(256, device=device))  # the nested state's dynamic map
+            self.register_buffer("offset", torch.empty((), device=device))
+        else:  # an fp32 absmax per block and the 16-entry NF4 code (functional.get_4bit_type)
+            self.register_buffer("absmax", torch.empty(blocks, device=device))
+            self.register_buffer("code", torch.empty(16, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         original = x.dtype
@@ -131,8 +136,7 @@ class NF4Linear(torch.nn.Linear):
 
     def storage_bytes(self) -> int:
         """The packed weight and its quantization statistics (absmax, nested absmax, code, offset)."""
-        tensors = [self.weight, self.absmax, self.nested_absmax, self.code, self.offset]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in (self.weight, *self.buffers(recurse=False)))
 
 
 def quantized_facts(model: torch.nn.Module) -> dict[int, int]:
@@ -193,18 +197,34 @@ def _transformers_keeps(model: torch.nn.Module):
     return lambda name: should_convert_module(name, skip)
 
 
-def quantize_4bit(model: torch.nn.Module, behaviour: BnbBehaviour) -> int:
+def _tied(model: torch.nn.Module) -> set[int]:
+    """ids of the linear layers whose weight another module also holds (an output layer tied to the embeddings)."""
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            holders[id(parameter)] = holders.get(id(parameter), 0) + 1
+    return {id(m) for m in model.modules() if isinstance(m, torch.nn.Linear) and holders.get(id(m.weight), 0) > 1}
+
+
+def quantize_4bit(model: torch.nn.Module, behaviour: BnbBehaviour, every_linear: bool = False) -> int:
     """Replace the linear layers bitsandbytes would quantize by NF4Linear; returns how many. For a
-    transformers model that is transformers' own choice; otherwise every nn.Linear but the output layer."""
+    transformers model that is transformers' own choice; otherwise every nn.Linear but the output layer.
+    every_linear (--qlora-layers all): every nn.Linear whose weight is its own, the output layer too, as
+    Lightning Fabric's BitsandbytesPrecision converts them (LitGPT's --quantize)."""
     converts = _transformers_keeps(model)
     keep = _output_layer(model)
+    tied = _tied(model) if every_linear else set()
     count = 0
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             full_name = f"{parent_name}.{name}" if parent_name else name
             if type(child) is not torch.nn.Linear:
                 continue
-            if converts(full_name) if converts is not None else child is not keep:
+            if every_linear:
+                quantized = id(child) not in tied
+            else:
+                quantized = converts(full_name) if converts is not None else child is not keep
+            if quantized:
                 setattr(parent, name, NF4Linear(child, behaviour))
                 count += 1
     return count
@@ -248,15 +268,18 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
     """The fine-tuning the setup asks for; returns the model and notes for the report."""
     notes: list[str] = []
     if setup.qlora:
-        behaviour = bnb_behaviour(None if setup.bnb_version is None else presets.bnb_release(setup.bnb_version))
-        count = quantize_4bit(model, behaviour)
+        behaviour = bnb_behaviour(None if setup.bnb_version is None else presets.bnb_release(setup.bnb_version),
+                                  double_quant=setup.bnb_quant != "nf4")
+        count = quantize_4bit(model, behaviour, every_linear=setup.qlora_layers == "all")
         packed = quantized_facts(model)
         full = sum(p.numel() for p in model.parameters() if id(p) not in packed)
         total = full + sum(packed.values())
-        notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, double-quantized "
-                     f"statistics), dequantized to bf16 per use; {full:,} parameters ({full / max(total, 1):.1%}) stay "
-                     "in full precision (embeddings, norms, the layers transformers keeps, and weights that are not "
-                     "nn.Linear, such as fused mixture-of-experts weights); " + behaviour.describe())
+        statistics = "double-quantized statistics" if behaviour.double_quant else "an fp32 absmax per 64 values"
+        kept = ("tied layers (--qlora-layers all)" if setup.qlora_layers == "all" else "the layers transformers keeps")
+        notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, {statistics}), dequantized "
+                     f"to bf16 per use; {full:,} parameters ({full / max(total, 1):.1%}) stay in full precision "
+                     f"(embeddings, norms, {kept}, and weights that are not nn.Linear, such as fused mixture-of-experts "
+                     "weights); " + behaviour.describe())
     spec = setup.lora_spec()
     if spec is not None:
         model = apply_lora(model, spec)
