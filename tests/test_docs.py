@@ -1,8 +1,10 @@
 """The README as a front page and the reference under docs/: the README stays short and keeps the two commands a
 newcomer starts with, every relative link of the README and of docs/*.md reaches a file, every `trainmem …` command
 of their fenced code blocks is one the real parser takes (a documented flag that does not exist fails here), and the
-MkDocs site builds with --strict (a link to a missing page or anchor fails it). The examples/ commands themselves are
-run by tests/test_examples.py."""
+MkDocs site builds with --strict (a link to a missing page or anchor fails it). benchmarks/doc_commands.py runs every
+documented command as written and records each one's exit and time in benchmarks/results/doc_commands.md; here every
+documented command must be in that table and have passed there, and the quick ones run again. The examples/
+commands themselves are run by tests/test_examples.py."""
 
 from __future__ import annotations
 
@@ -108,6 +110,45 @@ def test_a_documented_command_parses(where, command):
 def test_the_parser_check_catches_a_flag_that_does_not_exist():
     with pytest.raises(Exception, match="--no-such-flag"):
         build_parser().parse_args(["estimate", "mlp:4-2", "--no-such-flag"])
+
+
+def _doc_commands():
+    spec = importlib.util.spec_from_file_location("doc_commands", ROOT / "benchmarks" / "doc_commands.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DOC_COMMANDS = _doc_commands()
+RECORDED = DOC_COMMANDS.recorded()
+QUICK_SECONDS = 8.0  # in the table; the rest (measure, plan, fit of a 1.3B model, calibrate…) only run there
+RUNNABLE = [(where, command) for where, command in COMMANDS if not PLACEHOLDER.search(command)]
+
+
+def test_every_documented_command_ran_and_passed_in_the_table():
+    missing = [f"{where}: {command}" for where, command in RUNNABLE if command not in RECORDED]
+    assert not missing, ("documented commands that benchmarks/results/doc_commands.md has not run (python "
+                         "benchmarks/doc_commands.py):\n" + "\n".join(missing))
+    failed = [command for command, row in RECORDED.items() if not row["passed"]]
+    assert not failed, f"documented commands that failed when run: {failed}"
+    assert len(RECORDED) >= len({command for _, command in RUNNABLE}) >= 30
+
+
+# each distinct command once (the README repeats some of docs/flags.md's with other comments), at its first place
+QUICK = list({tuple(shlex.split(command, comments=True)): (where, command) for where, command in reversed(RUNNABLE)
+              if command in RECORDED and RECORDED[command]["seconds"] <= QUICK_SECONDS}.values())[::-1]
+
+
+@pytest.mark.heavy  # a fresh process each, 3-5 s here
+@pytest.mark.parametrize("where, command", [pytest.param(w, c, id=w) for w, c in QUICK])
+def test_a_quick_documented_command_runs(where, command, tmp_path):
+    result = DOC_COMMANDS.run_one(command, DOC_COMMANDS.scratch_directory(tmp_path), tmp_path / "cache", timeout=300)
+    assert result["passed"], f"{where}: `{command}` exited {result['code']}: {result['why']}"
+
+
+def test_quick_commands_are_most_of_the_pages():
+    """The selection reads the table: one that found nothing would run nothing."""
+    assert len(QUICK) >= 12, QUICK
 
 
 @pytest.mark.heavy  # a fresh process that imports MkDocs and renders every page (0.5 s warm here, seconds cold)

@@ -54,8 +54,10 @@ def _microbatches(ctx: ParallelContext) -> int:
     layout, setup = ctx.layout, ctx.setup
     count = layout.microbatches or layout.pp
     if setup.batch_size % count:
-        raise SetupError(f"expected --batch-size ({setup.batch_size}) to divide into --microbatches {count}, got a "
-                         f"remainder of {setup.batch_size % count}", where="--microbatches")
+        # the layout fills microbatches with pp when it is not given: say so, since the user may have typed neither
+        raise SetupError(f"expected --batch-size ({setup.batch_size}) to divide into --microbatches {count} (the "
+                         f"pipeline's micro-batches; default: --pp), got a remainder of {setup.batch_size % count}: "
+                         f"--batch-size {count * max(1, setup.batch_size // count)} would", where="--batch-size")
     if getattr(setup, "grad_accum", 1) != 1:
         raise SetupError(f"expected --grad-accum 1 with pipeline parallelism (the schedule's micro-batches are the "
                          f"accumulation), got {setup.grad_accum}", where="--grad-accum")
