@@ -139,9 +139,9 @@ QUICK = list({tuple(shlex.split(command, comments=True)): (where, command) for w
               if command in RECORDED and RECORDED[command]["seconds"] <= QUICK_SECONDS}.values())[::-1]
 
 
-# Keras picks its backend when it is first imported, and this process has imported it with TensorFlow's: a command
-# that names another backend runs in a process of its own, the rest in this one (torch imported once: about 1 s
-# each instead of 4)
+# Keras picks its backend when it is first imported, and once a Keras command has run in this process it is
+# TensorFlow's: a command that names another backend runs in a process of its own, the rest in this one (torch
+# imported once: about 1 s each instead of 4)
 OWN_PROCESS = ("--keras-backend",)
 
 
@@ -165,7 +165,7 @@ def test_a_quick_documented_command_runs(where, command, tmp_path, monkeypatch, 
     assert code in DOC_COMMANDS.ANSWERS and "Traceback" not in err, f"{where}: `{command}` exited {code}: {err[-800:]}"
 
 
-def test_quick_commands_are_most_of_the_pages():
+def test_the_table_selects_quick_commands():
     """The selection reads the table: one that found nothing would run nothing."""
     assert len(QUICK) >= 12, QUICK
 
