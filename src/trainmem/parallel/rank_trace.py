@@ -32,11 +32,12 @@ from trainmem.trace import step as training
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
+from trainmem.trace.fake_cache import tracing_fake_mode
 from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
 from trainmem.trace.run import TraceSemantics, traced_model_facts, RecordingObserver, materialize_fake
-from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, FakeTensorMode, dtensor_shape_propagation_muted,
+from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, dtensor_shape_propagation_muted,
                                           is_wrapper_subclass,
                                           storage_resizes_reported, storage_tensors)
 from trainmem.trace.traced import TraceResult
@@ -91,13 +92,7 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
 
 
 def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts, notes, kernel_ops, semantics):
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    # FakeTensorMode's dispatch cache is shared by every mode in the process, and a cache hit rebuilds outputs
-    # that the op's meta kernel returned aliased (mkldnn_rnn_layer_backward's two bias gradients) as separate
-    # storages: with it, the first call of a shape and the later ones trace differently, and so do the first
-    # estimate in a process and the next. Off, every call traces as the meta kernel says (the CPU rules correct
-    # the aliased outputs: targets/cpu_kernels.py): same command, same bytes, and every step like the one before it
-    fake_mode.cache_enabled = False
+    fake_mode = tracing_fake_mode()  # trace/fake_cache.py
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
     tracker = ModuleTracker(model)
     recorder = TraceRecorder(tracker, kernel_ops)

@@ -23,12 +23,13 @@ from trainmem.trace.autocast_cache import cast_cache_freed_in_order
 from trainmem.trace import step as training
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
+from trainmem.trace.fake_cache import tracing_fake_mode
 from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.packed_sequences import PaddedUnpacking
 from trainmem.trace.rng_state import checkpoint_rng_states
 from trainmem.trace.recorder import TraceRecorder
-from trainmem.trace.torch_private import FAKE_TENSOR_LOG, FakeTensorMode, module_tensor_tables
+from trainmem.trace.torch_private import FAKE_TENSOR_LOG, module_tensor_tables
 from trainmem.trace.traced import TraceResult
 
 
@@ -204,13 +205,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
         keras = keras_torch_step.is_keras_model(model)  # Keras's own train_step and optimizer
         model, finetune_notes = (model, []) if keras else finetune.apply(model, setup)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    # FakeTensorMode's dispatch cache is shared by every mode in the process, and a cache hit rebuilds outputs
-    # that the op's meta kernel returned aliased (mkldnn_rnn_layer_backward's two bias gradients) as separate
-    # storages: with it, the first call of a shape and the later ones trace differently, and so do the first
-    # estimate in a process and the next. Off, every call traces as the meta kernel says (the CPU rules correct
-    # the aliased outputs: targets/cpu_kernels.py): same command, same bytes, and every step like the one before it
-    fake_mode.cache_enabled = False
+    fake_mode = tracing_fake_mode()  # its dispatch cache serves only outputs a hit rebuilds the same (fake_cache.py)
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL
     layers = keras_torch_step.named_layers(model) if keras else None  # Keras layers by path, for the tracker

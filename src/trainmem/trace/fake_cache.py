@@ -1,0 +1,96 @@
+"""FakeTensorMode's dispatch cache, made safe for a memory trace. Private PyTorch APIs are gathered here and in
+trace/torch_private.py only (tests/test_private_apis.py): this module holds the cache's key and entry hooks.
+
+FakeTensorMode caches each op's output metadata by (op, argument shapes, dtypes, ...) and, on a hit, makes the
+outputs from the metadata instead of running the meta kernel again; that is most of an op's cost under fake
+tensors (the traced step runs about twice as fast with it). Two things make a plain cache wrong for us:
+
+- a hit makes every output that is neither the op's in-place argument nor a view op's result on a storage of
+  its own. A meta kernel that returns outputs sharing a storage (mkldnn_rnn_layer_backward's two bias
+  gradients are one tensor) or an output on an input's storage without being a view op would then trace one
+  way at the first call of a shape and another at the next: `TracingFakeTensorMode` refuses to cache such an
+  op's result, so every call runs the meta kernel, as it does with the cache off;
+- the cache is one dictionary shared by every FakeTensorMode in the process, so an entry another mode made
+  (a user's torch.compile, a plain FakeTensorMode) would be served to ours without that check. Our keys carry
+  a marker of their own, so only entries this mode checked are ever served to it.
+
+Higher-order operators are never cached here: their keys can hold objects hashed by id, which torch evicts
+by the unmarked key. Where this torch's cache hooks are not the ones read below (torch 2.6-2.15 have them),
+`tracing_fake_mode()` returns a FakeTensorMode with the cache off, which traces the same bytes, only slower.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch._subclasses import fake_tensor
+
+from trainmem.trace.torch_private import FakeTensorMode
+
+_KEY_MARK = "trainmem: outputs checked for shared storages"
+# the signatures the overrides below are written against
+_CACHE_KEY_PARAMETERS = ("self", "state", "func", "args", "kwargs")
+_ENTRY_PARAMETERS = ("self", "state", "key", "func", "args", "kwargs", "output")
+
+
+def _has_cache_hooks() -> bool:
+    if not all(hasattr(fake_tensor, name) for name in ("_DispatchCacheKey", "_BypassDispatchCache")):
+        return False
+    hooks = {"_cache_key": _CACHE_KEY_PARAMETERS, "_make_cache_entry": _ENTRY_PARAMETERS}
+    return all(tuple(inspect.signature(getattr(FakeTensorMode, name, None) or (lambda: None)).parameters) == names
+               for name, names in hooks.items())
+
+
+def _storage_ids(values) -> set[int]:
+    ids = set()
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            ids.add(id(value.untyped_storage()))
+        elif isinstance(value, (list, tuple)):
+            ids |= _storage_ids(value)
+    return ids
+
+
+def shares_storage_unlike_a_hit(func, args, kwargs, output) -> bool:
+    """Whether an op's fresh output shares a storage the way a cache hit would not rebuild it: two outputs on
+    one storage, or an output on an input's storage that is neither the in-place argument itself (a hit
+    returns that argument) nor the result of a view op (a hit views the input again)."""
+    outputs = [out for out in (output if isinstance(output, tuple) else (output,)) if isinstance(out, torch.Tensor)]
+    if getattr(func, "is_view", False):
+        return False
+    inputs = _storage_ids(args) | _storage_ids(kwargs.values())
+    seen: set[int] = set()
+    for out in outputs:
+        if any(out is arg for arg in args):
+            continue
+        storage = id(out.untyped_storage())
+        if storage in seen or storage in inputs:
+            return True
+        seen.add(storage)
+    return False
+
+
+class TracingFakeTensorMode(FakeTensorMode):
+    """FakeTensorMode whose dispatch cache serves only entries it checked (the module docstring says why)."""
+
+    def _cache_key(self, state, func, args, kwargs):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            raise fake_tensor._BypassDispatchCache("trainmem: higher-order operator")
+        key = super()._cache_key(state, func, args, kwargs)
+        return fake_tensor._DispatchCacheKey((_KEY_MARK, *key.key))
+
+    def _make_cache_entry(self, state, key, func, args, kwargs, output):
+        entry = super()._make_cache_entry(state, key, func, args, kwargs, output)
+        if shares_storage_unlike_a_hit(func, args, kwargs, output):
+            raise fake_tensor._BypassDispatchCache("trainmem: outputs share a storage")
+        return entry
+
+
+def tracing_fake_mode() -> FakeTensorMode:
+    """The FakeTensorMode a trace runs under: the checked cache where this torch has its hooks, else none."""
+    if _has_cache_hooks():
+        return TracingFakeTensorMode(allow_non_fake_inputs=True)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.cache_enabled = False
+    return mode
