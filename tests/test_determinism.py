@@ -1,6 +1,7 @@
 """Same command, same bytes: the estimate does not depend on the process it runs in (hash seed, addresses, what
 ran before it in the process). Sources of difference found and removed: FakeTensorMode's process-wide dispatch
-cache (trace/run.py), autocast's cast cache freed in address order (trace/autocast_cache.py)."""
+cache serving outputs rebuilt apart (now checked: trace/fake_cache.py), autocast's cast cache freed in address
+order (trace/autocast_cache.py)."""
 
 from __future__ import annotations
 
