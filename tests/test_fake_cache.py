@@ -89,7 +89,6 @@ def _events(model: str, setup: TrainingSetup, cache: bool, monkeypatch) -> list[
 @pytest.mark.heavy
 @pytest.mark.parametrize("model, values", [
     (f"{MODELS}:lstm", {"batch_size": 4, "target_shape": "scalar"}),
-    (f"{MODELS}:gru", {"batch_size": 2}),
     (f"{MODELS}:tiny_gpt", {"batch_size": 2, "target_shape": "128", "precision": "bf16-mixed"}),
     (f"{MODELS}:resnet_small", {"batch_size": 2}),
     (f"{MODELS}:moe_token_mask", {"batch_size": 2}),
