@@ -30,8 +30,8 @@ def tiny(tmp_path):
 
 @pytest.mark.heavy
 def test_config_dir_and_file(tiny):
-    by_dir = estimate(f"hf:{tiny}", batch_size=2, seq_len=32)
-    by_file = estimate(f"hf:{tiny / 'config.json'}", batch_size=2, seq_len=32)
+    by_dir = estimate(f"hf:{tiny}", batch_size=2, seq_len=32, run_steps=2)  # counts and tensors: no long-run heap
+    by_file = estimate(f"hf:{tiny / 'config.json'}", batch_size=2, seq_len=32, run_steps=2)
     assert by_dir.parameters == by_file.parameters == LLAMA_PARAMS
     assert "causal-lm" in by_dir.model_name
 
@@ -45,16 +45,16 @@ def test_bundled_names_match_case_insensitively():
 
 @pytest.mark.heavy
 def test_bundled_bert_counts_like_the_hub():
-    est = estimate("hf:bert-base-uncased", batch_size=1, seq_len=16)
+    est = estimate("hf:bert-base-uncased", batch_size=1, seq_len=16, run_steps=2)
     assert est.parameters == 109_514_298  # BertForMaskedLM(bert-base-uncased), decoder tied to the embeddings
 
 
 @pytest.mark.heavy
 def test_seq_len_and_task(tiny):
-    short = estimate(f"hf:{tiny}", batch_size=2, seq_len=16)
-    long = estimate(f"hf:{tiny}", batch_size=2, seq_len=128)
+    short = estimate(f"hf:{tiny}", batch_size=2, seq_len=16, run_steps=2)  # tensors only: no long-run heap replay
+    long = estimate(f"hf:{tiny}", batch_size=2, seq_len=128, run_steps=2)
     assert long.tensor_bytes > short.tensor_bytes
-    cls = estimate(f"hf:{tiny}", batch_size=2, seq_len=16, task="seq-cls")
+    cls = estimate(f"hf:{tiny}", batch_size=2, seq_len=16, task="seq-cls", run_steps=2)
     assert "seq-cls" in cls.model_name and cls.parameters < short.parameters  # a 2-label head, no LM head
     with pytest.raises(SetupError, match="--task"):
         estimate(f"hf:{tiny}", task="translation")
