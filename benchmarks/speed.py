@@ -15,7 +15,7 @@ the recorder's overhead is the difference. Both include building the model on fa
 
     python benchmarks/speed.py [--runs 5] [--long-runs 3]
     python benchmarks/speed.py --only plan [--plan-runs 3]   # only `trainmem plan`'s rows, merged into speed.md
-Targets (issue 24): the seed MLP CLI call at most 1.3 × `import torch`; the 1.3B GPT-style estimate in ≤ 2 s
+Targets (issue 24): the seed MLP CLI call at most 1.3 × `import torch` (its row keeps the older < 3 s beside it); the 1.3B GPT-style estimate in ≤ 2 s
 with < 1 GiB peak RSS, and at most 0.15 × the time PyTorch's MemTracker takes on the same setup
 (benchmarks/memtracker_peer.py, run here as a fresh process like the others); a 2-layer bidirectional GRU on
 200-token sequences, batch 64, at most 3 × `import torch`; a 70B model from its configuration in ≤ 3 s with

@@ -76,11 +76,7 @@ def test_in_place_and_view_outputs_are_rebuilt_as_they_were():
 
 def _events(model: str, setup: TrainingSetup, cache: bool, monkeypatch) -> list[tuple]:
     if not cache:
-        def uncached():
-            mode = FakeTensorMode(allow_non_fake_inputs=True)
-            mode.cache_enabled = False
-            return mode
-        monkeypatch.setattr(run, "tracing_fake_mode", uncached)
+        monkeypatch.setattr(run, "tracing_fake_mode", fake_cache.uncached_fake_mode)
     traced = run.trace_training(resolve(model, setup), setup, cpu_kernels.kernel_ops())
     monkeypatch.undo()
     return [(e.action, e.nbytes, e.phase, e.module, e.op, e.step) for e in traced.trace.events]

@@ -59,9 +59,9 @@ def shares_storage_unlike_a_hit(func, args, kwargs, output) -> bool:
     """Whether an op's fresh output shares a storage the way a cache hit would not rebuild it: two outputs on
     one storage, or an output on an input's storage that is neither the in-place argument itself (a hit
     returns that argument) nor the result of a view op (a hit views the input again)."""
-    outputs = [out for out in (output if isinstance(output, tuple) else (output,)) if isinstance(out, torch.Tensor)]
     if getattr(func, "is_view", False):
         return False
+    outputs = [out for out in (output if isinstance(output, tuple) else (output,)) if isinstance(out, torch.Tensor)]
     inputs = _storage_ids(args) | _storage_ids(kwargs.values())
     seen: set[int] = set()
     for out in outputs:
@@ -90,10 +90,14 @@ class TracingFakeTensorMode(FakeTensorMode):
         return entry
 
 
-def tracing_fake_mode() -> FakeTensorMode:
-    """The FakeTensorMode a trace runs under: the checked cache where this torch has its hooks, else none."""
-    if _has_cache_hooks():
-        return TracingFakeTensorMode(allow_non_fake_inputs=True)
+def uncached_fake_mode() -> FakeTensorMode:
+    """A FakeTensorMode with its dispatch cache off: every op runs its meta kernel (the trace before the checked
+    cache, and its reference in tests/test_fake_cache.py)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode.cache_enabled = False
     return mode
+
+
+def tracing_fake_mode() -> FakeTensorMode:
+    """The FakeTensorMode a trace runs under: the checked cache where this torch has its hooks, else none."""
+    return TracingFakeTensorMode(allow_non_fake_inputs=True) if _has_cache_hooks() else uncached_fake_mode()
