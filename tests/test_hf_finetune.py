@@ -341,6 +341,81 @@ def test_single_quantized_nf4_keeps_an_fp32_absmax_per_block():
     assert double.storage_bytes() == n // 2 + blocks + 4 * -(-blocks // 256) + 256 * 4 + 4
 
 
+def _weight_sized_outputs(layer, x, autocast: bool) -> list[tuple[str, str, str]]:
+    """(phase, op, dtype) of every new tensor of the layer's weight shape made by one forward and backward."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shape, made, phase = (layer.out_features, layer.in_features), [], ["forward"]
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            given = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if (isinstance(t, torch.Tensor) and tuple(t.shape) in (shape, shape[::-1]) and t.dim() == 2
+                        and t.untyped_storage().data_ptr() not in given):  # new memory, not a view
+                    made.append((phase[0], func.__name__.split(".")[0], str(t.dtype).removeprefix("torch.")))
+            return out
+
+    with Log(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        y = layer(x)
+    phase[0] = "backward"
+    with Log():
+        y.float().sum().backward()
+    return made
+
+
+def test_bnb_compute_dtype_is_what_each_4bit_layer_dequantizes_to():
+    """bitsandbytes' Linear4bit.forward casts the input to bnb_4bit_compute_dtype; MatMul4Bit dequantizes the weight
+    in the dtype it was quantized from (the load dtype, bf16 in QLoRA's recipe) and casts it to the input's dtype;
+    under autocast F.linear casts it again to the autocast dtype; backward dequantizes and casts to the gradient's
+    dtype. BitsAndBytesConfig's default compute dtype is fp32: two weight-sized transients more per use."""
+    import torch
+
+    from trainmem.trace.finetune import NF4Linear, bnb_behaviour
+
+    def layer(compute):
+        return NF4Linear(torch.nn.Linear(64, 96, bias=False), bnb_behaviour((0, 45, 0), compute=compute))
+
+    x = torch.randn(4, 64, requires_grad=True)
+    assert _weight_sized_outputs(layer("bf16"), x, autocast=True) == [
+        ("forward", "empty", "bfloat16"), ("backward", "empty", "bfloat16")]
+    assert _weight_sized_outputs(layer("fp32"), x, autocast=True) == [
+        ("forward", "empty", "bfloat16"), ("forward", "_to_copy", "float32"), ("forward", "_to_copy", "bfloat16"),
+        ("backward", "empty", "bfloat16")]
+    assert _weight_sized_outputs(layer("fp32"), x, autocast=False) == [
+        ("forward", "empty", "bfloat16"), ("forward", "_to_copy", "float32"),
+        ("backward", "empty", "bfloat16"), ("backward", "_to_copy", "float32")]
+    # the recipe loads in the dtype it computes in: an fp16 run dequantizes to fp16 directly
+    assert _weight_sized_outputs(layer("fp16"), x, autocast=False)[0] == ("forward", "empty", "float16")
+    from trainmem.trace.finetune import default_compute_dtype
+
+    assert default_compute_dtype(TrainingSetup(qlora=True)) == "bf16"
+    assert default_compute_dtype(TrainingSetup(qlora=True, precision="fp16-mixed")) == "fp16"
+    with pytest.raises(SetupError, match="--bnb-compute-dtype: expected bf16 or fp16 or fp32, got 'float32'"):
+        TrainingSetup(qlora=True, bnb_compute_dtype="float32")
+    with pytest.raises(SetupError, match="--bnb-compute-dtype: expected --qlora beside it"):
+        TrainingSetup(bnb_compute_dtype="fp32")
+    assert "bnb_compute_dtype" not in TrainingSetup().to_dict()
+
+
+@pytest.mark.heavy
+def test_qlora_with_fp32_compute_needs_more(tmp_path):
+    """The same QLoRA run with BitsAndBytesConfig's default compute dtype (fp32) holds more at its peak, and the
+    report says which compute dtype it assumed. Wide layers and few tokens: the peak is at a dequantized weight;
+    under fp32 compute the bf16 dequantized copy and its fp32 cast are alive together (6 B per weight value), under
+    bf16 compute one bf16 copy (2 B)."""
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA, "hidden_size": 512, "intermediate_size": 2048,
+                                                      "vocab_size": 64}))
+    runs = {dtype: estimate(f"hf:{tmp_path}", batch_size=1, seq_len=8, qlora=True, device="a100-40gb",
+                            bnb_compute_dtype=dtype) for dtype in ("bf16", "fp32")}
+    assert runs["fp32"].allocated_bytes > runs["bf16"].allocated_bytes
+    assert runs["fp32"].breakdown["temporaries"] >= 512 * 2048 * 6 > runs["bf16"].breakdown["temporaries"]
+    for dtype, run in runs.items():
+        assert any(w.startswith("QLoRA:") and f"dequantized to {dtype} per use" in w for w in run.warnings)
+
+
 @pytest.mark.heavy
 def test_qlora_with_an_old_bitsandbytes_holds_the_4bit_layers_inputs(tiny):
     """Under checkpointing too: the context attribute is beyond checkpoint's saved-tensor hooks. The extra memory

@@ -65,6 +65,16 @@ def _signatures(events: Sequence[DeviceEvent]) -> dict[int, tuple]:
     return out
 
 
+def _moved(event: DeviceEvent, key: int, step: int) -> DeviceEvent:
+    """`dataclasses.replace(event, key=key, step=step)` without re-running the dataclass's __init__: a long run's
+    copies make hundreds of thousands of these, and replace() took most of compose()'s time (six times slower)."""
+    fields = event.__dict__.copy()
+    fields["key"], fields["step"] = key, step
+    moved = object.__new__(type(event))
+    object.__setattr__(moved, "__dict__", fields)  # a frozen dataclass refuses plain attribute assignment
+    return moved
+
+
 def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
     """The traced stream followed by copies of its last step up to `steps` steps in all (module docstring).
     A stream of fewer than two traced steps, or `steps` not above the traced count, comes back as it is.
@@ -105,16 +115,15 @@ def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
                 if origin == last:
                     current[event.key] = next_key
                     next_key += 1
-                copies.append(dataclasses.replace(event, key=current.get(event.key, event.key), step=step))
+                copies.append(_moved(event, current.get(event.key, event.key), step))
             elif origin == last:
-                copies.append(dataclasses.replace(event, key=current.get(event.key, renamed.get(event.key, event.key)),
-                                                  step=step))
+                copies.append(_moved(event, current.get(event.key, renamed.get(event.key, event.key)), step))
             elif origin == before and analogue.get(event.key) is not None:
-                copies.append(dataclasses.replace(event, key=renamed[analogue[event.key]], step=step))
+                copies.append(_moved(event, renamed[analogue[event.key]], step))
             # a storage born before that: freed once in the real run, already freed by the traced step
         renamed = {key: current.get(key, renamed.get(key, key)) for key in renamed}
     final = last + steps - len(traced)
-    copies += [dataclasses.replace(event, key=renamed.get(event.key, event.key), step=final) for event in teardown]
+    copies += [_moved(event, renamed.get(event.key, event.key), final) for event in teardown]
     return copies
 
 

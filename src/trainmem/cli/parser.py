@@ -136,13 +136,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-grad-norm", type=reader("max_grad_norm"), metavar="NORM|none", help="clip_grad_norm_ before each "
                         "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--torch-version", metavar="X.Y", help=TORCH_VERSION_HELP + d("torch_version", "installed"))
-    parser.add_argument("--bnb-version", metavar="X.Y.Z", help="--qlora: the bitsandbytes the run used; before 0.43.2 "
-                        "each 4-bit layer kept its input until the graph was freed" + d("bnb_version", "installed, else the newest"))
-    parser.add_argument("--bnb-quant", metavar="nf4-dq|nf4", help="--qlora: double-quantized statistics "
-                        "(bnb_4bit_use_double_quant) or an fp32 absmax per 64 values" + d("bnb_quant", "nf4-dq"))
-    parser.add_argument("--qlora-layers", metavar="transformers|all", help="--qlora: the linear layers transformers' "
-                        "quantizer converts, or all of them with the output layer (Lightning Fabric, LitGPT)"
-                        + d("qlora_layers", "transformers"))
+    add_qlora_detail_flags(parser)
     parser.add_argument("--seq-lengths", metavar="N,N,…", help=SEQ_LENGTHS_HELP + d("seq_lengths", "the padded length"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean | lightning | lightning-iterable"
                         + d("loop"))
@@ -155,6 +149,21 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "json"], help="report format" + run_default("format"))
     parser.add_argument("--depth", type=int, metavar="N", help="per-module table depth" + run_default("depth"))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_qlora_detail_flags(parser: argparse.ArgumentParser) -> None:
+    """How the run's bitsandbytes holds and computes --qlora's 4-bit layers (trace/finetune.py)."""
+    d = setup_default
+    parser.add_argument("--bnb-version", metavar="X.Y.Z", help="--qlora: the bitsandbytes the run used; before 0.43.2 "
+                        "each 4-bit layer kept its input until the graph was freed" + d("bnb_version", "installed, else the newest"))
+    parser.add_argument("--bnb-quant", metavar="nf4-dq|nf4", help="--qlora: double-quantized statistics "
+                        "(bnb_4bit_use_double_quant) or an fp32 absmax per 64 values" + d("bnb_quant", "nf4-dq"))
+    parser.add_argument("--bnb-compute-dtype", metavar="bf16|fp16|fp32", help="--qlora: bnb_4bit_compute_dtype, the "
+                        "dtype each 4-bit layer dequantizes to and multiplies in; BitsAndBytesConfig's own default is "
+                        "fp32" + d("bnb_compute_dtype", "bf16, QLoRA's recipe; fp16 under --precision fp16-mixed"))
+    parser.add_argument("--qlora-layers", metavar="transformers|all", help="--qlora: the linear layers transformers' "
+                        "quantizer converts, or all of them with the output layer (Lightning Fabric, LitGPT)"
+                        + d("qlora_layers", "transformers"))
 
 
 def add_target_flags(parser: argparse.ArgumentParser) -> None:

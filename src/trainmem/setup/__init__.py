@@ -182,6 +182,7 @@ class TrainingSetup:
     bnb_version: str | None = None  # the run's bitsandbytes, for --qlora (trace/finetune.py); None: the installed one
     bnb_quant: str | None = None  # --qlora's statistics: nf4-dq (None: double-quantized, QLoRA's recipe) or nf4
     qlora_layers: str | None = None  # --qlora's 4-bit layers: None, transformers' choice; "all", every nn.Linear
+    bnb_compute_dtype: str | None = None  # --qlora's bnb_4bit_compute_dtype: None, bf16 (QLoRA's recipe); fp16; fp32
     seq_lengths: tuple[int, ...] | None = None  # the dataset's lengths for pack_padded_sequence; None: the bound
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
     parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
@@ -246,8 +247,7 @@ class TrainingSetup:
             if not isinstance(freeze, Sequence) or not all(isinstance(p, str) for p in freeze):
                 raise expected("parameter name patterns (text)", kwargs["freeze"], "--freeze")
             kwargs["freeze"] = tuple(freeze)
-        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop",
-                     "task", "lora"):
+        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop", "task", "lora"):
             if kwargs.get(name) is not None and not isinstance(kwargs[name], (str, enum.Enum)):
                 raise expected("text", kwargs[name], f"--{name.replace('_', '-')}")
         for name in ("dropout", "max_grad_norm"):
@@ -283,7 +283,7 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
-        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "seq_lengths"):  # absent unless given: the keys other runs had, unchanged
+        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths"):  # absent unless given: the keys other runs had, unchanged
             if out[key] is None:
                 out.pop(key)
         if self.parallel.distributed:

@@ -57,6 +57,7 @@ def bnb_release(text: Any) -> tuple[int, int, int]:
 
 BNB_QUANT_TYPES = ("nf4-dq", "nf4")  # bitsandbytes' 4-bit NF4 with or without double-quantized statistics
 QLORA_LAYERS = ("transformers", "all")  # which linear layers are 4-bit (trace/finetune.py quantize_4bit)
+BNB_COMPUTE_DTYPES = ("bf16", "fp16", "fp32")  # bnb_4bit_compute_dtype: what a 4-bit layer computes in
 
 
 def check_library_settings(setup: Any) -> None:
@@ -65,13 +66,14 @@ def check_library_settings(setup: Any) -> None:
     if setup.torch_version is not None:
         torch_release(setup.torch_version)
     for flag, value in (("--bnb-version", setup.bnb_version), ("--bnb-quant", setup.bnb_quant),
-                        ("--qlora-layers", setup.qlora_layers)):
+                        ("--qlora-layers", setup.qlora_layers), ("--bnb-compute-dtype", setup.bnb_compute_dtype)):
         if value is not None and not setup.qlora:
             raise expected("--qlora beside it (it describes QLoRA's 4-bit layers)", value, flag)
     if setup.bnb_version is not None:
         bnb_release(setup.bnb_version)
     for flag, value, allowed in (("--bnb-quant", setup.bnb_quant, BNB_QUANT_TYPES),
-                                 ("--qlora-layers", setup.qlora_layers, QLORA_LAYERS)):
+                                 ("--qlora-layers", setup.qlora_layers, QLORA_LAYERS),
+                                 ("--bnb-compute-dtype", setup.bnb_compute_dtype, BNB_COMPUTE_DTYPES)):
         if value is not None and value not in allowed:
             raise expected(" or ".join(allowed), value, flag)
 

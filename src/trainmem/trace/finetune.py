@@ -7,9 +7,11 @@ functional.quantize_4bit with compress_statistics=True):
 * the packed weight: one uint8 per two values;
 * double-quantized statistics: one uint8 absmax per 64-value block, one fp32 absmax per 256 blocks,
   a 256-entry fp32 code table and an fp32 offset;
-and does what its matmul_4bit does in training: cast the input to the compute dtype, dequantize the
-whole weight into a transient tensor of the compute dtype, multiply, cast the output back; backward
-dequantizes again for the input's gradient and, since 0.43.2, saves no activation (MatMul4Bit).
+and does what its matmul_4bit does in training (Linear4bit.forward, MatMul4Bit): cast the input and bias to the
+compute dtype (bnb_4bit_compute_dtype), dequantize the whole weight into a transient tensor of the dtype it was
+quantized from (the quant state's dtype: the load dtype, bf16 in QLoRA's recipe) and cast that to the compute dtype
+where they differ, multiply (under autocast, F.linear casts both again), cast the output back; backward dequantizes
+again, cast to the gradient's dtype, for the input's gradient and, since 0.43.2, saves no activation.
 The layers left in full precision are transformers' own choice (the output embeddings, tied weights,
 _keep_in_fp32_modules such as T5's `wo`), and prepare_model_for_kbit_training keeps every other
 parameter in fp32.
@@ -29,7 +31,13 @@ from trainmem.setup import LoraSpec, TrainingSetup, presets
 
 NF4_BLOCK = 64  # bitsandbytes quantize_4bit blocksize
 NESTED_BLOCK = 256  # compress_statistics: absmax quantized in blocks of 256
-COMPUTE_DTYPE = torch.bfloat16  # bnb_4bit_compute_dtype in the QLoRA recipe
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # --bnb-compute-dtype
+RECIPE_COMPUTE_DTYPE = "bf16"  # bnb_4bit_compute_dtype in the QLoRA recipe (BitsAndBytesConfig's own default: fp32)
+# The dtype a weight is quantized from (from_pretrained's torch_dtype) is the quant state's, and dequantize_4bit's
+# output dtype. The recipe loads in the dtype it computes in (bf16, or fp16 where the GPU has no bf16). Under fp32
+# compute the weights were loaded in fp32 (transformers 4's default) or bf16 (transformers 5's dtype="auto" on a bf16
+# checkpoint): bf16 is taken, the larger transient (a bf16 copy, then its fp32 cast).
+FP32_COMPUTE_LOAD_DTYPE = torch.bfloat16
 
 
 # What a bitsandbytes release does in training that moves memory, by the first release that changed it
@@ -52,6 +60,11 @@ class BnbBehaviour:
     keeps_input: bool = False
     fp16_state: bool = False
     double_quant: bool = True  # --bnb-quant nf4-dq (bnb_4bit_use_double_quant, compress_statistics) or nf4
+    compute: str = RECIPE_COMPUTE_DTYPE  # --bnb-compute-dtype: bf16, fp16 or fp32
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return COMPUTE_DTYPES[self.compute]
 
     def describe(self) -> str:
         if self.release is None:
@@ -67,7 +80,8 @@ class BnbBehaviour:
         return f"bitsandbytes {version} ({self.origin})" + (": " + "; ".join(kept) if kept else "")
 
 
-def bnb_behaviour(given: tuple[int, int, int] | None, double_quant: bool = True) -> BnbBehaviour:
+def bnb_behaviour(given: tuple[int, int, int] | None, double_quant: bool = True,
+                  compute: str = RECIPE_COMPUTE_DTYPE) -> BnbBehaviour:
     """The behaviour of the release the run uses: the one given, else the installed one (read from its metadata,
     never imported: its import looks for CUDA), else the newest."""
     release, origin = given, "--bnb-version"
@@ -75,16 +89,25 @@ def bnb_behaviour(given: tuple[int, int, int] | None, double_quant: bool = True)
         try:
             release, origin = presets.bnb_release(importlib.metadata.version("bitsandbytes")), "installed"
         except (importlib.metadata.PackageNotFoundError, SetupError):
-            return BnbBehaviour(None, "newest", double_quant=double_quant)
+            return BnbBehaviour(None, "newest", double_quant=double_quant, compute=compute)
     return BnbBehaviour(release, origin, keeps_input=release < KEEPS_INPUT_BEFORE,
-                        fp16_state=release < FP16_STATE_BEFORE, double_quant=double_quant)
+                        fp16_state=release < FP16_STATE_BEFORE, double_quant=double_quant, compute=compute)
+
+
+def default_compute_dtype(setup: TrainingSetup) -> str:
+    """bf16, QLoRA's recipe; fp16 under fp16 precision, what a GPU without bf16 (before compute capability 8.0) runs."""
+    return "fp16" if str(setup.precision).startswith("fp16") else RECIPE_COMPUTE_DTYPE
 
 
 def _dequantized_weight(shape: tuple[int, int], like: torch.Tensor, behaviour: BnbBehaviour) -> torch.Tensor:
-    """dequantize_4bit's output in the compute dtype; through an fp16 copy, freed on return, where the release
-    quantized from fp16."""
-    if behaviour.fp16_state and like.dtype != torch.float16:
-        return torch.empty(shape, dtype=torch.float16, device=like.device).to(like.dtype)
+    """`dequantize_4bit(B, state).to(like.dtype)`: the output is in the dtype the weight was quantized from (fp16 for
+    releases that quantized `.half()`, else the load dtype: FP32_COMPUTE_LOAD_DTYPE's comment), cast where `like`
+    (the input in the compute dtype, or the output's gradient) has another; the first copy is freed on return."""
+    compute = behaviour.compute_dtype
+    quantized_from = (torch.float16 if behaviour.fp16_state
+                      else FP32_COMPUTE_LOAD_DTYPE if compute == torch.float32 else compute)
+    if quantized_from != like.dtype:
+        return torch.empty(shape, dtype=quantized_from, device=like.device).to(like.dtype)
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
@@ -128,9 +151,9 @@ class NF4Linear(torch.nn.Linear):
             self.register_buffer("code", torch.empty(16, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        original = x.dtype
-        bias = None if self.bias is None else self.bias.to(COMPUTE_DTYPE)
-        out = _Dequantized.apply(x.to(COMPUTE_DTYPE), self.weight, self.out_features, self.in_features, bias,
+        original, compute = x.dtype, self.behaviour.compute_dtype
+        bias = None if self.bias is None else self.bias.to(compute)
+        out = _Dequantized.apply(x.to(compute), self.weight, self.out_features, self.in_features, bias,
                                  self.behaviour)
         return out.to(original)
 
@@ -269,7 +292,8 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
     notes: list[str] = []
     if setup.qlora:
         behaviour = bnb_behaviour(None if setup.bnb_version is None else presets.bnb_release(setup.bnb_version),
-                                  double_quant=setup.bnb_quant != "nf4")
+                                  double_quant=setup.bnb_quant != "nf4",
+                                  compute=setup.bnb_compute_dtype or default_compute_dtype(setup))
         count = quantize_4bit(model, behaviour, every_linear=setup.qlora_layers == "all")
         packed = quantized_facts(model)
         full = sum(p.numel() for p in model.parameters() if id(p) not in packed)
@@ -277,7 +301,7 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
         statistics = "double-quantized statistics" if behaviour.double_quant else "an fp32 absmax per 64 values"
         kept = ("tied layers (--qlora-layers all)" if setup.qlora_layers == "all" else "the layers transformers keeps")
         notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, {statistics}), dequantized "
-                     f"to bf16 per use; {full:,} parameters ({full / max(total, 1):.1%}) stay in full precision "
+                     f"to {behaviour.compute} per use (bnb_4bit_compute_dtype, --bnb-compute-dtype); {full:,} parameters ({full / max(total, 1):.1%}) stay in full precision "
                      f"(embeddings, norms, {kept}, and weights that are not nn.Linear, such as fused mixture-of-experts "
                      "weights); " + behaviour.describe())
     spec = setup.lora_spec()
