@@ -17,10 +17,13 @@ QUOTE_LIMIT = 80
 
 
 def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """repr(value) cut to about `limit` characters, saying how long the original was. Containers are
-    summarised by reprlib (a few items of each level), so a billion-element list is never rendered."""
+    """repr(value) cut to about `limit` characters, saying how long the original was: a long text keeps its start
+    and its end, which for a path is the file's name. Containers are summarised by reprlib (a few items of each
+    level), so a billion-element list is never rendered."""
     if isinstance(value, str):
-        text = repr(value) if len(value) <= limit else repr(value[:limit]) + f" … ({len(value):,} characters)"
+        head = limit // 4
+        text = (repr(value) if len(value) <= limit
+                else repr(f"{value[:head]}…{value[-(limit - head):]}") + f" ({len(value):,} characters)")
     else:
         short = reprlib.Repr()
         short.maxlevel, short.maxstring, short.maxother = 2, limit, limit
