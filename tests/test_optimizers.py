@@ -60,7 +60,20 @@ def test_paged_states_leave_the_caching_allocator():
     assert paged.allocated_bytes < plain.allocated_bytes
 
 
-@pytest.mark.parametrize("optimizer", ["lion", "adamw-8bit"])
+def test_paged_adamw_keeps_32_bit_states_and_pages_the_large_ones():
+    """bitsandbytes PagedAdamW (optim_bits=32; LitGPT's optimizer under --quantize bnb.*): two fp32 states for every
+    parameter, whatever its dtype (get_state_buffer), those of tensors with ≥ 100k elements in managed memory."""
+    assert _state("paged-adamw") == sum(2 * _cpu(4 * n) for n in NUMELS)
+    bf16 = estimate("mlp:256-512-10", optimizer="paged-adamw", precision="bf16", steps=2, **KW)
+    assert bf16.breakdown["optimizer_state"] == sum(2 * 4 * n for n in NUMELS)
+    paged = estimate("mlp:256-512-10", optimizer="paged-adamw", device="a100-40gb", **KW)
+    big = 256 * 512
+    assert paged.process_parts["managed_memory"] == 2 * 4 * big
+    # the GPU breakdown counts each request as the caching allocator rounds it (512 B)
+    assert paged.breakdown["optimizer_state"] == sum(2 * -(-4 * n // 512) * 512 for n in NUMELS if n < 100_000)
+
+
+@pytest.mark.parametrize("optimizer", ["lion", "adamw-8bit", "paged-adamw"])
 def test_single_implementation_optimizers_refuse_an_impl(optimizer):
     from trainmem.errors import SetupError
     with pytest.raises(SetupError, match="optimizer-impl"):

@@ -14,7 +14,8 @@ from trainmem.trace.events import Category, Phase
 # per-parameter state buffers each optimizer keeps (torch/optim/*.py)
 STATE_BUFFERS = {Optimizer.SGD: (), Optimizer.MOMENTUM: ("momentum_buffer",),
                  Optimizer.ADAM: ("exp_avg", "exp_avg_sq"), Optimizer.ADAMW: ("exp_avg", "exp_avg_sq"),
-                 Optimizer.RMSPROP: ("square_avg",), Optimizer.ADAGRAD: ("sum",), Optimizer.LION: ("exp_avg",)}
+                 Optimizer.RMSPROP: ("square_avg",), Optimizer.ADAGRAD: ("sum",), Optimizer.LION: ("exp_avg",),
+                 Optimizer.PAGED_ADAMW: ("state1", "state2")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,8 @@ def optimizer_state_hand(setup: TrainingSetup, trainable: int, shapes: list[tupl
                          value_bytes: int) -> tuple[str, int]:
     """The textbook size of the optimizer's state: (formula, bytes)."""
     kind = setup.optimizer
+    if kind == Optimizer.PAGED_ADAMW:  # bitsandbytes keeps 32-bit state whatever the parameters' dtype
+        value_bytes = 4
     if kind in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
         blocks = -(-trainable // 256)
         return (f"2 buffers (state1, state2) × {trainable:,} × 1 B + 2 × {blocks:,} blocks of 256 × 4 B absmax "

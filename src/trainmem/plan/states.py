@@ -25,7 +25,8 @@ from trainmem.setup import Optimizer, Precision, TrainingSetup
 # what is certain (0 and 2) — a lower bound may only err low.
 STATE_BYTES = {Optimizer.ADAM: 8, Optimizer.ADAMW: 8, Optimizer.MOMENTUM: 4, Optimizer.RMSPROP: 4,
                Optimizer.ADAGRAD: 4, Optimizer.LION: 4, Optimizer.SGD: 0, Optimizer.ADAFACTOR: 0,
-               Optimizer.ADAMW_8BIT: 2, Optimizer.PAGED_ADAMW_8BIT: 0}  # paged: managed memory, may page out
+               Optimizer.ADAMW_8BIT: 2, Optimizer.PAGED_ADAMW_8BIT: 0,
+               Optimizer.PAGED_ADAMW: 0}  # paged: managed memory, may page out
 SHARD_PARAMS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO3)
 SHARD_GRADS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO2, Strategy.ZERO3)
 SHARD_STATE = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)

@@ -15,8 +15,7 @@ from trainmem.errors import SetupError, expected, one_line, unknown_key
 from trainmem.files import regular_file
 # the bounds stay importable from here (trace/step.py, cli/ and tests read them as trainmem.setup's)
 from trainmem.setup.count_limits import MAX_ELEMENTS as MAX_ELEMENTS, MAX_GRAD_ACCUM as MAX_GRAD_ACCUM, check_counts
-from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS
-from trainmem.setup.count_limits import sequence_lengths
+from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS, sequence_lengths
 from trainmem.setup.layout import ParallelLayout
 from trainmem.setup import presets
 from trainmem.setup.presets import HF_TRAINER_DEFAULTS as HF_TRAINER_DEFAULTS, QLORA_DEFAULTS as QLORA_DEFAULTS
@@ -33,6 +32,7 @@ class Optimizer(enum.StrEnum):
     LION = "lion"  # one momentum buffer (trace/optimizers.py)
     ADAMW_8BIT = "adamw-8bit"  # bitsandbytes AdamW8bit's state layout (trace/optimizers.py)
     PAGED_ADAMW_8BIT = "paged-adamw-8bit"  # the same, large states in CUDA managed memory
+    PAGED_ADAMW = "paged-adamw"  # bitsandbytes PagedAdamW: 32-bit states, large ones in CUDA managed memory
 
 
 ADAM_FAMILY = (Optimizer.ADAM, Optimizer.ADAMW)  # the optimizers the "16 bytes per parameter" and 8-bit rules speak of

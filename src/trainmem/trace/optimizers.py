@@ -11,7 +11,9 @@
   kernel (optimizer_update_8bit_blockwise) that works in place: no temporaries.
   The paged variant allocates states of large parameters in CUDA managed memory (bitsandbytes
   functional.get_paged → cudaMallocManaged), outside PyTorch's caching allocator; the trace marks them
-  so the CUDA target keeps them out of allocated/reserved.
+  so the CUDA target keeps them out of allocated/reserved. PagedAdamW (optim_bits=32, LitGPT's optimizer
+  under --quantize bnb.*: litgpt/utils.py instantiate_bnb_optimizer) keeps two fp32 states for every
+  parameter, paged the same way; its update (optimizer_update_32bit) also works in place.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ class Lion(torch.optim.Optimizer):
 
 
 class AdamW8bit(torch.optim.Optimizer):
-    """bitsandbytes AdamW8bit's state; `paged=True` is PagedAdamW8bit."""
+    """bitsandbytes AdamW8bit's state; `paged=True` is PagedAdamW8bit; `bits=32` with `paged=True` is PagedAdamW."""
 
-    def __init__(self, params, lr: float = 1e-3, paged: bool = False) -> None:
+    def __init__(self, params, lr: float = 1e-3, paged: bool = False, bits: int = 8) -> None:
         super().__init__(params, {"lr": lr})
-        self.paged = paged
+        self.paged, self.bits = paged, bits
         self.paged_tensors: list[torch.Tensor] = []  # read by the trace: outside the caching allocator
         self._qmaps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -62,7 +64,7 @@ class AdamW8bit(torch.optim.Optimizer):
         return buffer
 
     def _init_state(self, p: torch.Tensor) -> dict:
-        if p.numel() < MIN_8BIT_SIZE:
+        if p.numel() < MIN_8BIT_SIZE or self.bits == 32:
             return {"state1": self._buffer(p, torch.float32), "state2": self._buffer(p, torch.float32)}
         if p.device not in self._qmaps:  # one dynamic and one unsigned-dynamic map, shared by all parameters
             self._qmaps[p.device] = (torch.zeros(QMAP_ENTRIES, device=p.device), torch.zeros(QMAP_ENTRIES, device=p.device))

@@ -178,7 +178,7 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
     if impl.get("fused") and kind in (Optimizer.RMSPROP, Optimizer.ADAFACTOR):
         raise SetupError(f"expected an optimizer with a fused implementation (sgd, momentum, adam, adamw, "
                          f"adagrad), got {kind}", where="--optimizer-impl fused")
-    if kind in (Optimizer.LION, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+    if kind in (Optimizer.LION, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW):
         if setup.optimizer_impl != OptimizerImpl.DEFAULT:
             raise SetupError(f"expected no --optimizer-impl with {kind} (it has one implementation), got "
                              f"{setup.optimizer_impl}", where="--optimizer-impl")
@@ -186,7 +186,7 @@ def make_optimizer(params: list[torch.nn.Parameter], setup: TrainingSetup,
 
         if kind == Optimizer.LION:
             return optimizers.Lion(params)
-        return optimizers.AdamW8bit(params, paged=kind == Optimizer.PAGED_ADAMW_8BIT)
+        return optimizers.AdamW8bit(params, paged=kind != Optimizer.ADAMW_8BIT, bits=32 if kind == Optimizer.PAGED_ADAMW else 8)
     optim = torch.optim
     table = {
         Optimizer.SGD: lambda: optim.SGD(params, lr=0.01, **impl),
