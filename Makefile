@@ -72,7 +72,7 @@ test: $(VENV)/.test-ready $(VISION)/.ready $(CHROMIUM_READY) lint
 # the development loop: the fast tests only (no real measured runs, no Keras/TensorFlow, none of the tests that
 # take two seconds or more: markers in pyproject.toml), stopping at the first failure; make test runs everything
 check: $(VENV)/.test-ready lint
-	$(BIN)/python -m pytest -m "not slow and not tf and not heavy" -x
+	$(BIN)/python -m pytest -m "not slow and not tf and not heavy" -x -n $(TEST_WORKERS) --dist loadfile
 
 # ruff with pyproject.toml's rules (make test runs it first)
 lint: $(VENV)/.test-ready
