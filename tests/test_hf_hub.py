@@ -361,6 +361,25 @@ def test_a_quantized_checkpoints_config_trains_as_the_setup_says(tmp_path):
     assert sum(p.numel() for p in model.parameters()) == PARAMS
 
 
+def test_a_4bit_checkpoints_config_names_the_qlora_flags(tmp_path):
+    """A pre-quantized bitsandbytes checkpoint (an unsloth-style *-bnb-4bit repository) says in its config how it was
+    quantized; the note turns that into the flags that estimate fine-tuning it: an absent compute dtype is
+    BitsAndBytesConfig's default, fp32."""
+    saved = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+             "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16"}
+    for config, flags in ((saved, "--qlora --bnb-quant nf4-dq --bnb-compute-dtype bf16"),
+                          ({**saved, "bnb_4bit_use_double_quant": False, "bnb_4bit_compute_dtype": None},
+                           "--qlora --bnb-quant nf4"),
+                          ({key: value for key, value in saved.items() if key != "bnb_4bit_compute_dtype"},
+                           "--qlora --bnb-quant nf4-dq --bnb-compute-dtype fp32")):
+        (tmp_path / "config.json").write_text(json.dumps({**TINY, "quantization_config": config}))
+        notes = " ".join(from_hf_ref(f"hf:{tmp_path}", TrainingSetup(seq_len=8)).notes)
+        assert f"quantization_config bitsandbytes 4-bit (fine-tuning it is QLoRA: {flags})" in notes, notes
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, "quantization_config": {**saved, "load_in_4bit": False,
+                                                                                      "load_in_8bit": True}}))
+    assert "quantization_config bitsandbytes:" in " ".join(from_hf_ref(f"hf:{tmp_path}", TrainingSetup(seq_len=8)).notes)
+
+
 def test_the_limits_keep_every_bundled_config_and_refuse_one_layer_more():
     for name, entry in bundled().items():
         assert checked_config({"model_type": entry["model_type"], **entry["config"]}, name)

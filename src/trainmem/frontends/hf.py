@@ -39,7 +39,7 @@ from typing import Any
 from trainmem.errors import ModelRefError, SetupError
 from trainmem.frontends import hf_hub
 from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, clip_text
-from trainmem.frontends.hf_config_checks import check_heads, check_number
+from trainmem.frontends.hf_config_checks import check_heads, check_number, quantization_summary
 from trainmem.frontends.hf_rope import ROPE_KEYS, check_rope
 
 TABLE = Path(__file__).with_name("data") / "hf_configs.json"
@@ -171,7 +171,8 @@ def _from_file(name: str, path: Path, origin: str, origin_fields: dict[str, Any]
     model_type = config.pop("model_type")
     auto_map = config.pop("auto_map", None)
     dropped = {key: config.pop(key) for key in CHECKPOINT_FIELDS if key in config}
-    ignored = tuple(f"{key} {clip_text(str(_summary(value)), 40)}" for key, value in dropped.items()
+    ignored = tuple(f"{key} {quantization_summary(value) if key == 'quantization_config' else clip_text(str(value), 40)}"
+                    for key, value in dropped.items()
                     if key in ("torch_dtype", "dtype", "quantization_config") and value is not None)
     return HfConfig(name, model_type, _default_task(model_type, config.get("architectures") or []), config, origin,
                     origin_fields, auto_map, code_at if auto_map else None, code_revision, ignored)
@@ -238,11 +239,6 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
 def _no_constant(name: str) -> None:
     """json.loads takes NaN and Infinity, which no size, rate or count of a real config is."""
     raise ValueError(f"{name} is not a number a config can hold")
-
-
-def _summary(value: Any) -> Any:
-    """A quantization_config by its method (fp8, gptq, bitsandbytes …), anything else as it is."""
-    return value.get("quant_method", "(a table)") if isinstance(value, dict) else value
 
 
 def _json_kind(value: Any) -> str:

@@ -89,3 +89,23 @@ def check_heads(config: dict[str, Any], path: str, where: str) -> None:
         key_path = f"{path}.num_key_value_heads" if path else "num_key_value_heads"
         raise ModelRefError(f"expected a divisor of num_attention_heads ({heads:,}), got {kv_heads:,}",
                             where=f"{where}: {clip_text(key_path, 60)}")
+
+
+# bnb_4bit_compute_dtype as config.json saves it (BitsAndBytesConfig.to_dict: the dtype's name), as --bnb-compute-dtype
+BNB_COMPUTE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def quantization_summary(value: Any) -> str:
+    """A checkpoint's quantization_config by its method (fp8, gptq, bitsandbytes …); for a bitsandbytes 4-bit one, the
+    flags that estimate fine-tuning it as saved: QLoRA, its statistics and compute dtype (an absent compute dtype is
+    BitsAndBytesConfig's default, fp32). FP4 is stored as NF4 is (packed values and an absmax per block)."""
+    if not isinstance(value, dict):
+        return clip_text(str(value), 40)
+    method = clip_text(str(value.get("quant_method", "(a table)")), 40)
+    if method != "bitsandbytes" or value.get("load_in_4bit") is not True:
+        return method
+    quant = "nf4-dq" if value.get("bnb_4bit_use_double_quant") is True else "nf4"
+    compute = BNB_COMPUTE.get(str(value.get("bnb_4bit_compute_dtype", "float32")).removeprefix("torch."))
+    flags = f"--qlora --bnb-quant {quant}" + (f" --bnb-compute-dtype {compute}" if compute else "")
+    stored = " (its fp4 is stored as nf4 is)" if value.get("bnb_4bit_quant_type") == "fp4" else ""
+    return f"bitsandbytes 4-bit (fine-tuning it is QLoRA: {flags}){stored}"
