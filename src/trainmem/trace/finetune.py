@@ -301,7 +301,8 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
         statistics = "double-quantized statistics" if behaviour.double_quant else "an fp32 absmax per 64 values"
         kept = ("tied layers (--qlora-layers all)" if setup.qlora_layers == "all" else "the layers transformers keeps")
         notes.append(f"QLoRA: {count} linear layers hold 4-bit NF4 weights (packed uint8, {statistics}), dequantized "
-                     f"to {behaviour.compute} per use (bnb_4bit_compute_dtype, --bnb-compute-dtype); {full:,} parameters ({full / max(total, 1):.1%}) stay in full precision "
+                     f"to {behaviour.compute} per use (bnb_4bit_compute_dtype, --bnb-compute-dtype); {full:,} "
+                     f"parameters ({full / max(total, 1):.1%}) stay in full precision "
                      f"(embeddings, norms, {kept}, and weights that are not nn.Linear, such as fused mixture-of-experts "
                      "weights); " + behaviour.describe())
     spec = setup.lora_spec()
