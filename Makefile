@@ -62,8 +62,9 @@ demo: $(VENV)/.demo-ready
 	$(BIN)/trainmem estimate mlp:1000-100-100-100-100-10 --input-shape 1000 --batch-size 256 --optimizer adam
 
 # the suite on two workers (pytest-xdist), each test file whole on one worker (its module fixtures run once):
-# 14 min 51 s against 18 min 28 s on one, on this 2-core machine (many tests run real training in child processes,
-# so one worker already kept more than one core busy); TEST_WORKERS=0 runs it in this process
+# 10 min 57 s on a fresh clone of this 2-core machine, where one worker took 18 min 28 s to 19 min 6 s in the last
+# session's fresh clones (many tests run real training in child processes, so one worker already kept more than one
+# core busy; machine speed varies between sessions); TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 test: $(VENV)/.test-ready $(VISION)/.ready $(CHROMIUM_READY) lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
