@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINMEM = [sys.executable, "-m", "trainmem"]
+# the cases below trace every time (--no-cache): the cost of a question not asked before; the cache's own section
+# (cached_section) times the same commands answered from a trace stored by one run before them
+NO_CACHE = ["--no-cache"]
 GPT_1B3 = f"{ROOT}/tests/models.py:gpt_1b3"
 # benchmarks/fit_examples.py's GPT setup on an 80 GB card, and one estimate of it at batch 1
 GPT_FIT = [GPT_1B3, "--input-shape", "1024", "--input-dtype", "int64", "--input-max", "50257",
@@ -65,23 +68,24 @@ MEMTRACKER = "the peer: PyTorch's MemTracker, the same 1.3B setup, two steps on 
 RATIO_TARGETS = [(SEED_MLP, IMPORT_TORCH, 1.3), (GRU_ESTIMATE, IMPORT_TORCH, 3.0), (GPT_ESTIMATE, MEMTRACKER, 0.15)]
 CASES = [
     Case(SEED_MLP, TRAINMEM + ["estimate", "mlp:1000-100-100-100-100-10", "--input-shape", "1000",
-                               "--batch-size", "256", "--optimizer", "adam"], 3.0),
+                               "--batch-size", "256", "--optimizer", "adam", *NO_CACHE], 3.0),
     Case(IMPORT_TORCH, [sys.executable, "-c", "import torch"]),
     Case(GPT_ESTIMATE,
-         TRAINMEM + ["estimate", GPT_1B3, "--batch-size", "8", "--optimizer", "adamw", "--precision", "bf16-mixed"],
+         TRAINMEM + ["estimate", GPT_1B3, "--batch-size", "8", "--optimizer", "adamw", "--precision", "bf16-mixed",
+                     *NO_CACHE],
          2.0, 2**30, long=True),
     Case(MEMTRACKER, [sys.executable, str(ROOT / "benchmarks/memtracker_peer.py")], long=True),
     Case(GRU_ESTIMATE,
          TRAINMEM + ["estimate", f"{ROOT}/benchmarks/speed_models.py:bigru_seq200", "--batch-size", "64",
-                     "--optimizer", "adam"], long=True),
+                     "--optimizer", "adam", *NO_CACHE], long=True),
     Case("Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, bf16-mixed, on h100-80gb",
          TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
-                     "--precision", "bf16-mixed", "--device", "h100-80gb"], 3.0, 2**30, long=True),
+                     "--precision", "bf16-mixed", "--device", "h100-80gb", *NO_CACHE], 3.0, 2**30, long=True),
     Case("BERT-base masked LM on a100-40gb (the GPU calibration point)",
          TRAINMEM + ["estimate", "hf:bert-base-uncased", "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw",
-                     "--device", "a100-40gb"], long=True),
-    Case(FIT_GPT, TRAINMEM + ["fit", *GPT_FIT], long=True),
-    Case(ONE_GPT, TRAINMEM + ["estimate", *GPT_FIT, "--batch-size", "1"], long=True),
+                     "--device", "a100-40gb", *NO_CACHE], long=True),
+    Case(FIT_GPT, TRAINMEM + ["fit", *GPT_FIT, *NO_CACHE], long=True),
+    Case(ONE_GPT, TRAINMEM + ["estimate", *GPT_FIT, "--batch-size", "1", *NO_CACHE], long=True),
 ]
 # (label, model reference, setup values) for the per-op table
 PER_OP = [
@@ -101,14 +105,14 @@ PLAN_TARGET = 120.0  # seconds: issue 13's "a 70B model on up to 1,024 GPUs plan
 PLAN_LIMIT = ["--time-limit", "100"]
 PLAN_CASES = [
     Case("plan: Llama-3.1-70B (bundled config), seq 2048, AdamW, on 8 x h100-80gb, --time-limit 100",
-         TRAINMEM + ["plan", *LLAMA_70B, "--gpus", "8xh100-80gb", *PLAN_LIMIT], PLAN_TARGET),
+         TRAINMEM + ["plan", *LLAMA_70B, "--gpus", "8xh100-80gb", *PLAN_LIMIT, *NO_CACHE], PLAN_TARGET),
     Case("plan: Llama-3.1-70B (bundled config), seq 2048, AdamW, on 1,024 x h100-80gb, --time-limit 100",
-         TRAINMEM + ["plan", *LLAMA_70B, "--gpus", "1024xh100-80gb", *PLAN_LIMIT], PLAN_TARGET),
+         TRAINMEM + ["plan", *LLAMA_70B, "--gpus", "1024xh100-80gb", *PLAN_LIMIT, *NO_CACHE], PLAN_TARGET),
 ]
 PLAN_HEADING = "## trainmem plan"
 
 
-def run_once(command: list[str]) -> tuple[float, int]:
+def run_once(command: list[str], cache_dir: str | None = None) -> tuple[float, int]:
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:
@@ -116,6 +120,8 @@ def run_once(command: list[str]) -> tuple[float, int]:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         os.environ["PYTHONPATH"] = str(ROOT / "src")
+        if cache_dir is not None:
+            os.environ["TRAINMEM_CACHE_DIR"] = cache_dir
         os.execv(command[0], command)
     _, status, usage = os.wait4(pid, 0)
     if os.waitstatus_to_exitcode(status) not in (0, 1):  # 1: does not fit, still a finished estimate
@@ -195,6 +201,34 @@ def case_row(case: Case, runs: int) -> tuple[str, float]:
             f"{target} | {met} |"), wall
 
 
+# the cases answered from the trace cache (trainmem/trace/cache_store.py): the same commands without --no-cache
+CACHED = [SEED_MLP, GPT_ESTIMATE, GRU_ESTIMATE, "Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, "
+          "bf16-mixed, on h100-80gb", FIT_GPT]
+
+
+def cached_section(runs: int, medians: dict[str, float]) -> list[str]:
+    """Each CACHED case run once to store its traces in a fresh cache directory, then `runs` times from it."""
+    import tempfile
+
+    lines = ["## A question asked again: answered from the trace cache", "",
+             "The same commands without `--no-cache`, in a cache directory of their own: one run stores the traces, "
+             f"then {runs} fresh processes each are timed (medians, min–max). The figures are the ones the traced "
+             "runs give (tests/test_trace_cache.py).", "",
+             "| what | runs | wall s | peak RSS MiB | / traced (above) | / import torch |", "|---|---:|---:|---:|---:|---:|"]
+    by_name = {case.name: case for case in CASES}
+    with tempfile.TemporaryDirectory(prefix="trainmem-speed-cache-") as cache_dir:
+        for name in CACHED:
+            command = [part for part in by_name[name].command if part not in NO_CACHE]
+            run_once(command, cache_dir)
+            results = [run_once(command, cache_dir) for _ in range(runs)]
+            walls = [r[0] for r in results]
+            wall, peak = statistics.median(walls), statistics.median(r[1] for r in results)
+            lines.append(f"| {name} | {runs} | {wall:.2f} ({min(walls):.2f}–{max(walls):.2f}) | {peak / 2**20:.0f} | "
+                         f"{wall / medians[name]:.2f} | {wall / medians[IMPORT_TORCH]:.2f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def plan_section(runs: int) -> list[str]:
     """`trainmem plan` rows: fresh processes, medians of `runs`; the planner's own account of one run (layouts,
     traces) beside them."""
@@ -265,6 +299,7 @@ def main() -> None:
               f"as trainmem traces them; medians of {args.runs} of each, divided by the ops the recorder saw "
               "(every dispatch, `prim.device` queries included).", ""]
     lines += per_op_costs(args.runs)
+    lines += [""] + cached_section(args.runs, medians)
     lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes; the load average (1 min) "
               f"was {load_at_start:.1f} at its start and {os.getloadavg()[0]:.1f} at its end, on {os.cpu_count()} cores."]
     lines += [""] + plan_section(args.plan_runs)

@@ -82,3 +82,15 @@ def pytest_runtest_makereport(item, call):
     if torch_release()[:2] < (int(needed.group(1)), int(needed.group(2))):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1], f"Skipped: refused on this torch: {error}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_trace_cache_in_process():
+    """In this process tests trace every run: a test that monkeypatches a rule would otherwise be answered from
+    a trace an earlier test stored (the cache key sees trainmem's files, not a patched function). The commands
+    tests start in fresh processes use the cache, in the session's own cache directory (above)."""
+    from trainmem.trace import cache_store
+
+    with cache_store.switched(False):
+        yield
+

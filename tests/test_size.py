@@ -37,7 +37,6 @@ LONG_FUNCTIONS = {
     "calibrate.py:measure": 41,
     "cli/parser.py:add_setup_flags": 83,
     "device_catalog.py:parse_custom": 45,
-    "estimate/orchestrate.py:estimate": 47,
     "fit.py:fit": 52,
     "frontends/__init__.py:resolve": 46,
     "frontends/hf.py:from_hf_ref": 55,
@@ -54,7 +53,7 @@ LONG_FUNCTIONS = {
     "targets/onednn/rnn_transients.py:lstm_backward_transients": 56,
     "targets/onednn/rnn_transients.py:lstm_scratchpad_bytes": 55,
     "trace/batch_scaling.py:_pair": 54,
-    "trace/run.py:trace_training": 66,
+    "trace/run.py:_traced": 49,
 }
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
-from trainmem.estimate import Estimate, assemble_traced, estimate, prepare, trace
+from trainmem.estimate import Estimate, assemble_traced, cache_keyword, estimate, prepare, trace
 from trainmem.devices import Device, DeviceRef
 from trainmem.progress import Progress
 from trainmem.estimate.orchestrate import setup_of
@@ -154,12 +154,11 @@ class FitResult:
         return render(self, verbose)
 
     def to_dict(self) -> dict[str, Any]:
-        headroom = self.headroom
         return {"dimension": self.dimension, "best": self.best, "first_miss": self.first_miss,
                 "device": self.device_name, "capacity_bytes": self.capacity,
                 "margin": self.margin.fraction, "margin_source": self.margin.source, "budget_bytes": self.budget,
-                "compared": self.compared, "headroom_bytes": headroom,
-                "headroom_fraction": None if headroom is None else headroom / self.capacity,
+                "compared": self.compared, "headroom_bytes": self.headroom,
+                "headroom_fraction": None if self.headroom is None else self.headroom / self.capacity,
                 "best_estimate": self.best_estimate.to_dict() if self.best_estimate else None,
                 "tried": [{"value": v, "process_bytes": b, "process_bytes_high": h, "fits": f}
                           for v, b, h, f in self.tried],
@@ -187,6 +186,7 @@ def within(est: Estimate, budget: int) -> bool:
     return est.process_bytes_high <= budget and est.fits_override is not False
 
 
+@cache_keyword
 def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", *, sequence: bool = False,
         limit: int = 1 << 24, margin: float | None = None, depth: int = 2, exhaustive: bool = False,
         target_options: TargetOptions | Mapping[str, Any] | None = None, **setup_values: Any) -> FitResult:
@@ -195,11 +195,11 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
     measured worst low error for the device's kind) free. An hf: model's search stops at its position limit.
 
     It is called as estimate() is: `fit(model, device="a100-80gb", optimizer="adamw", input_shape="1024")`,
-    with `setup=TrainingSetup(...)`, or both (the one reader, estimate.orchestrate.setup_of); `device` and
-    `target_options` are estimate()'s (a name, a torch.device or a Device; a TargetOptions of its CUDA keys). The older positional form
-    `fit(model, setup, device)` still works. The batch search searches batch_size, so a batch_size keyword is
-    refused there (it is the batch of the sequence search). The batch search traces twice and predicts the
-    other candidates (module docstring); `exhaustive` traces every candidate, as the sequence search does."""
+    with `setup=TrainingSetup(...)`, or both (the one reader, estimate.orchestrate.setup_of); `device`, `cache` and
+    `target_options` are estimate()'s (a name, a torch.device or a Device; a TargetOptions of its CUDA keys). The
+    older positional form `fit(model, setup, device)` still works. The batch search searches batch_size, so a
+    batch_size keyword is refused there (it is the batch of the sequence search). The batch search traces twice
+    and predicts the other candidates (module docstring); `exhaustive` traces every one, as the sequence search does."""
     from trainmem.devices import get_device
 
     if not sequence and "batch_size" in setup_values:

@@ -52,7 +52,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser, in_wo
 
 def execute(command: str, options: Any, setup: Any, model: str) -> Outcome:
     """A command of a model, with the user's output on stderr: here, or in the worker (cli/worker.py)."""
-    with user_output_to_stderr():
+    from trainmem.trace.cache_store import switched
+
+    with user_output_to_stderr(), switched(not options.values.get("no_cache")):
         try:
             return SETUP_COMMANDS[command](options, setup)
         except SystemExit as stop:  # the model's code (a forward, a library it imports) called sys.exit

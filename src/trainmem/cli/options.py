@@ -21,7 +21,8 @@ from trainmem.setup.text_values import NO_CLIPPING
 RUN_DEFAULTS: dict[str, Any] = {"device": "cpu", "format": "table", "depth": 2, "runs": 1, "force": False,
                                 "max_seq": False, "margin": None, "framework": "auto", "keras_backend": None,
                                 "tf_memory": None, "plot": None, "html": None, "memory_snapshot": None,
-                                "snapshot_max_entries": None, "quiet": False, "tf_onednn": None}
+                                "snapshot_max_entries": None, "quiet": False, "tf_onednn": None,
+                                "no_cache": False}
 NOT_OPTIONS = {"command", "model", "setup", "debug"}
 # measure --runs starts one fresh process per run (seconds each, the model's memory each): the median
 # of peak RSS settles within a few runs (benchmarks run 3); 20 is room for a careful user, while a

@@ -222,6 +222,9 @@ def add_process_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS", help="stop the model's code after "
                         "this long: exit 2 with one line (the command runs it in a worker process it can stop) "
                         f"(default: {DEFAULT_TIMEOUT_SECONDS:,} s)")
+    parser.add_argument("--no-cache", action="store_true", default=None, help="trace the run again rather than "
+                        "reuse the trace of the same run kept in the cache directory (`trainmem cache` lists and "
+                        "clears it) (default: reuse)")
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:

@@ -50,7 +50,7 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
         adapter_parameters=traced.adapter_parameters, quantized_storage_bytes=traced.quantized_storage_bytes,
         resolved=traced.resolved,
         replay_input=ReplayInput(tuple(stream.events), allocator, device.capacity_bytes),
-        framework=own.section if own else None)
+        framework=own.section if own else None, trace_cache=getattr(traced, "cache_use", None))
 
 
 def allocator_summary(replayed: ReplayResult, settings: str) -> AllocatorSummary:

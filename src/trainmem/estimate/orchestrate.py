@@ -4,7 +4,8 @@ It never asks what the device is; the target answers (targets/__init__.py)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainmem.devices import Device, DeviceRef, get_device
@@ -44,7 +45,7 @@ def setup_of(setup: TrainingSetup | None, setup_values: dict[str, Any], where: s
 def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRef = "cpu", depth: int = 2,
              target_options: TargetOptions | Mapping[str, Any] | None = None, compare_loop: bool = False,
              framework: str = "auto", keras_backend: str | None = None, isolate: bool = False,
-             **setup_values: Any) -> Estimate:
+             cache: bool | None = None, **setup_values: Any) -> Estimate:
     """Estimate training memory for `model` (a reference string or an nn.Module).
 
     With `isolate`, the model's code runs in a supervised worker process, as the `trainmem` command runs it
@@ -61,11 +62,22 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
     on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off; `tf_memory`:
-    TensorFlow's GPU memory mode (targets/tf/gpu_memory.py)."""
+    TensorFlow's GPU memory mode (targets/tf/gpu_memory.py). `cache`: True or False uses or skips the trace cache
+    for this call (trace/cache_store.py: a run traced before is not traced again); None, the default, uses it
+    unless it was switched off."""
     if isolate:  # the same call in a supervised worker process (estimate/isolated.py)
         return _isolated(model, dict(setup=setup, device=device, depth=depth, target_options=target_options,
                                      compare_loop=compare_loop, framework=framework, keras_backend=keras_backend,
-                                     **setup_values))
+                                     cache=cache, **setup_values))
+    from trainmem.trace.cache_store import as_asked
+
+    with as_asked(cache):
+        return _estimated(model, setup, device, depth, target_options, compare_loop, framework, keras_backend,
+                          setup_values)
+
+
+def _estimated(model: Any, setup: TrainingSetup | None, device: DeviceRef, depth: int, target_options: Any,
+               compare_loop: bool, framework: str, keras_backend: str | None, setup_values: dict[str, Any]) -> Estimate:
     refuse_loose_options(setup_values, "estimate()")
     setup = setup_of(setup, setup_values, "estimate()")
     run = TargetOptions.of(target_options, "estimate()")
@@ -86,6 +98,20 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     if compare_loop and setup.loop != Loop.LEAN:
         return _with_lean_loop(est, lean_allocated(chosen, setup))
     return est
+
+
+def cache_keyword(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` (fit) taking estimate()'s keyword `cache`: True or False uses or skips the trace cache for the
+    call, None leaves it as switched (trace/cache_store.py as_asked)."""
+
+    @functools.wraps(function)
+    def call(*args: Any, cache: bool | None = None, **kwargs: Any) -> Any:
+        from trainmem.trace.cache_store import as_asked
+
+        with as_asked(cache):
+            return function(*args, **kwargs)
+
+    return call
 
 
 def _isolated(model: Any, keywords: dict[str, Any]) -> Estimate:

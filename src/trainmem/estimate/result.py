@@ -157,6 +157,8 @@ class Estimate:
     # what only a framework other than PyTorch reports, with its own JSON keys and text report (Keras on
     # TensorFlow: targets/tf/keras_section.py KerasSection); None for PyTorch
     framework: FrameworkSection | None = None
+    # what the trace cache did (trace/cache_store.py CacheUse: reused, stored, off, not cached); not a figure
+    trace_cache: Any = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # frozen: the two defaults are settled once, here (dataclasses.replace passes the settled values on,
@@ -198,6 +200,7 @@ class Estimate:
             **({"ranks": [row.to_dict() for row in self.ranks], "parallel": self.parallel}
                if self.parallel is not None else {}),
             "warnings": list(self.warnings),
+            **({"trace_cache": self.trace_cache.to_dict()} if self.trace_cache is not None else {}),
             **(self.framework.to_json() if self.framework is not None else {}),
         }
 

@@ -10,6 +10,7 @@ loss_fn(output, inputs) returns a scalar tensor. Only a file the user names is e
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -27,7 +28,9 @@ def _load_file(path: Path, ref: str) -> Any:
                             f"({error.strerror or type(error).__name__})", where="MODEL") from None
     if not exists:
         raise ModelRefError(f"expected an existing Python file, got {quote(str(path))}", where=short(ref))
-    module_name = f"trainmem_user_{abs(hash(str(path.resolve())))}"
+    # named by the file's path, the same in every process (str's hash() is salted per process): a class's module name
+    # is part of the trace cache's key (trace/cache_key.py)
+    module_name = f"trainmem_user_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name

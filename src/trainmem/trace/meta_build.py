@@ -14,12 +14,19 @@ that names no device; the small real ones are too, or enter the trace as constan
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from trainmem.trace.torch_private import device_constructors, import_dynamo
+from trainmem.trace.torch_private import device_constructors, torch_function_modes_off
 
 # A tensor this small is made where the code asked: 64 KiB holds an 8,192-entry int64 position table or a
 # drop-path schedule, values construction code reads; no weight matrix worth estimating is this small.
@@ -55,9 +62,39 @@ class MetaEverywhere(TorchFunctionMode):
 @contextlib.contextmanager
 def building_on_meta() -> Iterator[None]:
     """The model's constructors allocate nothing large for real, whether or not they name a device."""
-    # torch._dynamo first, not on meta (torch_private.import_dynamo says why); the trace imports it anyway
-    # (FakeTensorMode), so importing it first costs nothing
-    import_dynamo()
+    # torch._dynamo, when the model's code imports it (GenerationMixin does), off meta (torch_private.
+    # torch_function_modes_off says why); a model that never imports it is built without its 1-2 s import, which a
+    # trace pays anyway (FakeTensorMode) but a run served from the trace cache does not
+    deferred = DynamoOffMeta()
+    sys.meta_path.insert(0, deferred)
+    try:
+        with torch.device("meta"), MetaEverywhere():
+            yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(deferred)
 
-    with torch.device("meta"), MetaEverywhere():
-        yield
+
+class DynamoOffMeta(importlib.abc.MetaPathFinder):
+    """Imports torch._dynamo, when it is first asked for, with the building modes off, and hands the import
+    system the module it made (a loader that runs nothing)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch._dynamo":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        with torch_function_modes_off():
+            module = importlib.import_module(name)
+        return importlib.util.spec_from_loader(name, _Imported(module))
+
+
+class _Imported(importlib.abc.Loader):
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module, self.spec = module, module.__spec__
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__ = self.spec  # the import system set ours; the module keeps its own

@@ -8,6 +8,7 @@ of building under FakeTensorMode (modules that deepcopy a layer give each copy i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import Any, Protocol
 
@@ -19,7 +20,10 @@ from trainmem.frontends.libraries import model_libraries
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.setup.count_limits import batch_overflow
 from trainmem.trace import keras_torch_step
+from trainmem.trace import cache_store
 from trainmem.trace.autocast_cache import cast_cache_freed_in_order
+from trainmem.trace.cache_codec import NotCacheable
+from trainmem.trace.cache_store import CacheUse
 from trainmem.trace import step as training
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
@@ -205,6 +209,36 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
         keras = keras_torch_step.is_keras_model(model)  # Keras's own train_step and optimizer
         model, finetune_notes = (model, []) if keras else finetune.apply(model, setup)
+    key, use = _cache_key(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras)
+    hit = cache_store.lookup(key) if key is not None else None
+    if hit is not None:  # the same run traced before (trace/cache_store.py): its trace, not a second one
+        traced, use = hit
+        return dataclasses.replace(traced, cache_use=use)
+    traced = _traced(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras, finetune_notes)
+    if key is not None:
+        use = cache_store.store(key, traced)
+    return dataclasses.replace(traced, cache_use=use)
+
+
+def _cache_key(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: ModelSource, setup: TrainingSetup,
+               kernel_ops: frozenset[str], semantics: Any, keras: bool) -> tuple[str | None, CacheUse | None]:
+    """The run's key in the trace cache, or None and why not (off, a Keras model, a model it cannot describe)."""
+    if not cache_store.enabled():
+        return None, CacheUse("off")
+    if keras:
+        return None, CacheUse("not cached", "a Keras model's step is traced each time")
+    from trainmem.trace.cache_key import trace_key
+
+    try:
+        return trace_key(model, make_batch, loss_fn, source, setup, kernel_ops, semantics), None
+    except NotCacheable as why:
+        return None, CacheUse("not cached", str(why))
+
+
+def _traced(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: ModelSource, setup: TrainingSetup,
+            kernel_ops: frozenset[str], semantics: TraceSemantics | None, keras: bool,
+            finetune_notes: list[str]) -> TraceResult:
+    """The two traced steps of a model built on meta: fake parameters, the recorder, the loop."""
     fake_mode = tracing_fake_mode()  # its dispatch cache serves only outputs a hit rebuilds the same (fake_cache.py)
     # FakeTensorMode logs every failed meta kernel at ERROR level; we report failures ourselves
     fake_log_level, FAKE_TENSOR_LOG.level = FAKE_TENSOR_LOG.level, logging.CRITICAL

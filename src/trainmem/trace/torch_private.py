@@ -45,10 +45,10 @@ FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 FAKE_LIMITATIONS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
 
-def import_dynamo() -> None:
-    """Import torch._dynamo now: its import makes tensors and reads them (torch 2.6's populate_builtin_to_tensor_
-    fn_map), which fails on meta, where a model's module importing it lazily (GenerationMixin) would run it."""
-    import torch._dynamo  # noqa: F401
+def torch_function_modes_off() -> contextlib.AbstractContextManager:
+    """No TorchFunctionMode (the meta device's, MetaEverywhere) sees what runs inside: torch._dynamo's import
+    makes tensors and reads them (torch 2.6's populate_builtin_to_tensor_fn_map), which fails on meta."""
+    return torch._C.DisableTorchFunction()
 
 
 def module_tensor_tables(module: torch.nn.Module) -> tuple[dict, dict]:

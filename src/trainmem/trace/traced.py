@@ -37,3 +37,5 @@ class TraceResult:
     # what only the recording framework knows, for its target and report: None for PyTorch; Keras on TensorFlow's
     # trace/tf/keras_facts.py KerasFacts (layer table, optimizer slots, the executor order assumed)
     framework: Any = None
+    # what the trace cache did for this trace (trace/cache_store.py CacheUse): not part of the trace's value
+    cache_use: Any = dataclasses.field(default=None, compare=False)

@@ -9,9 +9,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.cli.commands import calibrate, compare, devices, estimate, fit, measure, plan
+from trainmem.cli.commands import cache, calibrate, compare, devices, estimate, fit, measure, plan
 
-COMMAND_MODULES = (estimate, measure, fit, compare, plan, devices, calibrate)  # the order --help lists them
+COMMAND_MODULES = (estimate, measure, fit, compare, plan, devices, calibrate, cache)  # the order --help lists them
 
 
 def _libraries_quiet(run: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -31,4 +31,4 @@ def _libraries_quiet(run: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any
 SETUP_COMMANDS = {name: _libraries_quiet(run) for name, run in (
     ("estimate", estimate.run), ("measure", measure.run), ("fit", fit.run), ("compare", compare.run),
     ("plan", plan.run))}
-ARGS_COMMANDS = {"devices": devices.run, "calibrate": calibrate.run}
+ARGS_COMMANDS = {"devices": devices.run, "calibrate": calibrate.run, "cache": cache.run}
