@@ -234,3 +234,12 @@ assert not any(type(f).__name__ == 'DynamoOffMeta' for f in sys.meta_path)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("ref,flags", [(zoo("tiny_conv"), ["--batch-size", "2"]),
+                                       (f"hf:{TINY_LLAMA}", ["--batch-size", "2", "--seq-len", "16"])])
+def test_the_key_is_the_same_in_every_process(tmp_path, ref, flags):
+    """A model file is loaded under a module name made from its path; str's hash() would differ per process."""
+    args = ("estimate", ref, *flags, "--format", "json")
+    uses = [json.loads(_trainmem(*args, env_dir=tmp_path).stdout)["trace_cache"]["used"] for _ in range(2)]
+    assert uses == ["stored", "reused"]
