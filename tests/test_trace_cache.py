@@ -49,7 +49,8 @@ def test_a_reused_trace_gives_the_fresh_estimate(cache_on, model, setup):
     drop = lambda d: {k: v for k, v in d.items() if k != "trace_cache"}  # noqa: E731
     assert drop(reused.to_dict()) == drop(fresh.to_dict())
     assert reused.replay_input.events == fresh.replay_input.events  # the device stream, event for event
-    assert len(list(cache_on.glob("*.json.gz"))) == 1
+    traces = [path for path in cache_on.glob("*.json.gz") if not path.name.endswith(cache_store.RESULT_SUFFIX)]
+    assert len(traces) == 1
 
 
 def test_the_codec_is_exact_type_for_type():
@@ -129,7 +130,7 @@ def factory():
 
 def _stored_file(cache_on) -> Path:
     estimate(zoo("tiny_conv"), batch_size=2)
-    (path,) = cache_on.glob("*.json.gz")
+    (path,) = (p for p in cache_on.glob("*.json.gz") if not p.name.endswith(cache_store.RESULT_SUFFIX))
     return path
 
 
@@ -172,17 +173,18 @@ def test_decoding_refuses_what_is_not_a_trace():
 def test_the_directory_keeps_the_most_recently_used(cache_on, monkeypatch):
     import os
 
+    gpu = dict(device="a100-40gb")  # a trace a file (the CPU keeps its heap replay beside it)
     for batch in (2, 3, 4):
-        estimate(zoo("tiny_conv"), batch_size=batch)
+        estimate(zoo("tiny_conv"), batch_size=batch, **gpu)
     files = sorted(cache_on.glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
     for age, path in enumerate(files):
         os.utime(path, (1_000_000 + age, 1_000_000 + age))
-    assert estimate(zoo("tiny_conv"), batch_size=2).trace_cache.used == "reused"  # touches its file
+    assert estimate(zoo("tiny_conv"), batch_size=2, **gpu).trace_cache.used == "reused"  # touches its file
     kept = sum(p.stat().st_size for p in files) - files[0].stat().st_size  # room for two
     survivors = set(cache_on.glob("*.json.gz"))
     cache_store.evict(kept)
     assert len(set(cache_on.glob("*.json.gz"))) == 2 and survivors - set(cache_on.glob("*.json.gz"))
-    assert estimate(zoo("tiny_conv"), batch_size=2).trace_cache.used == "reused"
+    assert estimate(zoo("tiny_conv"), batch_size=2, **gpu).trace_cache.used == "reused"
 
 
 def _trainmem(*args, env_dir):
@@ -202,9 +204,9 @@ def test_the_command_reuses_stores_and_clears(tmp_path):
     assert json.loads(first.stdout)["peak"] == json.loads(second.stdout)["peak"] == json.loads(off.stdout)["peak"]
     assert "trace reused from the cache" in _trainmem(*args[:-2], env_dir=tmp_path).stdout
     info = json.loads(_trainmem("cache", "--format", "json", env_dir=tmp_path).stdout)
-    assert info["traces"] == 2  # the setup's and the lean loop's
+    assert (info["traces"], info["results"]) == (2, 1)  # the setup's and the lean loop's; the first's heap
     cleared = _trainmem("cache", "clear", env_dir=tmp_path)
-    assert cleared.returncode == 0 and cleared.stdout.startswith("removed 2 traces")
+    assert cleared.returncode == 0 and cleared.stdout.startswith("removed 2 traces and 1 results")
     assert json.loads(_trainmem("cache", "--format", "json", env_dir=tmp_path).stdout)["traces"] == 0
     bad = _trainmem("cache", "empty", env_dir=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid choice: 'empty'" in bad.stderr
@@ -243,3 +245,25 @@ def test_the_key_is_the_same_in_every_process(tmp_path, ref, flags):
     args = ("estimate", ref, *flags, "--format", "json")
     uses = [json.loads(_trainmem(*args, env_dir=tmp_path).stdout)["trace_cache"]["used"] for _ in range(2)]
     assert uses == ["stored", "reused"]
+
+
+def test_the_cpu_heap_replay_is_kept_beside_its_trace(cache_on, monkeypatch):
+    """A CPU estimate's replay of glibc's heap is a function of the trace, the CPU and the run's length: a reused
+    trace reuses it (targets/cpu_target.py _heap_key); another run length replays again."""
+    from trainmem.targets import cpu_target
+
+    fresh = estimate(zoo("tiny_gpt"), batch_size=2, cache=False)
+    stored = estimate(zoo("tiny_gpt"), batch_size=2)
+    assert len(list(cache_on.glob("*.json.gz"))) == 2  # the trace and its heap
+    assert len(list(cache_on.glob("*" + cache_store.RESULT_SUFFIX))) == 1
+    monkeypatch.setattr(cpu_target, "steady_heap", lambda *a, **k: pytest.fail("the heap was replayed again"))
+    reused = estimate(zoo("tiny_gpt"), batch_size=2)
+    assert reused == stored == fresh and reused.process_bytes_high == fresh.process_bytes_high
+    monkeypatch.undo()
+    (path,) = cache_on.glob("*" + cache_store.RESULT_SUFFIX)  # a damaged heap file: replayed again, the same figures
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    data["result"]["resident"] = "many"
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    assert estimate(zoo("tiny_gpt"), batch_size=2) == fresh
+    assert estimate(zoo("tiny_gpt"), batch_size=2, run_steps=4) == estimate(zoo("tiny_gpt"), batch_size=2, run_steps=4,
+                                                                             cache=False)

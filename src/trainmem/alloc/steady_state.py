@@ -52,6 +52,18 @@ class SteadyHeap:
     defaulted_ops: dict[str, int]
     table: dict
 
+    def to_plain(self) -> dict:
+        """As JSON keeps it (trace/cache_store.py remembered): the growth's step counts as pairs."""
+        return {**dataclasses.asdict(self), "growth": [[steps, nbytes] for steps, nbytes in self.growth.items()]}
+
+    @classmethod
+    def from_plain(cls, data: dict) -> SteadyHeap:
+        heap = cls(**{**data, "growth": {int(steps): int(nbytes) for steps, nbytes in data["growth"]}})
+        counts = (heap.resident, heap.pinned, heap.steps, heap.objects, *heap.defaulted_ops.values())
+        if not all(type(n) is int for n in counts) or type(heap.converged) is not bool or type(heap.table) is not dict:
+            raise ValueError("expected the heap's figures as integers")
+        return heap
+
 
 def _signatures(events: Sequence[DeviceEvent]) -> dict[int, tuple]:
     """key → (phase, op, bytes, category, rank among allocations of that signature) for a step's births."""

@@ -6,6 +6,7 @@ Keras model on the torch backend, also Keras's import and model.fit's machinery,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from trainmem.alloc.cpu_heap import aligned
 from trainmem.alloc.replay import CpuTensorAllocator, glibc_heap
@@ -16,6 +17,7 @@ from trainmem.targets import cpu_kernels
 from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.onednn import matmul_cache
 from trainmem.targets.onednn.rnn_layout import rnn_layout
+from trainmem.trace.cache_store import remembered
 from trainmem.trace.events import Trace
 
 
@@ -89,7 +91,9 @@ class CpuTarget:
         matmuls, problems, path = matmul_cache.resident_bytes(traced.trace.kernel_calls, self.cpu)
         if matmuls:
             runtime.parts["runtime_onednn_matmul_shapes"] = matmuls
-        heap = steady_heap(stream.events, glibc_heap, setup.run_steps)
+        heap = remembered(_heap_key(traced, self.cpu, setup.run_steps),
+                          lambda: steady_heap(stream.events, glibc_heap, setup.run_steps),
+                          SteadyHeap.to_plain, SteadyHeap.from_plain)
         floor = sum(runtime.parts.values()) + sum(keras_parts.values())
         spread = heap.table["spread"]
         # runtime.spread: the bundled machines' floors differ by that much when this one is not calibrated
@@ -105,6 +109,15 @@ class CpuTarget:
         parts = {**runtime.parts, **keras_parts, "tensor_heap_resident": heap.resident}
         coverage = {"capability": self.cpu.capability, "threads": self.cpu.threads, "heap_steps": heap.steps}
         return ProcessMemory(parts, high, [], warnings, coverage)
+
+
+def _heap_key(traced, cpu, run_steps: int | None) -> str | None:
+    """The heap replay is a function of the device stream (the trace and this CPU's kernel rules) and the run's
+    length alone: kept beside a trace the cache holds (trace/cache_store.py remembered), keyed from its key."""
+    use = getattr(traced, "cache_use", None)
+    if use is None or not use.key:
+        return None
+    return hashlib.sha256(repr(("steady_heap", use.key, cpu, run_steps)).encode()).hexdigest()
 
 
 def _run_length(heap: SteadyHeap) -> str:

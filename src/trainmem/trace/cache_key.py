@@ -66,13 +66,13 @@ def _versions() -> tuple:
 
 @functools.cache
 def _trainmem_source() -> str:
-    """trainmem's own code, by content: a changed rule changes every key (a version number would not, in a
-    development tree)."""
+    """trainmem's own code and bundled data (targets/data), by content: a changed rule or table changes every key
+    (a version number would not, in a development tree)."""
     import trainmem
 
     root = Path(trainmem.__file__).parent
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.json")]):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

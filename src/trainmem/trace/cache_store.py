@@ -20,7 +20,7 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,12 @@ from trainmem.trace.traced import TraceResult
 
 SUBDIRECTORY = "traces"
 SUFFIX = ".json.gz"
+RESULT_SUFFIX = ".result" + SUFFIX  # a result derived from a trace (`remembered`)
 MAX_DIRECTORY_BYTES = 1024 * 2**20  # the whole cache: a 1.3B GPT's trace is ~2 MB, a 200-step GRU's ~40 MB
 MAX_FILE_BYTES = 256 * 2**20  # one file as stored (compressed)
 MAX_DECODED_BYTES = 1024 * 2**20  # one file's JSON text: bounds what a hostile file can make us hold
 MAX_EVENTS = 20_000_000  # a trace longer than this is not stored (its file would pass the bounds above)
+RESULT_FORMAT = "result-1"  # a file of a result derived from a trace (`remembered`), not of a trace
 
 _enabled = True
 
@@ -71,6 +73,7 @@ class CacheUse:
 
     used: str  # "reused" | "stored" | "off" | "not cached"
     detail: str = ""  # reused: when traced (UTC); not cached: why
+    key: str = ""  # reused, stored: the trace's key, from which results derived from the trace alone are keyed
 
     def to_dict(self) -> dict[str, str]:
         return {"used": self.used, **({"detail": self.detail} if self.detail else {})}
@@ -78,21 +81,16 @@ class CacheUse:
 
 def lookup(key: str) -> tuple[TraceResult, CacheUse] | None:
     path = directory() / (key + SUFFIX)
-    try:
-        size = path.stat().st_size
-    except OSError:
+    data = _read_json(path)
+    if data is None:
         return None
     try:
-        if size > MAX_FILE_BYTES:
-            raise BadCacheFile("larger than a stored trace can be")
-        traced = decode(json.loads(_read_bounded(path)))
-    except (BadCacheFile, OSError, ValueError, EOFError, zlib.error, RecursionError):
+        traced = decode(data)
+    except BadCacheFile:
         _remove(path)
         return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # recently used: the last to be evicted
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(_traced_at(path)))
-    return traced, CacheUse("reused", f"traced {when}")
+    return traced, CacheUse("reused", f"traced {when}", key)
 
 
 def store(key: str, traced: TraceResult) -> CacheUse:
@@ -101,20 +99,65 @@ def store(key: str, traced: TraceResult) -> CacheUse:
     if len(traced.trace.events) > MAX_EVENTS:
         return CacheUse("not cached", f"more than {MAX_EVENTS:,} events")
     try:
-        data = json.dumps(encode(traced), separators=(",", ":")).encode()
+        data = encode(traced)
     except NotCacheable as why:
         return CacheUse("not cached", str(why))
+    written = _write(key, data)
+    return CacheUse("stored", "", key) if written is None else CacheUse("not cached", written)
+
+
+def remembered(key: str | None, compute: Callable[[], Any], to_plain: Callable[[Any], Any],
+               from_plain: Callable[[Any], Any]) -> Any:
+    """A result computed from a stored trace alone (the CPU target's replay of glibc's heap over the run, most of
+    a CPU estimate's time), kept beside it under `key`, which the caller derives from the trace's key and whatever
+    else the result depends on. `from_plain` raises BadCacheFile (or TypeError, ValueError, KeyError) on what it
+    cannot read: the result is then computed again."""
+    if key is None or not _enabled:
+        return compute()
+    path = directory() / (key + RESULT_SUFFIX)
+    data = _read_json(path)
+    if isinstance(data, dict) and data.get("format") == RESULT_FORMAT:
+        try:
+            return from_plain(data["result"])
+        except (BadCacheFile, TypeError, ValueError, KeyError, AttributeError):
+            _remove(path)
+    value = compute()
+    _write(key + RESULT_SUFFIX.removesuffix(SUFFIX), {"format": RESULT_FORMAT, "result": to_plain(value)})
+    return value
+
+
+def _read_json(path: Path) -> Any:
+    """A stored file's JSON, within the bounds; None when there is none or it does not read (removed)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    try:
+        if size > MAX_FILE_BYTES:
+            raise BadCacheFile("larger than a stored trace can be")
+        data = json.loads(_read_bounded(path))
+    except (BadCacheFile, OSError, ValueError, EOFError, zlib.error, RecursionError):
+        _remove(path)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: the last to be evicted
+    return data
+
+
+def _write(key: str, data: Any) -> str | None:
+    """Store `data` under `key` atomically and keep the directory bounded; why not, when it could not."""
     folder = directory()
     try:
+        text = json.dumps(data, separators=(",", ":")).encode()
         folder.mkdir(parents=True, exist_ok=True)
         temporary = folder / f".{key}.{os.getpid()}.tmp"
         with open(temporary, "wb") as out:
-            out.write(gzip.compress(data, compresslevel=1))
+            out.write(gzip.compress(text, compresslevel=1))
         os.replace(temporary, folder / (key + SUFFIX))  # atomic: a reader sees the whole file or none
         evict(MAX_DIRECTORY_BYTES)
     except OSError as error:
-        return CacheUse("not cached", f"the cache directory {folder} cannot be written ({error.strerror or error})")
-    return CacheUse("stored")
+        return f"the cache directory {folder} cannot be written ({error.strerror or error})"
+    return None
 
 
 def evict(limit: int) -> int:
@@ -133,8 +176,9 @@ def evict(limit: int) -> int:
 
 def summary() -> dict[str, Any]:
     files = _files()
-    return {"directory": str(directory()), "traces": len(files), "bytes": sum(s.st_size for _, s in files),
-            "limit_bytes": MAX_DIRECTORY_BYTES}
+    results = sum(path.name.endswith(RESULT_SUFFIX) for path, _ in files)
+    return {"directory": str(directory()), "traces": len(files) - results, "results": results,
+            "bytes": sum(s.st_size for _, s in files), "limit_bytes": MAX_DIRECTORY_BYTES}
 
 
 def clear() -> dict[str, Any]:

@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> Outcome:
     facts = cache_store.clear() if args.action == "clear" else cache_store.summary()
     if args.format == "json":
         return Outcome(json.dumps({"action": args.action, **facts}, indent=2), EXIT_OK)
-    held = f"{facts['traces']:,} traces, {format_bytes(facts['bytes'])} in {facts['directory']}"
+    held = (f"{facts['traces']:,} traces and {facts['results']:,} results replayed from them, "
+            f"{format_bytes(facts['bytes'])} in {facts['directory']}")
     if args.action == "clear":
         return Outcome(f"removed {held}", EXIT_OK)
     return Outcome(f"{held} (kept to {format_bytes(facts['limit_bytes'])}, least recently used first out; "
