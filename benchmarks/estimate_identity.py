@@ -8,6 +8,10 @@ The cases are the benchmark zoo's own estimates: every CPU row of accuracy_cpu.p
 every row of gpu_published.jsonl that trainmem can express, and the seed MLP's golden report. Each case
 records the SHA-256 of its JSON (`Estimate.to_dict()`, keys sorted) and of its text report, and the JSON
 itself so that a difference can be shown. Run the old code with PYTHONPATH pointing at its `src`.
+
+The trace cache (trainmem/trace/cache_store.py) is checked the same way: run the new side twice with one fresh
+TRAINMEM_CACHE_DIR, the first pass tracing and storing, the second answered from the cache (each record says which,
+`trace_cache`), and compare both with the old side: a run answered from the cache must give the same bytes.
 """
 
 from __future__ import annotations
@@ -92,15 +96,17 @@ def run(out: Path, only: str | None) -> None:
             if only and only not in case:
                 continue
             started = time.perf_counter()
+            cache = None
             try:
                 est = estimate(model, setup=TrainingSetup.from_mapping(setup, where=case), **_keywords(options))
+                cache = getattr(est, "trace_cache", None)
                 payload = json.dumps(est.to_dict(), sort_keys=True, default=str)
                 text = str(est)
             except Exception as error:  # noqa: BLE001 - an error is an outcome to compare too
                 payload, text = json.dumps({"error": f"{type(error).__name__}: {error}"}), ""
             record = {"case": case, "json_sha256": hashlib.sha256(payload.encode()).hexdigest(),
                       "text_sha256": hashlib.sha256(text.encode()).hexdigest(), "json": json.loads(payload),
-                      "seconds": round(time.perf_counter() - started, 2)}
+                      "seconds": round(time.perf_counter() - started, 2), "trace_cache": cache and cache.used}
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             print(f"{case:60s} {record['json_sha256'][:12]} {record['text_sha256'][:12]} {record['seconds']:7.1f} s",

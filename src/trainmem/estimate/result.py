@@ -157,7 +157,8 @@ class Estimate:
     # what only a framework other than PyTorch reports, with its own JSON keys and text report (Keras on
     # TensorFlow: targets/tf/keras_section.py KerasSection); None for PyTorch
     framework: FrameworkSection | None = None
-    # what the trace cache did (trace/cache_store.py CacheUse: reused, stored, off, not cached); not a figure
+    # what the trace cache did (trace/cache_store.py CacheUse: reused, stored, off, not cached): not part of the
+    # answer, which is the same bytes however it was reached (the command says a reuse on stderr)
     trace_cache: Any = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -200,7 +201,6 @@ class Estimate:
             **({"ranks": [row.to_dict() for row in self.ranks], "parallel": self.parallel}
                if self.parallel is not None else {}),
             "warnings": list(self.warnings),
-            **({"trace_cache": self.trace_cache.to_dict()} if self.trace_cache is not None else {}),
             **(self.framework.to_json() if self.framework is not None else {}),
         }
 

@@ -134,16 +134,8 @@ def report_header(est, style: Style) -> list[str]:
             f"  batch {s.batch_size} · {s.optimizer} ({_optimizer_words(est)}) · {s.precision}"
             + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
             + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}{_capacity_note(est)}",
-            *_used(est), _loop_line(est), *_cache_line(est)]
+            *_used(est), _loop_line(est)]
 
-
-def _cache_line(est) -> list[str]:
-    """Said only when the figures come from a trace made earlier (trace/cache_store.py): the user may have changed
-    something the cache key cannot see."""
-    use = getattr(est, "trace_cache", None)
-    if use is None or use.used != "reused":
-        return []
-    return [f"  trace reused from the cache ({use.detail}; --no-cache traces again)"]
 
 
 def _peak_section(est, style: Style) -> list[str]:

@@ -1,4 +1,4 @@
-"""A traced run (TraceResult) ⇄ plain JSON values, for the trace cache (trace/cache_store.py).
+"""A traced run (TraceResult) to plain JSON values and back, for the trace cache (trace/cache_store.py).
 
 JSON, not pickle: a cache file is read back as data and can never run code. The encoding is exact for the
 types it accepts and refuses every other type (`NotCacheable`), so what comes back compares equal to what went

@@ -37,7 +37,16 @@ def run(options: Options, setup: Any) -> Outcome:
     else:
         text = str(result)
     return Outcome(text, EXIT_OK if result.fits else EXIT_DOES_NOT_FIT,
-                   trace_warnings(result.warnings, options.format) + written)
+                   trace_warnings(result.warnings, options.format) + cache_note(result, options.format) + written)
+
+
+def cache_note(result: Any, fmt: str) -> tuple[str, ...]:
+    """A stderr line when the figures come from a trace made earlier (trace/cache_store.py): the user may have
+    changed what the cache's key cannot see. Not in the report, which is the same bytes however it was reached."""
+    use = getattr(result, "trace_cache", None)
+    if fmt == "json" or use is None or use.used != "reused":
+        return ()
+    return (f"trainmem: trace reused from the cache ({use.detail}; --no-cache traces again)",)
 
 
 def write_outputs(result: Any, options: Options) -> tuple[str, ...]:
