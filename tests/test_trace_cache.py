@@ -163,6 +163,22 @@ def test_a_damaged_or_hostile_file_is_a_miss(cache_on, damage, monkeypatch):
     assert again == estimate(zoo("tiny_conv"), batch_size=2, cache=False)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_file_that_is_not_a_regular_file_is_never_read(cache_on, kind, tmp_path):
+    """A FIFO under a trace's name would block a read for ever; a link could point anywhere."""
+    import os
+
+    path = _stored_file(cache_on)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "elsewhere").write_bytes(b"\x1f\x8b" + b"\x00" * 100)
+        path.symlink_to(tmp_path / "elsewhere")
+    assert estimate(zoo("tiny_conv"), batch_size=2).trace_cache.used == "stored"  # removed, traced, stored again
+    assert path.is_file() and not path.is_symlink()
+
+
 def test_decoding_refuses_what_is_not_a_trace():
     for data in (None, [], {"format": 1}, {"format": 1, "strings": [1]}):
         with pytest.raises(BadCacheFile):

@@ -18,6 +18,7 @@ import dataclasses
 import gzip
 import json
 import os
+import stat
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -129,11 +130,13 @@ def remembered(key: str | None, compute: Callable[[], Any], to_plain: Callable[[
 def _read_json(path: Path) -> Any:
     """A stored file's JSON, within the bounds; None when there is none or it does not read (removed)."""
     try:
-        size = path.stat().st_size
+        status = path.lstat()
     except OSError:
         return None
     try:
-        if size > MAX_FILE_BYTES:
+        if not stat.S_ISREG(status.st_mode):  # a link, a FIFO (a read that never ends), a device: not ours
+            raise BadCacheFile("not a regular file")
+        if status.st_size > MAX_FILE_BYTES:
             raise BadCacheFile("larger than a stored trace can be")
         data = json.loads(_read_bounded(path))
     except (BadCacheFile, OSError, ValueError, EOFError, zlib.error, RecursionError):
@@ -163,14 +166,14 @@ def _write(key: str, data: Any) -> str | None:
 def evict(limit: int) -> int:
     """Remove the least recently used traces until the rest take at most `limit` bytes; the bytes removed."""
     files = sorted(_files(), key=lambda item: item[1].st_mtime)
-    total = sum(stat.st_size for _, stat in files)
+    total = sum(status.st_size for _, status in files)
     removed = 0
-    for path, stat in files:
+    for path, status in files:
         if total <= limit:
             break
         if _remove(path):
-            total -= stat.st_size
-            removed += stat.st_size
+            total -= status.st_size
+            removed += status.st_size
     return removed
 
 
