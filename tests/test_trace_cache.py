@@ -230,6 +230,14 @@ def test_the_command_reuses_stores_and_clears(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid choice: 'empty'" in bad.stderr
 
 
+def test_a_fresh_process_traces_many_ranks(tmp_path):
+    """The first import of torch._dynamo in a process can come from a model's build on meta; a many-rank trace
+    then needs the whole package (the process group's initialization reads it)."""
+    done = _trainmem("estimate", zoo("tiny_gpt"), "--batch-size", "2", "--strategy", "ddp", "--world-size", "2",
+                     "--no-cache", env_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_cache_command_imports_no_torch(tmp_path):
     code = ("import sys; from trainmem.cli.main import main\n"
             "try:\n    main(['cache'])\nexcept SystemExit:\n    pass\n"
@@ -251,6 +259,10 @@ with building_on_meta():
 assert made.device.type == 'meta', made.device
 assert type(torch._dynamo.__spec__.loader).__name__ == 'SourceFileLoader', torch._dynamo.__spec__
 assert not any(type(f).__name__ == 'DynamoOffMeta' for f in sys.meta_path)
+# imported once, whole: every submodule it imported is an attribute of the package (torch.distributed's
+# init_process_group reads torch._dynamo.trace_rules)
+missing = {k.split('.')[2] for k in sys.modules if k.startswith('torch._dynamo.')} - set(vars(torch._dynamo))
+assert not missing, missing
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

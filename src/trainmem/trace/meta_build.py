@@ -76,25 +76,27 @@ def building_on_meta() -> Iterator[None]:
 
 
 class DynamoOffMeta(importlib.abc.MetaPathFinder):
-    """Imports torch._dynamo, when it is first asked for, with the building modes off, and hands the import
-    system the module it made (a loader that runs nothing)."""
+    """Finds torch._dynamo where the path finder does, with a loader that runs its import with the building modes
+    off: one import, as the interpreter would make it (a second import nested in this one would leave the package
+    without the attributes of the submodules its first attempt imported)."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name != "torch._dynamo":
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        with torch_function_modes_off():
-            module = importlib.import_module(name)
-        return importlib.util.spec_from_loader(name, _Imported(module))
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ModesOff(spec.loader)
+        return spec
 
 
-class _Imported(importlib.abc.Loader):
-    def __init__(self, module: types.ModuleType) -> None:
-        self.module, self.spec = module, module.__spec__
+class _ModesOff(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return self.module
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__spec__ = self.spec  # the import system set ours; the module keeps its own
+        module.__loader__ = module.__spec__.loader = self.loader  # the module keeps its own loader
+        with torch_function_modes_off():
+            self.loader.exec_module(module)
