@@ -57,10 +57,10 @@ def run_one(case: list[str], way: str, batch: int | None) -> dict:
     started, cpu_started = time.perf_counter(), time.process_time()
     if way.startswith("estimate"):  # estimate_cli: as `trainmem estimate` runs it, the lean loop traced too
         est = estimate(args.model, setup=dataclasses.replace(setup, batch_size=batch), device=args.device,
-                       compare_loop=way == "estimate_cli")
+                       compare_loop=way == "estimate_cli", cache=False)  # each way traces: the trace cache is off
         return {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
                 "process_bytes_high": est.process_bytes_high, **spent}
-    result = fit(args.model, setup, args.device, margin=args.margin, exhaustive=way == "exhaustive")
+    result = fit(args.model, setup, args.device, margin=args.margin, exhaustive=way == "exhaustive", cache=False)
     return {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
             "best": result.best, "first_miss": result.first_miss,
             "tried": result.tried, "best_estimate": _digest(result.best_estimate),
