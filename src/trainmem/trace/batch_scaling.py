@@ -182,10 +182,10 @@ def _pair(first: Any, second: Any, span: int, flags_from_second: bool = False) -
         return _Set(first)
     if dataclasses.is_dataclass(first):
         fields = []
-        for field in dataclasses.fields(first):
+        for field in dataclasses.fields(first):  # a field outside the value (TraceResult.cache_use): None predicted
             try:
                 fields.append(_pair(getattr(first, field.name), getattr(second, field.name), span,
-                                  flags_from_second))
+                                    flags_from_second) if field.compare else _Same(None))
             except StreamsDiffer as differ:
                 raise differ.inside(field.name) from None
         return _Record(kind, fields)

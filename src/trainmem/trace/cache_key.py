@@ -212,19 +212,29 @@ def _file_of(cls: type) -> str:
 def _user_module_files() -> set[str]:
     """Modules imported from outside the interpreter's and the installed packages' directories: the user's own
     code, which a model file may import beside it (trainmem's own is keyed as a whole)."""
-    import trainmem
-
-    installed = tuple({str(Path(p).resolve()) + "/" for p in _installed_roots()})
-    own = str(Path(trainmem.__file__).parent.resolve()) + "/"
     files = set()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
-            continue  # a relative __file__ (torch._classes's) names no file of the user's
-        resolved = str(Path(path).resolve())
-        if not resolved.startswith(installed) and not resolved.startswith(own):
-            files.add(resolved)
+        if isinstance(path, str) and path.endswith(".py") and os.path.isabs(path):  # a relative __file__ (torch.
+            resolved = _user_file(path)                                           # _classes's) names no file
+            if resolved is not None:
+                files.add(resolved)
     return files
+
+
+@functools.cache
+def _user_file(path: str) -> str | None:
+    """`path` resolved when it is the user's, else None; once per path (a process imports thousands)."""
+    resolved = str(Path(path).resolve())
+    return None if resolved.startswith(_not_the_users()) else resolved
+
+
+@functools.cache
+def _not_the_users() -> tuple[str, ...]:
+    """The directories whose files are not the user's: the interpreter's, the installed packages', trainmem's."""
+    import trainmem
+
+    return tuple({str(Path(p).resolve()) + "/" for p in (*_installed_roots(), Path(trainmem.__file__).parent)})
 
 
 @functools.cache
