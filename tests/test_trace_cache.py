@@ -296,3 +296,15 @@ def test_the_cpu_heap_replay_is_kept_beside_its_trace(cache_on, monkeypatch):
     assert estimate(zoo("tiny_gpt"), batch_size=2) == fresh
     assert estimate(zoo("tiny_gpt"), batch_size=2, run_steps=4) == estimate(zoo("tiny_gpt"), batch_size=2, run_steps=4,
                                                                              cache=False)
+
+
+def test_fit_predicts_with_the_cache_on(cache_on):
+    """Two traces' cache keys differ; the batch prediction must not read that as traces that differ (it sent every
+    fit to tracing each candidate), and a second fit gives the first's answer from the cache."""
+    from trainmem import fit
+
+    first = fit("mlp:10-5", device="a100-40gb", limit=1 << 12)
+    assert first.search["how"].startswith("predicted from the traces at batch 1 and 2"), first.search
+    again = fit("mlp:10-5", device="a100-40gb", limit=1 << 12)
+    assert (again.best, again.first_miss, again.tried) == (first.best, first.first_miss, first.tried)
+    assert again.to_dict() == first.to_dict()
