@@ -76,9 +76,6 @@ class CacheUse:
     detail: str = ""  # reused: when traced (UTC); not cached: why
     key: str = ""  # reused, stored: the trace's key, from which results derived from the trace alone are keyed
 
-    def to_dict(self) -> dict[str, str]:
-        return {"used": self.used, **({"detail": self.detail} if self.detail else {})}
-
 
 def lookup(key: str) -> tuple[TraceResult, CacheUse] | None:
     path = directory() / (key + SUFFIX)
