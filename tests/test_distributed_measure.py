@@ -10,8 +10,15 @@ which `make test` runs):
     fsdp  ws 4 lean     uneven shards (the 10-row head over 4 ranks)
     zero1 ws 2 lean     ZeroRedundancyOptimizer(Adam) partitions
     zero1 ws 4 inline
+    fsdp1 ws 2 inline   tiny_gpt, batch 4, bf16-mixed, use_orig_params: FullyShardedDataParallel per block
+    fsdp1 ws 4 trainer  SHARD_GRAD_OP, FSDP1 per Linear
 
-Each rank's measured tensor peak must be within 2% of the estimate for that rank.
+Each rank's measured tensor peak must be within 2% of the estimate for that rank. FSDP1's real runs are the
+exception: in about a third of the runs seen (2026-12-06, fsdp1 on this machine) one rank measured one unit's
+buffer below the others (MLP ws 4: 4.05 against 4.81 MiB; tiny_gpt with checkpointing: 45.30 against 46.30 MiB),
+the other ranks and the other runs of the same command matching the estimate to 0.02%: where a buffer dies
+depends on when gloo's worker finishes. There the most loaded rank is held to 2% and no rank may measure more
+than 2% above the estimate.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ MATRIX = [
     ("fsdp", 4, "lean", {}),
     ("zero1", 2, "lean", {}),
     ("zero1", 4, "inline", {}),
+    ("fsdp1", 2, "inline", {"model": GPT, "batch_size": 4, "precision": "bf16-mixed", "fsdp1_use_orig_params": True}),
+    ("fsdp1", 4, "trainer", {"fsdp1_sharding": "shard-grad-op"}),
 ]
 TOLERANCE = 0.02
 
@@ -48,6 +57,9 @@ def test_each_rank_within_two_percent(strategy, world_size, loop, knobs):
                                         "loop": loop, **knobs})
     result = measure_distributed(model, setup, runs=0, timeout=300)
     assert [r.rank for r in result.ranks] == list(range(world_size))
+    if strategy == "fsdp1":
+        _most_loaded_within_two_percent(result)
+        return
     for rank, child in zip(result.ranks, result.tensors):
         # the ground truth wraps the model itself: nothing of trainmem.parallel (the layout is setup/layout.py)
         assert child["parallel_modules"] == []
@@ -57,6 +69,14 @@ def test_each_rank_within_two_percent(strategy, world_size, loop, knobs):
             f"rank {rank.rank}: measured {rank.tensor_bytes:,} B, estimated {rank.estimated_tensor_bytes:,} B "
             f"({rank.tensor_error:+.2%})\n{result}")
     assert "rank" in str(result) and result.to_dict()["ranks"][0]["measured"]["tensor_bytes"] > 0
+
+
+def _most_loaded_within_two_percent(result) -> None:
+    for rank, child in zip(result.ranks, result.tensors):
+        assert child["parallel_modules"] == [] and child["pairing_exact"]
+        assert rank.estimated_tensor_bytes is not None and rank.tensor_error >= -TOLERANCE, f"rank {rank.rank}\n{result}"
+    most = max(result.ranks, key=lambda r: r.tensor_bytes)
+    assert abs(most.tensor_error) <= TOLERANCE, f"most loaded rank {most.rank}\n{result}"
 
 
 @pytest.mark.slow

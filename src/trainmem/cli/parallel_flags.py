@@ -27,8 +27,9 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     d = _default
     group = parser.add_argument_group("many GPUs (per-rank memory)")
     add = group.add_argument
-    add("--strategy", metavar="KIND", help="ddp|fsdp|hsdp|zero1|zero2|zero3|tp|pp; with --dp and no data-parallel "
-        "kind named, fsdp (torchtitan's default)" + d("strategy"))
+    add("--strategy", metavar="KIND", help="ddp|fsdp|fsdp1|hsdp|zero1|zero2|zero3|tp|pp (fsdp is FSDP2's fully_shard, "
+        "fsdp1 FullyShardedDataParallel); with --dp and no data-parallel kind named, fsdp (torchtitan's default)"
+        + d("strategy"))
     add("--world-size", type=int, metavar="N", help="ranks in all; with --strategy alone it is that strategy's "
         "degree" + d("world_size"))
     add("--dp", type=int, metavar="N", help="data-parallel degree" + d("dp"))
@@ -47,6 +48,15 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     add("--ddp-bucket-mb", type=float, metavar="MB", help="DDP bucket_cap_mb" + d("ddp_bucket_mb"))
     add("--gradient-as-bucket-view", type=true_false, nargs="?", const=True, metavar="true|false",
         help="DDP: gradients are views into the buckets" + d("gradient_as_bucket_view"))
+    _add_fsdp_flags(add, d)
+    add("--zero3-prefetch-bucket", type=int, metavar="ELEMENTS", help="ZeRO-3 prefetch bucket size"
+        + d("zero3_prefetch_bucket"))
+    add("--zero3-persistence-threshold", type=int, metavar="ELEMENTS", help="ZeRO-3: parameters this small "
+        "stay unsharded" + d("zero3_persistence_threshold"))
+
+
+def _add_fsdp_flags(add, d) -> None:
+    """FSDP2's knobs (--reshard-after-forward, --fsdp-prefetch, --fsdp-wrap) and FSDP1's (--fsdp1-*)."""
     add("--reshard-after-forward", type=true_false, metavar="true|false",
         help="FSDP: free the unsharded parameters after forward (default: fully_shard's own, which keeps the "
              "root's gathered from forward into backward and reshards every other module)")
@@ -55,10 +65,10 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     add("--fsdp-prefetch", type=int, metavar="N", help="FSDP: modules all-gathered ahead" + d("fsdp_prefetch"))
     add("--fsdp-wrap", metavar="POLICY", help="auto (each repeated block, else each top-level child with "
         "parameters; then the root) | blocks | children | root" + d("fsdp_wrap"))
-    add("--zero3-prefetch-bucket", type=int, metavar="ELEMENTS", help="ZeRO-3 prefetch bucket size"
-        + d("zero3_prefetch_bucket"))
-    add("--zero3-persistence-threshold", type=int, metavar="ELEMENTS", help="ZeRO-3: parameters this small "
-        "stay unsharded" + d("zero3_persistence_threshold"))
+    add("--fsdp1-sharding", metavar="KIND", help="fsdp1: sharding_strategy full-shard|shard-grad-op|no-shard"
+        + d("fsdp1_sharding"))
+    add("--fsdp1-use-orig-params", type=true_false, nargs="?", const=True, metavar="true|false",
+        help="fsdp1: use_orig_params (Lightning's FSDP strategy sets it)" + d("fsdp1_use_orig_params"))
 
 
 def measure_distributed_outcome(options, setup) -> str:

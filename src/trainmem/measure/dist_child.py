@@ -9,6 +9,9 @@ wrapped as a user wraps it, with torch's own classes —
          the root, `to_empty(device="cpu")` and each module's reset_parameters(), as torchtitan does
   zero2  the same with fully_shard(reshard_after_forward=False)
   hsdp   the same on a 2-D mesh init_device_mesh("cpu", (replicate, shard)): shard inside, replicate across
+  fsdp1  FullyShardedDataParallel as a Lightning or Accelerate user's model is wrapped: built for real on the
+         CPU, then FSDP1 with ModuleWrapPolicy over the blocks' classes, the sharding strategy, use_orig_params,
+         device_id=cpu and Lightning's MixedPrecision for the mixed precisions
 The model, its batch and loss, and the training loop (setup.loop) are trainmem's frontends and
 trace/loops.py, as measure/child.py uses them.
 
@@ -34,7 +37,7 @@ import sys
 import time
 
 SHARDED = ("fsdp", "zero2", "hsdp")
-SUPPORTED = ("ddp", "zero1") + SHARDED
+SUPPORTED = ("ddp", "zero1", "fsdp1") + SHARDED
 
 
 def run(request: dict) -> dict:
@@ -107,6 +110,8 @@ def _train(request: dict, layout: dict, mark):
     source = resolve(request["model"], setup)
     if layout["strategy"] in SHARDED:
         prepared = _prepare_sharded(source, setup, layout, training)
+    elif layout["strategy"] == "fsdp1":
+        prepared = _prepare_fsdp1(source, setup, layout, training)
     else:
         prepared = _prepare_replicated(source, setup, layout, training)
     mark("loop_start")
@@ -166,6 +171,35 @@ def _prepare_sharded(source, setup, layout: dict, training):
         for module in model.modules():
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
+    prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False), source)
+    prepared.checkpointed = checkpointed
+    return prepared
+
+
+def _prepare_fsdp1(source, setup, layout: dict, training):
+    """fsdp1: the model built on the CPU, checkpointing applied, then FullyShardedDataParallel with an auto-wrap
+    policy over the classes of the blocks (wrap_units below), and the optimizer over its parameters."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from trainmem.setup import Precision
+    from trainmem.trace import finetune
+    from trainmem.trace.checkpointing import checkpoint_blocks
+
+    model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+    model, _ = finetune.apply(model, setup)
+    if setup.precision == Precision.BF16:
+        model.to(torch.bfloat16)
+    checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
+    units = wrap_units(model, layout.get("fsdp_wrap", "auto"))
+    # Lightning's FSDPPrecision.mixed_precision_config: fp32 parameters, low-precision reduction and buffers
+    low = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(setup.precision))
+    model = FullyShardedDataParallel(
+        model, auto_wrap_policy=ModuleWrapPolicy({type(unit) for unit in units}) if units else None,
+        sharding_strategy=ShardingStrategy[layout.get("fsdp1_sharding", "full-shard").upper().replace("-", "_")],
+        use_orig_params=bool(layout.get("fsdp1_use_orig_params", False)), device_id=torch.device("cpu"),
+        mixed_precision=MixedPrecision(param_dtype=torch.float32, reduce_dtype=low, buffer_dtype=low) if low else None)
     prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False), source)
     prepared.checkpointed = checkpointed
     return prepared

@@ -157,10 +157,24 @@ def _zero_stage(layout: ParallelLayout) -> tuple[int, int, str]:
         return 1, layout.dp, "P_os (optimizer state sharded)"
     if kind == Strategy.ZERO2:
         return 2, layout.dp, "P_os+g (optimizer state and gradients sharded)"
+    if kind == Strategy.FSDP1:
+        return _fsdp1_stage(layout)
     if kind == Strategy.HSDP:
         return 3, layout.hsdp_shard, (f"P_os+g+p over the {layout.hsdp_shard} ranks that shard "
                                       "(HSDP replicates across the rest)")
     return 3, layout.dp, "P_os+g+p (everything sharded, FSDP2 fully_shard)"
+
+
+def _fsdp1_stage(layout: ParallelLayout) -> tuple[int, int, str]:
+    """FSDP1's sharding strategies as ZeRO stages: FULL_SHARD is 3, SHARD_GRAD_OP 2 (its parameters are sharded
+    too between steps, but gathered from forward through backward), NO_SHARD 0."""
+    from trainmem.setup.layout import Fsdp1Sharding
+
+    if layout.fsdp1_sharding == Fsdp1Sharding.NO_SHARD:
+        return 0, layout.dp, "FSDP1 NO_SHARD (every rank a full replica)"
+    if layout.fsdp1_sharding == Fsdp1Sharding.SHARD_GRAD_OP:
+        return 2, layout.dp, "P_os+g (FSDP1 SHARD_GRAD_OP: parameters gathered from forward through backward)"
+    return 3, layout.dp, "P_os+g+p (everything sharded, FSDP1 FULL_SHARD)"
 
 
 def _precision_note(precision: str, optimizer: str) -> str:

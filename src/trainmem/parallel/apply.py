@@ -25,7 +25,7 @@ from trainmem.setup.layout import ParallelLayout, Strategy
 
 # Which module carries each data-parallel kind: HSDP is fully_shard on a 2-D mesh; ZeRO 1/2/3 are torch's
 # ZeroRedundancyOptimizer and FSDP2 with ZeRO's knobs (zero.py says which mechanism each stage uses).
-DATA_PARALLEL_MODULES = {Strategy.DDP: "ddp", Strategy.FSDP: "fsdp", Strategy.HSDP: "fsdp",
+DATA_PARALLEL_MODULES = {Strategy.DDP: "ddp", Strategy.FSDP: "fsdp", Strategy.FSDP1: "fsdp1", Strategy.HSDP: "fsdp",
                          Strategy.ZERO1: "zero", Strategy.ZERO2: "zero", Strategy.ZERO3: "zero"}
 
 
@@ -52,6 +52,10 @@ class Parallelized:
     host_tensors: Callable | None = None  # () -> tensors living in host RAM (offload)
     communication_tensors: Callable | None = None  # () -> tensors that are collective buffers (DDP buckets)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # FSDP1: what the wrapper allocates as it is built are the parameters (flat parameters and their shards), not
+    # collective buffers; and on a GPU the model as materialized was the user's host copy (fsdp1.py)
+    wraps_parameters: bool = False
+    built_on_host: bool = False
 
 
 def strategy_module(name: str, strategy: str) -> ModuleType:
@@ -115,4 +119,5 @@ def _merged(before: Parallelized, after: Parallelized) -> Parallelized:
         run_steps=after.run_steps or before.run_steps,
         host_tensors=both(before.host_tensors, after.host_tensors),
         communication_tensors=both(before.communication_tensors, after.communication_tensors),
-        notes=[*before.notes, *after.notes])
+        notes=[*before.notes, *after.notes], wraps_parameters=before.wraps_parameters or after.wraps_parameters,
+        built_on_host=before.built_on_host or after.built_on_host)

@@ -225,6 +225,10 @@ def dp_index_classes(model_on_meta: nn.Module, layout: ParallelLayout) -> list[t
     kind = layout.data_parallel
     if kind is None or layout.dp == 1 or kind == Strategy.DDP:
         return [tuple(range(layout.dp))]
+    if kind == Strategy.FSDP1:
+        from trainmem.parallel.fsdp1 import dp_index_classes as fsdp1_classes
+
+        return fsdp1_classes(layout)
     if kind == Strategy.ZERO1:
         from trainmem.parallel.zero import zero1_classes
 

@@ -145,10 +145,9 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
     before = len(recorder.trace.storages)
+    built = recorder.storage_ids_of([*model.parameters(), *model.buffers()])
     parallel = observer.parallel = apply_on_fake(model, ctx)
-    # what the wrappers allocate when they are built (DDP's Reducer: its gradient buckets) is theirs
-    recorder.set_category({sid for sid in range(before, len(recorder.trace.storages))
-                           if recorder.trace.storages[sid].category == Category.PARAMETERS}, Category.COMMUNICATION)
+    _label_wrapper_allocations(recorder, parallel, before, built)
     prepared = training.prepare(parallel.model, make_batch, loss_fn, setup, source, cuda_semantics=ctx.cuda_semantics,
                                 optimizer_factory=parallel.make_optimizer or _grouped_optimizer(ctx.cuda_semantics),
                                 checkpointed=checkpointed)
@@ -162,6 +161,18 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
                               prepared.optimizer, finetune.lora_used(model))
     return prepared, parallel, resolved
+
+
+def _label_wrapper_allocations(recorder: TraceRecorder, parallel: Parallelized, before: int, built: set[int]) -> None:
+    """What the wrappers allocate when they are built (DDP's Reducer: its gradient buckets) is theirs; FSDP1's
+    wrapper makes the parameters themselves (its flat parameters), and on a GPU the model it wrapped was the user's
+    host copy."""
+    made = {sid for sid in range(before, len(recorder.trace.storages))
+            if recorder.trace.storages[sid].category == Category.PARAMETERS}
+    if not parallel.wraps_parameters:
+        recorder.set_category(made, Category.COMMUNICATION)
+    if parallel.built_on_host:
+        recorder.trace.host_storages |= built
 
 
 def _fsdp_casts(ctx: ParallelContext) -> bool:

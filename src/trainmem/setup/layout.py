@@ -21,6 +21,7 @@ class Strategy(enum.StrEnum):
     NONE = "none"  # one process, no torch.distributed
     DDP = "ddp"  # DistributedDataParallel: full replica, gradients all-reduced in buckets
     FSDP = "fsdp"  # FSDP2 fully_shard over all data-parallel ranks
+    FSDP1 = "fsdp1"  # FullyShardedDataParallel (FlatParameter), as Lightning and Accelerate wrap a model
     HSDP = "hsdp"  # FSDP2 on a 2-D mesh: shard inside a node, replicate across nodes
     ZERO1 = "zero1"  # optimizer state sharded
     ZERO2 = "zero2"  # + gradients sharded
@@ -29,7 +30,8 @@ class Strategy(enum.StrEnum):
     PP = "pp"  # torch.distributed.pipelining
 
 
-DATA_PARALLEL = (Strategy.DDP, Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+DATA_PARALLEL = (Strategy.DDP, Strategy.FSDP, Strategy.FSDP1, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2,
+                 Strategy.ZERO3)
 
 
 class Offload(enum.StrEnum):
@@ -42,6 +44,14 @@ class Schedule(enum.StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
+
+
+class Fsdp1Sharding(enum.StrEnum):
+    """FSDP1's ShardingStrategy (torch/distributed/fsdp/api.py), spelt as flags."""
+
+    FULL_SHARD = "full-shard"  # parameters, gradients and optimizer state sharded; parameters freed after forward
+    SHARD_GRAD_OP = "shard-grad-op"  # the same, but the gathered parameters are kept from forward into backward
+    NO_SHARD = "no-shard"  # every rank a full replica (DDP by FSDP's own code: all-reduce of the flat gradient)
 
 
 class FsdpWrap(enum.StrEnum):
@@ -79,10 +89,12 @@ class ParallelLayout:
     fsdp_wrap: FsdpWrap = FsdpWrap.AUTO
     zero3_prefetch_bucket: int = 50_000_000  # DeepSpeed stage3_prefetch_bucket_size default (elements)
     zero3_persistence_threshold: int = 100_000  # DeepSpeed stage3_param_persistence_threshold default (elements)
+    fsdp1_sharding: Fsdp1Sharding = Fsdp1Sharding.FULL_SHARD  # FSDP1's sharding_strategy default
+    fsdp1_use_orig_params: bool = False  # FSDP1's default; Lightning's FSDP strategy sets True (fabric/strategies/fsdp.py)
 
     def __post_init__(self) -> None:
         for name, enum_type in (("strategy", Strategy), ("offload", Offload), ("schedule", Schedule),
-                                ("fsdp_wrap", FsdpWrap)):
+                                ("fsdp_wrap", FsdpWrap), ("fsdp1_sharding", Fsdp1Sharding)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, enum_type(value))
@@ -100,7 +112,7 @@ class ParallelLayout:
         if isinstance(self.ddp_bucket_mb, bool) or not isinstance(self.ddp_bucket_mb, (int, float)) \
                 or not 0 < self.ddp_bucket_mb < 1 << 20:
             raise SetupError(f"expected a bucket size in MB above 0, got {self.ddp_bucket_mb!r}", where="--ddp-bucket-mb")
-        for name in ("gradient_as_bucket_view", "reshard_after_forward"):
+        for name in ("gradient_as_bucket_view", "reshard_after_forward", "fsdp1_use_orig_params"):
             if not isinstance(getattr(self, name), bool) and not (name == "reshard_after_forward" and getattr(self, name) is None):
                 raise SetupError(f"expected true or false, got {getattr(self, name)!r}", where=f"--{name.replace('_', '-')}")
         if self.world_size > MAX_WORLD_SIZE:
@@ -138,8 +150,10 @@ class ParallelLayout:
         return _resolved(self)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field; FSDP1's knobs only where the strategy is fsdp1 (the other layouts' keys stay as they were)."""
         return {f.name: (str(v) if isinstance(v, enum.Enum) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]
+                if self.strategy == Strategy.FSDP1 or not f.name.startswith("fsdp1_")}
 
 
 def _positive_int(value: Any, where: str, allow_zero: bool = False) -> None:
@@ -163,7 +177,7 @@ def _resolved(layout: ParallelLayout) -> ParallelLayout:
     product = layout.dp * layout.tp * layout.pp
     free = _FREE_DIMENSION.get(layout.strategy)
     if layout.world_size > 1 and product == 1 and free is None:
-        raise SetupError(f"expected --strategy (ddp|fsdp|hsdp|zero1|zero2|zero3|tp|pp) or --dp/--tp/--pp with "
+        raise SetupError(f"expected --strategy (ddp|fsdp|fsdp1|hsdp|zero1|zero2|zero3|tp|pp) or --dp/--tp/--pp with "
                          f"--world-size {layout.world_size}, got neither", where="--world-size")
     if layout.world_size > 1 and product != layout.world_size:
         if free is None or degrees[free] != 1 or layout.world_size % product:
@@ -217,3 +231,26 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
     elif layout.dp_shard is not None:
         raise SetupError(f"expected --strategy hsdp with --dp-shard, got {_strategy_given(layout, given)}",
                          where="--dp-shard")
+    _check_fsdp1(layout, given)
+
+
+def _check_fsdp1(layout: ParallelLayout, given: Strategy) -> None:
+    """FSDP1's knobs belong to --strategy fsdp1, and FSDP2's to the others; what FSDP1 is not traced with is refused."""
+    if layout.strategy != Strategy.FSDP1:
+        knobs = [(name, value) for name, value in (("fsdp1_sharding", Fsdp1Sharding.FULL_SHARD),
+                                                   ("fsdp1_use_orig_params", False)) if getattr(layout, name) != value]
+        if knobs:
+            flag = f"--{knobs[0][0].replace('_', '-')}"
+            raise SetupError(f"expected --strategy fsdp1 with {flag}, got {_strategy_given(layout, given)}", where=flag)
+        return
+    if layout.reshard_after_forward is not None:
+        raise SetupError("expected --fsdp1-sharding shard-grad-op (keep the gathered parameters into backward) with "
+                         "--strategy fsdp1, got --reshard-after-forward, which is FSDP2's", where="--reshard-after-forward")
+    if layout.fsdp_prefetch != 1:
+        raise SetupError(f"expected --fsdp-prefetch 1 with --strategy fsdp1 (FSDP1's own prefetch is traced: "
+                         f"backward_prefetch=BACKWARD_PRE, forward_prefetch=False), got {layout.fsdp_prefetch}",
+                         where="--fsdp-prefetch")
+    if layout.tp > 1 or layout.pp > 1:
+        raise SetupError(f"expected --strategy fsdp1 alone (dp ranks only), got tp {layout.tp} and pp {layout.pp}: "
+                         "FSDP1 with tensor or pipeline parallelism is not traced; --strategy fsdp is FSDP2, which is",
+                         where="--strategy")

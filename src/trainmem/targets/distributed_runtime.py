@@ -20,7 +20,7 @@ from typing import Any
 DATA = Path(__file__).parent / "data" / "distributed_runtime_rss.json"
 PART = "torch.distributed runtime (gloo)"
 # the wrapper each strategy's real run uses (measure/dist_child.py, parallel/*): the measured case it takes
-MEASURED_AS = {"ddp": "ddp", "zero1": "zero1", "fsdp": "fsdp", "hsdp": "fsdp", "zero2": "fsdp", "zero3": "fsdp",
+MEASURED_AS = {"ddp": "ddp", "zero1": "zero1", "fsdp": "fsdp", "fsdp1": "fsdp", "hsdp": "fsdp", "zero2": "fsdp", "zero3": "fsdp",
                "tp": "tp"}
 
 

@@ -1,5 +1,6 @@
-"""FakeTensorMode's dispatch cache, made safe for a memory trace. Private PyTorch APIs are gathered here and in
-trace/torch_private.py only (tests/test_private_apis.py): this module holds the cache's key and entry hooks.
+"""FakeTensorMode's dispatch cache, made safe for a memory trace, and fake tensors' data pointers. Private PyTorch
+APIs are gathered here and in trace/torch_private.py only (tests/test_private_apis.py): this module holds the cache's
+key and entry hooks, and `fake_data_pointers` (a storage's `_cdata` as its address).
 
 FakeTensorMode caches each op's output metadata by (op, argument shapes, dtypes, ...) and, on a hit, makes the
 outputs from the metadata instead of running the meta kernel again; that is most of an op's cost under fake
@@ -22,13 +23,14 @@ on torch 2.13.0 and 2.14.1; the other supported releases were not run with it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
 import torch
 from torch._subclasses import fake_tensor
 
-from trainmem.trace.torch_private import FakeTensorMode
+from trainmem.trace.torch_private import FakeTensor, FakeTensorMode
 
 _KEY_MARK = "trainmem: outputs checked for shared storages"
 # the signatures the overrides below are written against
@@ -101,3 +103,36 @@ def uncached_fake_mode() -> FakeTensorMode:
 def tracing_fake_mode() -> FakeTensorMode:
     """The FakeTensorMode a trace runs under: the checked cache where this torch has its hooks, else none."""
     return TracingFakeTensorMode(allow_non_fake_inputs=True) if _has_cache_hooks() else uncached_fake_mode()
+
+
+@contextlib.contextmanager
+def fake_data_pointers():
+    """While open, a fake tensor's `data_ptr()` and its storage's are the storage's own address (its StorageImpl,
+    `_cdata`, unique while it lives) plus the tensor's offset, and 0 for an empty storage, as a real tensor's are.
+    Fake storages live on the meta device, whose pointers are all 0: FSDP1 compares storages by pointer
+    (torch/distributed/fsdp/_flat_param.py _same_storage, _data_ptr_allocated; _runtime_utils.py
+    _catch_all_reshard), and with every pointer 0 it takes every storage for the same one and every freed one for
+    allocated (SHARD_GRAD_OP with use_orig_params then fails an assertion in backward)."""
+    storage_pointer = torch.UntypedStorage.data_ptr
+    had_own = "data_ptr" in FakeTensor.__dict__
+    tensor_pointer = FakeTensor.__dict__.get("data_ptr")
+
+    def storage_data_ptr(self) -> int:
+        if self.device.type != "meta":
+            return storage_pointer(self)
+        return self._cdata if self.nbytes() else 0
+
+    def tensor_data_ptr(self) -> int:
+        base = storage_data_ptr(self.untyped_storage())
+        return base + self.storage_offset() * self.element_size() if base else 0
+
+    torch.UntypedStorage.data_ptr = storage_data_ptr
+    FakeTensor.data_ptr = tensor_data_ptr
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.data_ptr = storage_pointer
+        if had_own:
+            FakeTensor.data_ptr = tensor_pointer
+        else:
+            del FakeTensor.data_ptr

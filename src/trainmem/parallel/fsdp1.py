@@ -1,0 +1,151 @@
+"""FSDP1 (`FullyShardedDataParallel`, FlatParameter), traced for real: torch's own FSDP1 wraps the materialized
+fake model on this rank's fake process group, so the flat parameters, their shards, the all-gathered padded flat
+parameters, the reduce-scatter buffers and the sharded gradients are made and freed by FSDP1's own code
+(torch/distributed/fsdp/_flat_param.py, _runtime_utils.py). FSDP1 is what Lightning's FSDP strategy and Accelerate
+wrap a model with; `--strategy fsdp` is FSDP2 (parallel/fsdp.py).
+
+Wrapping: the units of `--fsdp-wrap` (parallel/fsdp.py wrap_units: each repeated block, else each top-level child
+with parameters), each wrapped in its own FullyShardedDataParallel, then the root: what an auto-wrap policy over the
+blocks' class makes. Each unit's parameters become one FlatParameter, padded so that every rank's shard has the
+same size (FlatParamHandle._get_shard).
+
+Knobs: `--fsdp1-sharding` is sharding_strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD); `--fsdp1-use-orig-params`
+is use_orig_params (the optimizer then steps views of the flat shard, one per original parameter, so its state
+differs from rank to rank). FSDP1's prefetch and rate limit are its defaults: backward_prefetch=BACKWARD_PRE,
+forward_prefetch=False, limit_all_gathers=True.
+
+Mixed precision is Lightning's (lightning/fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config):
+for bf16-mixed MixedPrecision(param_dtype=float32, reduce_dtype=buffer_dtype=bfloat16) under autocast, for fp16-mixed
+the same with float16; pure bf16 builds the model in bf16 and wraps it without a policy.
+
+Where the model was built: a user builds it on the CPU (or loads it there) and FSDP1 moves each unit to the GPU as
+it wraps it (`device_id`; _init_utils.py _move_module_to_device), then flattens it there. For a GPU target the
+materialized model is the user's host copy, and each unit is copied before it is wrapped, as that move allocates
+it on the device. On the CPU target nothing moves (`device_id=cpu`, what measure/dist_child.py runs).
+
+On a GPU, FSDP1 calls record_stream on the padded flat parameters its unshard stream fills and on the reduce-scatter
+output; the trace runs on the CPU, where those calls do nothing (_utils.py _no_dispatch_record_stream), so their
+frees are where the trace drops the last reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainmem.setup.layout import Fsdp1Sharding
+from trainmem.trace.fake_cache import fake_data_pointers
+
+
+def on_fake(model: nn.Module, ctx: Any):
+    """Wrap each unit in FullyShardedDataParallel, then the root, inside the fake mode and the recorder."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from trainmem.parallel.apply import Parallelized
+    from trainmem.parallel.fsdp import wrap_units
+
+    layout = ctx.layout
+    units = wrap_units(model, layout.fsdp_wrap)
+    names = {id(m): name for name, m in model.named_modules()}
+    kwargs = _fsdp1_kwargs(ctx)
+    moved = ctx.cuda_semantics
+    with fake_data_pointers():
+        for unit in units:
+            _replace(model, unit, FullyShardedDataParallel(_moved(unit) if moved else unit, **kwargs))
+        wrapped = FullyShardedDataParallel(_moved(model) if moved else model, **kwargs)
+    listed = ", ".join(names.get(id(u), "?") for u in units[:3]) + (", …" if len(units) > 3 else "")
+    notes = [f"FSDP1: FullyShardedDataParallel on {len(units)} unit(s) ({listed or 'none'}) then the root "
+             f"(--fsdp-wrap {layout.fsdp_wrap}); sharding_strategy={SHARDING_NAMES[layout.fsdp1_sharding]}, "
+             f"use_orig_params={layout.fsdp1_use_orig_params}, backward_prefetch=BACKWARD_PRE, limit_all_gathers=True"]
+    policy_note = mixed_precision_note(ctx.setup)
+    if policy_note:
+        notes.append(policy_note)
+    if moved:
+        notes.append("FSDP1: the model is built in host RAM and each unit is moved to the GPU as it is wrapped "
+                     "(device_id): the host copy is not device memory, each unit's moved copy and its flat parameter "
+                     "are, until the shard is kept")
+    return Parallelized(wrapped, run_steps=_steps_with_pointers, notes=notes, built_on_host=moved,
+                        wraps_parameters=True)
+
+
+def _steps_with_pointers(prepared: Any, setup: Any, observer: Any) -> None:
+    """The loop, with fake tensors' data pointers FSDP1 can compare (trace/fake_cache.py fake_data_pointers)."""
+    from trainmem.trace import step as training
+
+    with fake_data_pointers():
+        training.run_steps(prepared, setup, observer)
+
+
+SHARDING_NAMES = {Fsdp1Sharding.FULL_SHARD: "FULL_SHARD", Fsdp1Sharding.SHARD_GRAD_OP: "SHARD_GRAD_OP",
+                  Fsdp1Sharding.NO_SHARD: "NO_SHARD"}
+
+
+def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
+    from torch.distributed.fsdp import ShardingStrategy
+
+    layout = ctx.layout
+    kwargs = dict(process_group=ctx.world.dp_group(),
+                  sharding_strategy=getattr(ShardingStrategy, SHARDING_NAMES[layout.fsdp1_sharding]),
+                  device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params)
+    policy = mixed_precision(ctx.setup)
+    if policy is not None:
+        kwargs["mixed_precision"] = policy
+    return kwargs
+
+
+def mixed_precision(setup: Any) -> Any:
+    """Lightning's MixedPrecision for the setup's precision (module docstring); None where there is none."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    from trainmem.setup import Precision
+
+    low = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}.get(setup.precision)
+    if low is None:
+        return None
+    return MixedPrecision(param_dtype=torch.float32, reduce_dtype=low, buffer_dtype=low)
+
+
+def mixed_precision_note(setup: Any) -> str:
+    policy = mixed_precision(setup)
+    if policy is None:
+        return ""
+    low = str(policy.reduce_dtype).removeprefix("torch.")
+    return (f"FSDP1 mixed precision as Lightning's FSDP strategy sets it: MixedPrecision(param_dtype=float32, "
+            f"reduce_dtype={low}, buffer_dtype={low}) with autocast: fp32 flat parameters gathered as they are, "
+            f"gradients reduced in {low}")
+
+
+def _moved(module: nn.Module) -> nn.Module:
+    """What FSDP1's `_move_module_to_device` does to a unit built in host RAM: each parameter and buffer not already
+    in a nested FSDP1 unit gets a device copy (`param.data = param.to(device)`), and the host copy is dropped."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    nested = {id(t) for m in module.modules() if isinstance(m, FullyShardedDataParallel) and m is not module
+              for t in [*m.parameters(), *m.buffers()]}
+    with torch.no_grad():
+        for tensor in {id(t): t for t in [*module.parameters(), *module.buffers()]}.values():
+            if id(tensor) not in nested:
+                tensor.data = torch.empty_like(tensor.data)
+    return module
+
+
+def _replace(model: nn.Module, unit: nn.Module, wrapped: nn.Module) -> None:
+    """Put the wrapped unit where the unit was (its parent's attribute), as an auto-wrap policy does."""
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if child is unit and parent is not wrapped:
+                setattr(parent, name, wrapped)
+                return
+    raise ValueError(f"FSDP1 unit {type(unit).__name__} is not a submodule of the model")
+
+
+def dp_index_classes(layout: Any) -> list[tuple[int, ...]] | None:
+    """Data-parallel indices whose per-rank sizes are equal: every rank's flat shard is padded to one size, so with
+    the flat parameters in the optimizer every rank is alike; with use_orig_params the optimizer's state is
+    per original parameter's share of the shard, which differs from rank to rank (each is traced)."""
+    if not layout.fsdp1_use_orig_params or layout.fsdp1_sharding == Fsdp1Sharding.NO_SHARD:
+        return [tuple(range(layout.dp))]
+    return [(index,) for index in range(layout.dp)]
+

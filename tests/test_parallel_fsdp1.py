@@ -1,0 +1,106 @@
+"""--strategy fsdp1: FSDP1 (FullyShardedDataParallel, FlatParameter) traced with torch's own code (parallel/fsdp1.py).
+Figures are checked against values computed by hand from FSDP1's documented flattening (each unit one flat parameter,
+padded so that every rank's shard has ceil(numel / world) elements); the real runs over gloo are
+tests/test_distributed_measure.py's."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from trainmem import estimate
+from trainmem.errors import SetupError
+from trainmem.parallel import fsdp
+from trainmem.setup import TrainingSetup
+from trainmem.setup.layout import ParallelLayout
+
+MLP = "mlp:256-512-512-10"
+UNITS = [256 * 512 + 512, 512 * 512 + 512, 512 * 10 + 10]  # the three Linears: auto wrap makes each a unit
+PARAMETERS = sum(UNITS)
+
+
+def _estimate(**values):
+    return estimate(MLP, setup=TrainingSetup.from_mapping({"batch_size": 32, "strategy": "fsdp1", **values}),
+                    cache=False)
+
+
+def test_every_rank_holds_a_padded_shard_of_each_unit_and_adam_state_for_it():
+    est = _estimate(world_size=4)
+    shard = sum(math.ceil(numel / 4) for numel in UNITS)  # the root holds no parameter of its own
+    assert [row.ranks for row in est.ranks] == [(0, 1, 2, 3)]  # every rank alike: one traced for all
+    assert est.ranks[0].breakdown["optimizer_state"] == 2 * 4 * shard  # exp_avg, exp_avg_sq of each flat shard
+    assert any("FSDP1: FullyShardedDataParallel on 3 unit(s)" in w for w in est.warnings)
+    assert not any("data pointer of FakeTensor" in w for w in est.warnings)
+
+
+def test_with_orig_params_the_ranks_partition_the_parameters_between_their_optimizer_states():
+    est = _estimate(world_size=4, fsdp1_use_orig_params=True)
+    states = [row.breakdown["optimizer_state"] for row in est.ranks]
+    # each rank's optimizer steps the views of its shard, one per original parameter: together every parameter once,
+    # without the padding; the last rank's shard holds the head's remainder and padding, so its state is smaller
+    assert sum(states) == 2 * 4 * PARAMETERS
+    assert states[-1] < states[0]
+
+
+def test_no_shard_keeps_a_full_replica_and_shard_grad_op_holds_more_than_full_shard():
+    replica = _estimate(world_size=2, fsdp1_sharding="no-shard")
+    assert replica.ranks[0].breakdown["optimizer_state"] == 2 * 4 * PARAMETERS
+    full, grad_op = _estimate(world_size=4), _estimate(world_size=4, fsdp1_sharding="shard-grad-op")
+    assert grad_op.tensor_bytes >= full.tensor_bytes
+
+
+def test_a_gpu_target_does_not_count_the_host_copy_the_model_is_built_in():
+    big = "mlp:" + "-".join(["2048"] * 17) + "-10"  # 16 units of 4.2 M parameters: 16.8 MB each in fp32
+    setup = TrainingSetup.from_mapping({"batch_size": 1, "strategy": "fsdp1", "world_size": 64})
+    est = estimate(big, setup=setup, device="a100-80gb", cache=False)
+    unit = 4 * (2048 * 2048 + 2048)
+    whole_model = 16 * unit + 4 * (2048 * 10 + 10)
+    # a rank holds a 64th of each unit with its gradient and Adam state, and in backward a few gathered units and
+    # their gradients: far below the whole model, which the device would hold at the start if the host copy the
+    # model is built in were counted there
+    assert est.ranks[0].peak["tensor_bytes"] < whole_model / 2
+    assert est.ranks[0].peak["tensor_bytes"] > 2 * unit  # a gathered unit and its gradient at least
+    assert any("built in host RAM" in w for w in est.warnings)
+
+
+def test_dp_index_classes():
+    model = None  # fsdp1's classes depend on the layout alone
+    assert fsdp.dp_index_classes(model, ParallelLayout(strategy="fsdp1", world_size=4)) == [(0, 1, 2, 3)]
+    orig = ParallelLayout(strategy="fsdp1", world_size=3, fsdp1_use_orig_params=True)
+    assert fsdp.dp_index_classes(model, orig) == [(0,), (1,), (2,)]
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({"strategy": "fsdp", "world_size": 2, "fsdp1_sharding": "no-shard"}, "--fsdp1-sharding"),
+    ({"strategy": "ddp", "world_size": 2, "fsdp1_use_orig_params": True}, "--fsdp1-use-orig-params"),
+    ({"strategy": "fsdp1", "world_size": 2, "reshard_after_forward": False}, "--reshard-after-forward"),
+    ({"strategy": "fsdp1", "world_size": 2, "fsdp_prefetch": 2}, "--fsdp-prefetch"),
+    ({"strategy": "fsdp1", "dp": 2, "tp": 2}, "--strategy"),
+    ({"strategy": "fsdp1", "world_size": 2, "fsdp1_sharding": "hybrid"}, "--fsdp1-sharding"),
+    ({"strategy": "fsdp1", "world_size": 2, "offload": "params"}, "--offload"),
+])
+def test_knobs_that_do_not_go_together_are_refused_naming_the_flag(values, where):
+    with pytest.raises(SetupError) as caught:
+        ParallelLayout(**values).resolve()
+    assert caught.value.where == where and "\n" not in str(caught.value)
+
+
+def test_the_layout_reports_fsdp1_knobs_only_for_fsdp1():
+    assert "fsdp1_sharding" not in ParallelLayout(strategy="fsdp", world_size=2).to_dict()
+    assert ParallelLayout(strategy="fsdp1", world_size=2).to_dict()["fsdp1_sharding"] == "full-shard"
+
+
+def test_the_cli_takes_the_flags_and_refuses_a_bad_value_in_one_line():
+    command = [sys.executable, "-m", "trainmem", "estimate", MLP, "--batch-size", "8", "--strategy", "fsdp1",
+               "--world-size", "2", "--fsdp1-sharding", "shard-grad-op", "--fsdp1-use-orig-params", "--format", "json",
+               "--no-cache"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    layout = json.loads(done.stdout)["setup"]["parallel"]
+    assert (layout["fsdp1_sharding"], layout["fsdp1_use_orig_params"]) == ("shard-grad-op", True)
+    bad = subprocess.run(command[:-4] + ["--fsdp1-sharding", "sideways"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--fsdp1-sharding" in bad.stderr
