@@ -104,3 +104,22 @@ def test_the_cli_takes_the_flags_and_refuses_a_bad_value_in_one_line():
     assert (layout["fsdp1_sharding"], layout["fsdp1_use_orig_params"]) == ("shard-grad-op", True)
     bad = subprocess.run(command[:-4] + ["--fsdp1-sharding", "sideways"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--fsdp1-sharding" in bad.stderr
+
+
+def test_fake_tensors_get_distinct_data_pointers_only_while_fsdp1_runs():
+    import torch
+
+    from trainmem.trace.fake_cache import fake_data_pointers
+    from trainmem.trace.torch_private import FakeTensor, FakeTensorMode
+
+    had = "data_ptr" in FakeTensor.__dict__
+    with FakeTensorMode():
+        a, c, empty = torch.empty(4), torch.empty(4), torch.empty(0)
+        b = a[1:]
+        with fake_data_pointers():
+            assert a.data_ptr() != 0 and a.data_ptr() != c.data_ptr()
+            assert b.data_ptr() == a.data_ptr() + 4  # one float32 in, as a real view's pointer is
+            assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            assert empty.data_ptr() == 0
+    assert ("data_ptr" in FakeTensor.__dict__) == had
+    assert torch.empty(3).untyped_storage().data_ptr() != 0  # real storages keep their own pointers

@@ -220,6 +220,7 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
     if layout.pp > 1 and layout.microbatches is not None and layout.microbatches < layout.pp:
         raise SetupError(f"expected at least --pp ({layout.pp}) micro-batches so that every stage has work, got "
                          f"{layout.microbatches}", where="--microbatches")
+    _check_fsdp1(layout, given)
     if layout.offload != Offload.NONE and layout.strategy not in OFFLOAD_KINDS:
         raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|zero1|zero2|zero3) with --offload, "
                          f"got {_strategy_given(layout, given)}", where="--offload")
@@ -231,7 +232,6 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
     elif layout.dp_shard is not None:
         raise SetupError(f"expected --strategy hsdp with --dp-shard, got {_strategy_given(layout, given)}",
                          where="--dp-shard")
-    _check_fsdp1(layout, given)
 
 
 def _check_fsdp1(layout: ParallelLayout, given: Strategy) -> None:
@@ -243,6 +243,10 @@ def _check_fsdp1(layout: ParallelLayout, given: Strategy) -> None:
             flag = f"--{knobs[0][0].replace('_', '-')}"
             raise SetupError(f"expected --strategy fsdp1 with {flag}, got {_strategy_given(layout, given)}", where=flag)
         return
+    if layout.offload != Offload.NONE:
+        raise SetupError(f"expected no --offload with --strategy fsdp1, got --offload {layout.offload}: FSDP1's "
+                         "cpu_offload is not traced yet (--strategy fsdp --offload params traces FSDP2's)",
+                         where="--offload")
     if layout.reshard_after_forward is not None:
         raise SetupError("expected --fsdp1-sharding shard-grad-op (keep the gathered parameters into backward) with "
                          "--strategy fsdp1, got --reshard-after-forward, which is FSDP2's", where="--reshard-after-forward")
