@@ -28,6 +28,7 @@ def _estimate(**values):
                     cache=False)
 
 
+@pytest.mark.heavy
 def test_every_rank_holds_a_padded_shard_of_each_unit_and_adam_state_for_it():
     est = _estimate(world_size=4)
     shard = sum(math.ceil(numel / 4) for numel in UNITS)  # the root holds no parameter of its own
@@ -37,6 +38,7 @@ def test_every_rank_holds_a_padded_shard_of_each_unit_and_adam_state_for_it():
     assert not any("data pointer of FakeTensor" in w for w in est.warnings)
 
 
+@pytest.mark.heavy
 def test_with_orig_params_the_ranks_partition_the_parameters_between_their_optimizer_states():
     est = _estimate(world_size=4, fsdp1_use_orig_params=True)
     states = [row.breakdown["optimizer_state"] for row in est.ranks]
@@ -72,6 +74,15 @@ def test_dp_index_classes():
     assert fsdp.dp_index_classes(model, ParallelLayout(strategy="fsdp1", world_size=4)) == [(0, 1, 2, 3)]
     orig = ParallelLayout(strategy="fsdp1", world_size=3, fsdp1_use_orig_params=True)
     assert fsdp.dp_index_classes(model, orig) == [(0,), (1,), (2,)]
+    # HYBRID_SHARD: shards of 2 replicated 3 times; the replicas of one shard index hold the same views
+    hybrid = ParallelLayout(strategy="fsdp1", world_size=6, dp_shard=2, fsdp1_sharding="hybrid-shard",
+                            fsdp1_use_orig_params=True)
+    assert fsdp.dp_index_classes(model, hybrid) == [(0, 2, 4), (1, 3, 5)]
+
+
+def test_hybrid_shard_shards_inside_the_shard_group_only():
+    est = _estimate(world_size=4, dp_shard=2, fsdp1_sharding="hybrid-shard")
+    assert est.ranks[0].breakdown["optimizer_state"] == 2 * 4 * sum(math.ceil(numel / 2) for numel in UNITS)
 
 
 @pytest.mark.parametrize(("values", "where"), [
@@ -82,6 +93,7 @@ def test_dp_index_classes():
     ({"strategy": "fsdp1", "dp": 2, "tp": 2}, "--strategy"),
     ({"strategy": "fsdp1", "world_size": 2, "fsdp1_sharding": "hybrid"}, "--fsdp1-sharding"),
     ({"strategy": "fsdp1", "world_size": 2, "offload": "params"}, "--offload"),
+    ({"strategy": "fsdp1", "world_size": 4, "dp_shard": 2}, "--dp-shard"),  # only hybrid-shard has shard groups
 ])
 def test_knobs_that_do_not_go_together_are_refused_naming_the_flag(values, where):
     with pytest.raises(SetupError) as caught:
@@ -94,6 +106,7 @@ def test_the_layout_reports_fsdp1_knobs_only_for_fsdp1():
     assert ParallelLayout(strategy="fsdp1", world_size=2).to_dict()["fsdp1_sharding"] == "full-shard"
 
 
+@pytest.mark.heavy
 def test_the_cli_takes_the_flags_and_refuses_a_bad_value_in_one_line():
     command = [sys.executable, "-m", "trainmem", "estimate", MLP, "--batch-size", "8", "--strategy", "fsdp1",
                "--world-size", "2", "--fsdp1-sharding", "shard-grad-op", "--fsdp1-use-orig-params", "--format", "json",

@@ -35,7 +35,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     add("--dp", type=int, metavar="N", help="data-parallel degree" + d("dp"))
     add("--tp", type=int, metavar="N", help="tensor-parallel degree (DTensor parallelize_module)" + d("tp"))
     add("--pp", type=int, metavar="N", help="pipeline stages (torch.distributed.pipelining)" + d("pp"))
-    add("--dp-shard", type=int, metavar="N", help="hsdp: ranks that shard (replicated across the rest)"
+    add("--dp-shard", type=int, metavar="N", help="hsdp, fsdp1 hybrid-shard: ranks that shard (replicated across the rest)"
         " (default: gpus-per-node / tp, at most dp)")
     add("--gpus-per-node", type=int, metavar="N", help="ranks per node: host RAM per node, HSDP's shard "
         "group" + d("gpus_per_node"))
@@ -65,7 +65,7 @@ def _add_fsdp_flags(add, d) -> None:
     add("--fsdp-prefetch", type=int, metavar="N", help="FSDP: modules all-gathered ahead" + d("fsdp_prefetch"))
     add("--fsdp-wrap", metavar="POLICY", help="auto (each repeated block, else each top-level child with "
         "parameters; then the root) | blocks | children | root" + d("fsdp_wrap"))
-    add("--fsdp1-sharding", metavar="KIND", help="fsdp1: sharding_strategy full-shard|shard-grad-op|no-shard"
+    add("--fsdp1-sharding", metavar="KIND", help="fsdp1: sharding_strategy full-shard|shard-grad-op|no-shard|hybrid-shard"
         + d("fsdp1_sharding"))
     add("--fsdp1-use-orig-params", type=true_false, nargs="?", const=True, metavar="true|false",
         help="fsdp1: use_orig_params (Lightning's FSDP strategy sets it)" + d("fsdp1_use_orig_params"))

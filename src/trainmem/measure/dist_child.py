@@ -11,7 +11,7 @@ wrapped as a user wraps it, with torch's own classes —
   hsdp   the same on a 2-D mesh init_device_mesh("cpu", (replicate, shard)): shard inside, replicate across
   fsdp1  FullyShardedDataParallel as a Lightning or Accelerate user's model is wrapped: built for real on the
          CPU, then FSDP1 with ModuleWrapPolicy over the blocks' classes, the sharding strategy, use_orig_params,
-         device_id=cpu and Lightning's MixedPrecision for the mixed precisions
+         device_id=cpu and Lightning's MixedPrecision for the mixed precisions; HYBRID_SHARD on hsdp's 2-D mesh
 The model, its batch and loss, and the training loop (setup.loop) are trainmem's frontends and
 trace/loops.py, as measure/child.py uses them.
 
@@ -195,9 +195,11 @@ def _prepare_fsdp1(source, setup, layout: dict, training):
     units = wrap_units(model, layout.get("fsdp_wrap", "auto"))
     # Lightning's FSDPPrecision.mixed_precision_config: fp32 parameters, low-precision reduction and buffers
     low = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(setup.precision))
+    sharding = layout.get("fsdp1_sharding", "full-shard")
+    mesh = {"device_mesh": _hsdp_mesh(layout)} if sharding == "hybrid-shard" else {}  # HYBRID_SHARD: (replicate, shard)
     model = FullyShardedDataParallel(
-        model, auto_wrap_policy=ModuleWrapPolicy({type(unit) for unit in units}) if units else None,
-        sharding_strategy=ShardingStrategy[layout.get("fsdp1_sharding", "full-shard").upper().replace("-", "_")],
+        model, auto_wrap_policy=ModuleWrapPolicy({type(unit) for unit in units}) if units else None, **mesh,
+        sharding_strategy=ShardingStrategy[sharding.upper().replace("-", "_")],
         use_orig_params=bool(layout.get("fsdp1_use_orig_params", False)), device_id=torch.device("cpu"),
         mixed_precision=MixedPrecision(param_dtype=torch.float32, reduce_dtype=low, buffer_dtype=low) if low else None)
     prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False), source)

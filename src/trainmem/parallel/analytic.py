@@ -172,6 +172,8 @@ def _fsdp1_stage(layout: ParallelLayout) -> tuple[int, int, str]:
 
     if layout.fsdp1_sharding == Fsdp1Sharding.NO_SHARD:
         return 0, layout.dp, "FSDP1 NO_SHARD (every rank a full replica)"
+    if layout.fsdp1_sharding == Fsdp1Sharding.HYBRID_SHARD:
+        return 3, layout.hsdp_shard, f"P_os+g+p over the {layout.hsdp_shard} ranks that shard (FSDP1 HYBRID_SHARD)"
     if layout.fsdp1_sharding == Fsdp1Sharding.SHARD_GRAD_OP:
         return 2, layout.dp, "P_os+g (FSDP1 SHARD_GRAD_OP: parameters gathered from forward through backward)"
     return 3, layout.dp, "P_os+g+p (everything sharded, FSDP1 FULL_SHARD)"

@@ -9,7 +9,8 @@ with parameters), each wrapped in its own FullyShardedDataParallel, then the roo
 blocks' class makes. Each unit's parameters become one FlatParameter, padded so that every rank's shard has the
 same size (FlatParamHandle._get_shard).
 
-Knobs: `--fsdp1-sharding` is sharding_strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD); `--fsdp1-use-orig-params`
+Knobs: `--fsdp1-sharding` is sharding_strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD over the 2-D
+(replicate, shard) mesh HSDP uses: --dp-shard ranks shard, default a node's); `--fsdp1-use-orig-params`
 is use_orig_params (the optimizer then steps views of the flat shard, one per original parameter, so its state
 differs from rank to rank). FSDP1's prefetch and rate limit are its defaults: backward_prefetch=BACKWARD_PRE,
 forward_prefetch=False, limit_all_gathers=True.
@@ -79,15 +80,16 @@ def _steps_with_pointers(prepared: Any, setup: Any, observer: Any) -> None:
 
 
 SHARDING_NAMES = {Fsdp1Sharding.FULL_SHARD: "FULL_SHARD", Fsdp1Sharding.SHARD_GRAD_OP: "SHARD_GRAD_OP",
-                  Fsdp1Sharding.NO_SHARD: "NO_SHARD"}
+                  Fsdp1Sharding.NO_SHARD: "NO_SHARD", Fsdp1Sharding.HYBRID_SHARD: "HYBRID_SHARD"}
 
 
 def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
     from torch.distributed.fsdp import ShardingStrategy
 
     layout = ctx.layout
-    kwargs = dict(process_group=ctx.world.dp_group(),
-                  sharding_strategy=getattr(ShardingStrategy, SHARDING_NAMES[layout.fsdp1_sharding]),
+    # HYBRID_SHARD takes the 2-D (replicate, shard) mesh: it shards over the inner dimension, replicates over the outer
+    group = {"device_mesh": ctx.world.dp_mesh()} if layout.replicate_x_shard else {"process_group": ctx.world.dp_group()}
+    kwargs = dict(**group, sharding_strategy=getattr(ShardingStrategy, SHARDING_NAMES[layout.fsdp1_sharding]),
                   device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params)
     policy = mixed_precision(ctx.setup)
     if policy is not None:
@@ -147,5 +149,8 @@ def dp_index_classes(layout: Any) -> list[tuple[int, ...]] | None:
     per original parameter's share of the shard, which differs from rank to rank (each is traced)."""
     if not layout.fsdp1_use_orig_params or layout.fsdp1_sharding == Fsdp1Sharding.NO_SHARD:
         return [tuple(range(layout.dp))]
+    if layout.replicate_x_shard:  # replicas of one shard index hold the same views (row-major: shard innermost)
+        shard = layout.hsdp_shard
+        return [tuple(i for i in range(layout.dp) if i % shard == index) for index in range(shard)]
     return [(index,) for index in range(layout.dp)]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.setup.layout import ParallelLayout, Strategy
+from trainmem.setup.layout import ParallelLayout
 
 
 @dataclasses.dataclass
@@ -32,7 +32,7 @@ class World:
 
     @property
     def dp_dims(self) -> tuple[str, ...]:
-        return ("dp_replicate", "dp_shard") if self.layout.strategy == Strategy.HSDP else ("dp",)
+        return ("dp_replicate", "dp_shard") if self.layout.replicate_x_shard else ("dp",)
 
     def dp_mesh(self):
         """The data-parallel mesh fully_shard takes: 1-D, or 2-D (replicate, shard) for HSDP."""
@@ -58,7 +58,7 @@ class World:
 
 def mesh_shape(layout: ParallelLayout) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The mesh's shape and dimension names: (pp, dp, tp), or (pp, dp_replicate, dp_shard, tp) for HSDP."""
-    if layout.strategy == Strategy.HSDP:
+    if layout.replicate_x_shard:  # HSDP, FSDP1's HYBRID_SHARD
         shard = layout.hsdp_shard
         return (layout.pp, layout.dp // shard, shard, layout.tp), ("pp", "dp_replicate", "dp_shard", "tp")
     return (layout.pp, layout.dp, layout.tp), ("pp", "dp", "tp")

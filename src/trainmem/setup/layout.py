@@ -52,6 +52,7 @@ class Fsdp1Sharding(enum.StrEnum):
     FULL_SHARD = "full-shard"  # parameters, gradients and optimizer state sharded; parameters freed after forward
     SHARD_GRAD_OP = "shard-grad-op"  # the same, but the gathered parameters are kept from forward into backward
     NO_SHARD = "no-shard"  # every rank a full replica (DDP by FSDP's own code: all-reduce of the flat gradient)
+    HYBRID_SHARD = "hybrid-shard"  # FULL_SHARD inside a shard group (--dp-shard, default a node), replicated across
 
 
 class FsdpWrap(enum.StrEnum):
@@ -127,6 +128,12 @@ class ParallelLayout:
     def data_parallel(self) -> Strategy | None:
         """The data-parallel kind over the dp dimension, None when dp is 1 and no such kind was named."""
         return self.strategy if self.strategy in DATA_PARALLEL else None
+
+    @property
+    def replicate_x_shard(self) -> bool:
+        """Whether the data-parallel ranks form a 2-D (replicate, shard) mesh: HSDP, or FSDP1's HYBRID_SHARD."""
+        return self.strategy == Strategy.HSDP or (self.strategy == Strategy.FSDP1
+                                                  and self.fsdp1_sharding == Fsdp1Sharding.HYBRID_SHARD)
 
     @property
     def hsdp_shard(self) -> int:
@@ -224,13 +231,14 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
     if layout.offload != Offload.NONE and layout.strategy not in OFFLOAD_KINDS:
         raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|zero1|zero2|zero3) with --offload, "
                          f"got {_strategy_given(layout, given)}", where="--offload")
-    if layout.strategy == Strategy.HSDP:
+    if layout.replicate_x_shard:
         shard = layout.hsdp_shard
         if shard > layout.dp or layout.dp % shard:
             raise SetupError(f"expected --dp-shard dividing the data-parallel degree {layout.dp}, got {shard}",
                              where="--dp-shard")
     elif layout.dp_shard is not None:
-        raise SetupError(f"expected --strategy hsdp with --dp-shard, got {_strategy_given(layout, given)}",
+        raise SetupError(f"expected --strategy hsdp (or fsdp1 with --fsdp1-sharding hybrid-shard) with --dp-shard, "
+                         f"got {_strategy_given(layout, given)}",
                          where="--dp-shard")
 
 

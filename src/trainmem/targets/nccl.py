@@ -78,7 +78,7 @@ def _groups(layout: ParallelLayout, rank: int) -> list[tuple[str, int, int, int]
     groups = []
     if layout.tp > 1:
         groups.append(("tp", layout.rank_of(pp_i, dp_i, 0), 1, layout.tp))
-    if layout.dp > 1 and layout.strategy == Strategy.HSDP:
+    if layout.dp > 1 and layout.replicate_x_shard:
         shard = layout.hsdp_shard
         block = dp_i // shard * shard
         if shard > 1:
