@@ -36,6 +36,8 @@ def test_every_rank_holds_a_padded_shard_of_each_unit_and_adam_state_for_it():
     assert est.ranks[0].breakdown["optimizer_state"] == 2 * 4 * shard  # exp_avg, exp_avg_sq of each flat shard
     assert any("FSDP1: FullyShardedDataParallel on 3 unit(s)" in w for w in est.warnings)
     assert not any("data pointer of FakeTensor" in w for w in est.warnings)
+    # modules are named as the user's model names them, not by FSDP1's wrapper attribute
+    assert [row["module"] for row in est.to_dict()["modules"]] == ["(model)", "0", "1", "2", "3", "4"]
 
 
 @pytest.mark.heavy

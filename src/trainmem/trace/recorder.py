@@ -81,6 +81,9 @@ COMMUNICATION_NAMESPACES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # FSDP2's copy-out writes the all-gathered values into the unsharded parameters (_fsdp_collectives.py
 # foreach_all_gather_copy_out): those storages are parameters, whenever FSDP re-allocates them.
 UNSHARDED_PARAMETER_OPS = frozenset({"split_with_sizes_copy"})
+# the attribute FSDP1's FullyShardedDataParallel keeps the module it wraps under (torch/distributed/fsdp/_common_utils.py
+# FSDP_WRAPPED_MODULE)
+FSDP1_WRAPPER = "_fsdp_wrapped_module"
 
 
 def _written_storages(facts: _OpFacts, args: tuple, kwargs: dict) -> list[int]:
@@ -287,10 +290,13 @@ class TraceRecorder(TorchDispatchMode):
             self.trace.storages[sid].category = category
 
     def set_owner(self, tensors_by_name: dict[str, list]) -> None:
-        """Attribute storages to the module that owns them: 'blocks.0.qkv.weight' -> 'blocks.0.qkv'."""
+        """Attribute storages to the module that owns them: 'blocks.0.qkv.weight' -> 'blocks.0.qkv'. FSDP1's wrappers
+        add a `_fsdp_wrapped_module` level to every name ('_fsdp_wrapped_module.2._flat_param'): the module is
+        named as the user's model names it ('2')."""
         for name, tensors in tensors_by_name.items():
+            owner = name.replace(FSDP1_WRAPPER + ".", "").replace("." + FSDP1_WRAPPER, "").rpartition(".")[0]
             for sid in self.storage_ids_of(tensors):
-                self.trace.storages[sid].module = name.rpartition(".")[0]
+                self.trace.storages[sid].module = owner
 
     def settle_forward(self, since_seq: int) -> None:
         """Forward/loss outputs still alive when backward starts are saved activations; the ones that
