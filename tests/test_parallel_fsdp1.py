@@ -138,3 +138,33 @@ def test_fake_tensors_get_distinct_data_pointers_only_while_fsdp1_runs():
             assert empty.data_ptr() == 0
     assert ("data_ptr" in FakeTensor.__dict__) == had
     assert torch.empty(3).untyped_storage().data_ptr() != 0  # real storages keep their own pointers
+
+
+LLAMA = "hf:tests/data/tiny_llama"
+
+
+def _llama(**values):
+    setup = TrainingSetup.from_mapping({"batch_size": 2, "seq_len": 32, "strategy": "fsdp1", "world_size": 2, **values})
+    return estimate(LLAMA, setup=setup, cache=False)
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({"lora": "r=8"}, "--fsdp1-use-orig-params"),  # FSDP1: "Must flatten tensors with uniform requires_grad"
+    ({"freeze": ("model.embed_tokens",)}, "--fsdp1-use-orig-params"),  # frozen beside trainable in the root unit
+    ({"qlora": True, "device": "a100-80gb"}, "--qlora"),  # FSDP1: "Cannot flatten integer dtype tensors"
+])
+def test_what_fsdp1_cannot_flatten_is_refused_naming_the_flag(values, where):
+    device = values.pop("device", "cpu")
+    with pytest.raises(SetupError) as caught:
+        setup = TrainingSetup.from_mapping({"batch_size": 2, "seq_len": 32, "strategy": "fsdp1", "world_size": 2,
+                                            **values})
+        estimate(LLAMA, setup=setup, device=device, cache=False)
+    assert caught.value.where == where and "\n" not in str(caught.value)
+
+
+@pytest.mark.heavy
+def test_freezing_whole_units_and_lora_with_orig_params_trace():
+    frozen = _llama(freeze=("model.layers",))  # every decoder layer is a unit of its own: each uniformly frozen
+    assert 0 < frozen.trainable_parameters < frozen.parameters
+    lora = _llama(lora="r=8", fsdp1_use_orig_params=True)
+    assert 0 < lora.trainable_parameters < frozen.trainable_parameters

@@ -192,6 +192,7 @@ def _prepare_fsdp1(source, setup, layout: dict, training):
     if setup.precision == Precision.BF16:
         model.to(torch.bfloat16)
     checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
+    training.freeze_parameters(model, setup.freeze)  # before wrapping: FSDP1 flattens what it wraps
     units = wrap_units(model, layout.get("fsdp_wrap", "auto"))
     # Lightning's FSDPPrecision.mixed_precision_config: fp32 parameters, low-precision reduction and buffers
     low = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(str(setup.precision))
@@ -202,7 +203,8 @@ def _prepare_fsdp1(source, setup, layout: dict, training):
         sharding_strategy=ShardingStrategy[sharding.upper().replace("-", "_")],
         use_orig_params=bool(layout.get("fsdp1_use_orig_params", False)), device_id=torch.device("cpu"),
         mixed_precision=MixedPrecision(param_dtype=torch.float32, reduce_dtype=low, buffer_dtype=low) if low else None)
-    prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False), source)
+    prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False, freeze=()),
+                                source)
     prepared.checkpointed = checkpointed
     return prepared
 

@@ -47,8 +47,12 @@ def on_fake(model: nn.Module, ctx: Any):
     from trainmem.parallel.apply import Parallelized
     from trainmem.parallel.fsdp import wrap_units
 
+    from trainmem.trace.step import freeze_parameters
+
     layout = ctx.layout
+    freeze_parameters(model, ctx.setup.freeze)  # before flattening, as a user freezes: the names are the model's
     units = wrap_units(model, layout.fsdp_wrap)
+    _check_flattenable(model, units, layout)
     names = {id(m): name for name, m in model.named_modules()}
     kwargs = _fsdp1_kwargs(ctx)
     moved = ctx.cuda_semantics
@@ -117,6 +121,27 @@ def mixed_precision_note(setup: Any) -> str:
     return (f"FSDP1 mixed precision as Lightning's FSDP strategy sets it: MixedPrecision(param_dtype=float32, "
             f"reduce_dtype={low}, buffer_dtype={low}) with autocast: fp32 flat parameters gathered as they are, "
             f"gradients reduced in {low}")
+
+
+def _check_flattenable(model: nn.Module, units: list[nn.Module], layout: Any) -> None:
+    """What FSDP1 refuses to flatten into one FlatParameter (_flat_param.py _init_flat_param_and_metadata), said in
+    one line naming the flag: integer tensors (bitsandbytes' packed 4-bit weights) and, without use_orig_params,
+    frozen and trainable parameters in one unit (a LoRA adapter beside its frozen base weight)."""
+    from trainmem.errors import SetupError
+
+    parameters = list(model.parameters())
+    if any(not (p.is_floating_point() or p.is_complex()) for p in parameters):
+        raise SetupError("expected floating-point parameters with --strategy fsdp1, got integer ones (--qlora's packed "
+                         "4-bit weights): FSDP1 flattens only floating tensors, and QLoRA under FSDP1 (bitsandbytes' "
+                         "bnb_4bit_quant_storage=bfloat16) is not traced yet", where="--qlora")
+    in_units = [list(unit.parameters()) for unit in units]
+    taken = {id(p) for group in in_units for p in group}
+    groups = in_units + [[p for p in parameters if id(p) not in taken]]  # each unit, then the root's own
+    if not layout.fsdp1_use_orig_params and any(len({p.requires_grad for p in group}) > 1 for group in groups):
+        raise SetupError("expected --fsdp1-use-orig-params with frozen parameters beside trainable ones (--lora, "
+                         "--freeze) under --strategy fsdp1: FSDP1 flattens a unit's parameters into one FlatParameter, "
+                         "which has one requires_grad, unless use_orig_params=True (FSDP1 raises 'Must flatten tensors "
+                         "with uniform requires_grad')", where="--fsdp1-use-orig-params")
 
 
 def _moved(module: nn.Module) -> nn.Module:

@@ -15,6 +15,7 @@ communication buffers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
 from typing import Any
@@ -148,7 +149,9 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     built = recorder.storage_ids_of([*model.parameters(), *model.buffers()])
     parallel = observer.parallel = apply_on_fake(model, ctx)
     _label_wrapper_allocations(recorder, parallel, before, built)
-    prepared = training.prepare(parallel.model, make_batch, loss_fn, setup, source, cuda_semantics=ctx.cuda_semantics,
+    # FSDP1 freezes before it flattens (fsdp1.py): its flat parameters no longer carry the names --freeze matches
+    prepare_setup = dataclasses.replace(setup, freeze=()) if parallel.wraps_parameters else setup
+    prepared = training.prepare(parallel.model, make_batch, loss_fn, prepare_setup, source, cuda_semantics=ctx.cuda_semantics,
                                 optimizer_factory=parallel.make_optimizer or _grouped_optimizer(ctx.cuda_semantics),
                                 checkpointed=checkpointed)
     prepared.autocast = not _fsdp_casts(ctx)
