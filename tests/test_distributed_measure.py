@@ -11,7 +11,7 @@ which `make test` runs):
     zero1 ws 2 lean     ZeroRedundancyOptimizer(Adam) partitions
     zero1 ws 4 inline
     fsdp1 ws 2 inline   tiny_gpt, batch 4, bf16-mixed, use_orig_params: FullyShardedDataParallel per block
-    fsdp1 ws 4 trainer  SHARD_GRAD_OP, FSDP1 per Linear
+    fsdp1 ws 4 trainer  SHARD_GRAD_OP, FSDP1 per Linear, bf16-mixed with bf16 parameters (PyTorch's FSDP tutorial)
     fsdp1 ws 4 lean     HYBRID_SHARD (shard 2, replicate 2), use_orig_params
 
 Each rank's measured tensor peak must be within 2% of the estimate for that rank. FSDP1's real runs are the
@@ -43,7 +43,8 @@ MATRIX = [
     ("zero1", 2, "lean", {}),
     ("zero1", 4, "inline", {}),
     ("fsdp1", 2, "inline", {"model": GPT, "batch_size": 4, "precision": "bf16-mixed", "fsdp1_use_orig_params": True}),
-    ("fsdp1", 4, "trainer", {"fsdp1_sharding": "shard-grad-op"}),
+    ("fsdp1", 4, "trainer", {"fsdp1_sharding": "shard-grad-op", "precision": "bf16-mixed",
+                             "fsdp1_param_dtype": "bfloat16"}),
     ("fsdp1", 4, "lean", {"fsdp1_sharding": "hybrid-shard", "dp_shard": 2, "fsdp1_use_orig_params": True}),
 ]
 TOLERANCE = 0.02

@@ -96,6 +96,8 @@ def test_hybrid_shard_shards_inside_the_shard_group_only():
     ({"strategy": "fsdp1", "world_size": 2, "fsdp1_sharding": "hybrid"}, "--fsdp1-sharding"),
     ({"strategy": "fsdp1", "world_size": 2, "offload": "params"}, "--offload"),
     ({"strategy": "fsdp1", "world_size": 4, "dp_shard": 2}, "--dp-shard"),  # only hybrid-shard has shard groups
+    ({"strategy": "fsdp", "world_size": 2, "fsdp1_param_dtype": "bfloat16"}, "--fsdp1-param-dtype"),
+    ({"strategy": "fsdp1", "world_size": 2, "fsdp1_param_dtype": "int8"}, "--fsdp1-param-dtype"),
 ])
 def test_knobs_that_do_not_go_together_are_refused_naming_the_flag(values, where):
     with pytest.raises(SetupError) as caught:
@@ -168,3 +170,13 @@ def test_freezing_whole_units_and_lora_with_orig_params_trace():
     assert 0 < frozen.trainable_parameters < frozen.parameters
     lora = _llama(lora="r=8", fsdp1_use_orig_params=True)
     assert 0 < lora.trainable_parameters < frozen.trainable_parameters
+
+
+def test_bf16_parameters_gather_half_the_bytes_and_need_a_mixed_precision():
+    lightning = _estimate(world_size=2, precision="bf16-mixed")
+    tutorial = _estimate(world_size=2, precision="bf16-mixed", fsdp1_param_dtype="bfloat16")
+    assert tutorial.tensor_bytes < lightning.tensor_bytes
+    assert any("param_dtype=bfloat16" in w for w in tutorial.warnings)
+    with pytest.raises(SetupError) as caught:
+        _estimate(world_size=2, fsdp1_param_dtype="bfloat16")  # fp32: there is no mixed precision to take it
+    assert caught.value.where == "--fsdp1-param-dtype"

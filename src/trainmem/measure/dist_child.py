@@ -202,7 +202,8 @@ def _prepare_fsdp1(source, setup, layout: dict, training):
         model, auto_wrap_policy=ModuleWrapPolicy({type(unit) for unit in units}) if units else None, **mesh,
         sharding_strategy=ShardingStrategy[sharding.upper().replace("-", "_")],
         use_orig_params=bool(layout.get("fsdp1_use_orig_params", False)), device_id=torch.device("cpu"),
-        mixed_precision=MixedPrecision(param_dtype=torch.float32, reduce_dtype=low, buffer_dtype=low) if low else None)
+        mixed_precision=MixedPrecision(param_dtype=getattr(torch, layout.get("fsdp1_param_dtype", "float32")),
+                                       reduce_dtype=low, buffer_dtype=low) if low else None)
     prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False, freeze=()),
                                 source)
     prepared.checkpointed = checkpointed

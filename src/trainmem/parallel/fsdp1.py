@@ -15,9 +15,12 @@ is use_orig_params (the optimizer then steps views of the flat shard, one per or
 differs from rank to rank). FSDP1's prefetch and rate limit are its defaults: backward_prefetch=BACKWARD_PRE,
 forward_prefetch=False, limit_all_gathers=True.
 
-Mixed precision is Lightning's (lightning/fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config):
-for bf16-mixed MixedPrecision(param_dtype=float32, reduce_dtype=buffer_dtype=bfloat16) under autocast, for fp16-mixed
-the same with float16; pure bf16 builds the model in bf16 and wraps it without a policy.
+Mixed precision is Lightning's by default (lightning/fabric/plugins/precision/fsdp.py FSDPPrecision
+.mixed_precision_config): for bf16-mixed MixedPrecision(param_dtype=float32, reduce_dtype=buffer_dtype=bfloat16) under
+autocast, for fp16-mixed the same with float16; `--fsdp1-param-dtype bfloat16` (float16) is PyTorch's FSDP tutorial's
+and llama-recipes' bfSixteen: the low dtype for the parameters too, so each rank keeps a low-precision copy of its
+shard (_flat_param.py `_mp_shard`) and gathers 16-bit parameters. Pure bf16 builds the model in bf16 and wraps it
+without a policy.
 
 Where the model was built: a user builds it on the CPU (or loads it there) and FSDP1 moves each unit to the GPU as
 it wraps it (`device_id`; _init_utils.py _move_module_to_device), then flattens it there. For a GPU target the
@@ -64,7 +67,7 @@ def on_fake(model: nn.Module, ctx: Any):
     notes = [f"FSDP1: FullyShardedDataParallel on {len(units)} unit(s) ({listed or 'none'}) then the root "
              f"(--fsdp-wrap {layout.fsdp_wrap}); sharding_strategy={SHARDING_NAMES[layout.fsdp1_sharding]}, "
              f"use_orig_params={layout.fsdp1_use_orig_params}, backward_prefetch=BACKWARD_PRE, limit_all_gathers=True"]
-    policy_note = mixed_precision_note(ctx.setup)
+    policy_note = mixed_precision_note(ctx.setup, layout)
     if policy_note:
         notes.append(policy_note)
     if moved:
@@ -95,32 +98,42 @@ def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
     group = {"device_mesh": ctx.world.dp_mesh()} if layout.replicate_x_shard else {"process_group": ctx.world.dp_group()}
     kwargs = dict(**group, sharding_strategy=getattr(ShardingStrategy, SHARDING_NAMES[layout.fsdp1_sharding]),
                   device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params)
-    policy = mixed_precision(ctx.setup)
+    policy = mixed_precision(ctx.setup, layout)
     if policy is not None:
         kwargs["mixed_precision"] = policy
     return kwargs
 
 
-def mixed_precision(setup: Any) -> Any:
-    """Lightning's MixedPrecision for the setup's precision (module docstring); None where there is none."""
+def mixed_precision(setup: Any, layout: Any) -> Any:
+    """The MixedPrecision for the setup's precision (module docstring), with `--fsdp1-param-dtype` as its param_dtype;
+    None where there is none."""
     from torch.distributed.fsdp import MixedPrecision
 
+    from trainmem.errors import SetupError
     from trainmem.setup import Precision
 
     low = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}.get(setup.precision)
-    if low is None:
-        return None
-    return MixedPrecision(param_dtype=torch.float32, reduce_dtype=low, buffer_dtype=low)
+    param = getattr(torch, layout.fsdp1_param_dtype)
+    if low is None or param not in (torch.float32, low):
+        if param is torch.float32:
+            return None
+        raise SetupError(f"expected --fsdp1-param-dtype float32 or the mixed precision's own dtype, got "
+                         f"{layout.fsdp1_param_dtype} with --precision {setup.precision}", where="--fsdp1-param-dtype")
+    return MixedPrecision(param_dtype=param, reduce_dtype=low, buffer_dtype=low)
 
 
-def mixed_precision_note(setup: Any) -> str:
-    policy = mixed_precision(setup)
+def mixed_precision_note(setup: Any, layout: Any) -> str:
+    policy = mixed_precision(setup, layout)
     if policy is None:
         return ""
     low = str(policy.reduce_dtype).removeprefix("torch.")
-    return (f"FSDP1 mixed precision as Lightning's FSDP strategy sets it: MixedPrecision(param_dtype=float32, "
-            f"reduce_dtype={low}, buffer_dtype={low}) with autocast: fp32 flat parameters gathered as they are, "
-            f"gradients reduced in {low}")
+    if policy.param_dtype is torch.float32:
+        return (f"FSDP1 mixed precision as Lightning's FSDP strategy sets it: MixedPrecision(param_dtype=float32, "
+                f"reduce_dtype={low}, buffer_dtype={low}) with autocast: fp32 flat parameters gathered as they are, "
+                f"gradients reduced in {low}")
+    return (f"FSDP1 mixed precision as PyTorch's FSDP tutorial sets it (--fsdp1-param-dtype {low}): MixedPrecision("
+            f"param_dtype={low}, reduce_dtype={low}, buffer_dtype={low}): each rank keeps a {low} copy of its fp32 "
+            f"shard and gathers {low} parameters")
 
 
 def _check_flattenable(model: nn.Module, units: list[nn.Module], layout: Any) -> None:

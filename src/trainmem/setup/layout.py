@@ -62,6 +62,7 @@ class FsdpWrap(enum.StrEnum):
     ROOT = "root"  # the root alone: one all-gather of everything
 
 
+FSDP1_PARAM_DTYPES = ("float32", "bfloat16", "float16")
 MAX_WORLD_SIZE = 1 << 20  # a million ranks: beyond any cluster; bounds the per-rank bookkeeping
 
 
@@ -92,6 +93,9 @@ class ParallelLayout:
     zero3_persistence_threshold: int = 100_000  # DeepSpeed stage3_param_persistence_threshold default (elements)
     fsdp1_sharding: Fsdp1Sharding = Fsdp1Sharding.FULL_SHARD  # FSDP1's sharding_strategy default
     fsdp1_use_orig_params: bool = False  # FSDP1's default; Lightning's FSDP strategy sets True (fabric/strategies/fsdp.py)
+    # MixedPrecision's param_dtype under a mixed precision: float32 as Lightning sets it (under autocast), or the low
+    # dtype itself as PyTorch's FSDP tutorial and llama-recipes set it (bfSixteen), which gathers 16-bit parameters
+    fsdp1_param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for name, enum_type in (("strategy", Strategy), ("offload", Offload), ("schedule", Schedule),
@@ -113,6 +117,9 @@ class ParallelLayout:
         if isinstance(self.ddp_bucket_mb, bool) or not isinstance(self.ddp_bucket_mb, (int, float)) \
                 or not 0 < self.ddp_bucket_mb < 1 << 20:
             raise SetupError(f"expected a bucket size in MB above 0, got {self.ddp_bucket_mb!r}", where="--ddp-bucket-mb")
+        if self.fsdp1_param_dtype not in FSDP1_PARAM_DTYPES:
+            raise SetupError(f"expected one of {', '.join(FSDP1_PARAM_DTYPES)}, got {self.fsdp1_param_dtype!r}",
+                             where="--fsdp1-param-dtype")
         for name in ("gradient_as_bucket_view", "reshard_after_forward", "fsdp1_use_orig_params"):
             if not isinstance(getattr(self, name), bool) and not (name == "reshard_after_forward" and getattr(self, name) is None):
                 raise SetupError(f"expected true or false, got {getattr(self, name)!r}", where=f"--{name.replace('_', '-')}")
@@ -245,8 +252,9 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
 def _check_fsdp1(layout: ParallelLayout, given: Strategy) -> None:
     """FSDP1's knobs belong to --strategy fsdp1, and FSDP2's to the others; what FSDP1 is not traced with is refused."""
     if layout.strategy != Strategy.FSDP1:
-        knobs = [(name, value) for name, value in (("fsdp1_sharding", Fsdp1Sharding.FULL_SHARD),
-                                                   ("fsdp1_use_orig_params", False)) if getattr(layout, name) != value]
+        defaults = (("fsdp1_sharding", Fsdp1Sharding.FULL_SHARD), ("fsdp1_use_orig_params", False),
+                    ("fsdp1_param_dtype", "float32"))
+        knobs = [(name, value) for name, value in defaults if getattr(layout, name) != value]
         if knobs:
             flag = f"--{knobs[0][0].replace('_', '-')}"
             raise SetupError(f"expected --strategy fsdp1 with {flag}, got {_strategy_given(layout, given)}", where=flag)
