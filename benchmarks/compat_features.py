@@ -54,7 +54,7 @@ FEATURES = (
     Feature("compare", "compare A B", ("compare", "mlp:1000-100-10", "mlp:1000-200-10", "--input-shape", "1000")),
     *(Feature(f"strategy-{kind}", f"--strategy {kind} --world-size 2",
               ("estimate", *PARALLEL, "--strategy", kind, "--world-size", "2", "--quiet"))
-      for kind in ("ddp", "fsdp", "zero1", "zero2", "zero3")),
+      for kind in ("ddp", "fsdp", "fsdp1", "zero1", "zero2", "zero3")),
     Feature("strategy-hsdp", "--strategy hsdp --world-size 4 --dp-shard 2",
             ("estimate", *PARALLEL, "--strategy", "hsdp", "--world-size", "4", "--dp-shard", "2", "--quiet")),
     Feature("tp", "--tp 2", ("estimate", *PARALLEL, "--tp", "2", "--quiet")),
@@ -83,6 +83,8 @@ FEATURES = (
     Feature("measure-cpu", "measure, CPU (--runs 1)", ("measure", *SMALL, "--runs", "1")),
     Feature("measure-ddp", "measure --strategy ddp --world-size 2 (gloo)",
             ("measure", *SMALL, "--strategy", "ddp", "--world-size", "2", "--runs", "1")),
+    Feature("measure-fsdp1", "measure --strategy fsdp1 --world-size 2 (gloo)",
+            ("measure", *SMALL, "--strategy", "fsdp1", "--world-size", "2", "--runs", "1")),
 )
 # the one refusal that counts: "… needs torch >= 2.7 (this is torch 2.6.0: …)"
 TORCH_REQUIREMENT = re.compile(r"needs torch\s*(>=|≥)\s*\d+\.\d+")

@@ -146,6 +146,8 @@ def test_torch_release(version, release):
      "2.6.0+cu124; fake tensors have kernels for c10d's collectives from torch 2.7)"),
     ("2.6.0+cu124", ["--strategy", "ddp", "--world-size", "2"], "--strategy ddp needs torch >= 2.7 (this is torch "
      "2.6.0+cu124; DistributedDataParallel takes init_sync from torch 2.7)"),
+    ("2.6.0+cu124", ["--strategy", "fsdp1", "--world-size", "2"], "--strategy fsdp1 needs torch >= 2.7 (this is torch "
+     "2.6.0+cu124; fake tensors have kernels for c10d's collectives from torch 2.7)"),
     ("2.6.0+cu124", ["--pp", "2", "--batch-size", "2"], "--pp needs torch >= 2.7 (this is torch 2.6.0+cu124; "),
     ("2.7.0+cu126", ["--strategy", "hsdp", "--world-size", "4", "--gpus-per-node", "2"],
      "--strategy hsdp needs torch >= 2.8 (this is torch 2.7.0+cu126; on torch 2.7 HSDP's backward fails")])

@@ -49,7 +49,6 @@ def on_fake(model: nn.Module, ctx: Any):
 
     from trainmem.parallel.apply import Parallelized
     from trainmem.parallel.fsdp import wrap_units
-
     from trainmem.trace.step import freeze_parameters
 
     layout = ctx.layout

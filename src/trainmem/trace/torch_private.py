@@ -384,11 +384,12 @@ def _pipeline_forward_cache(stage) -> str:
 # on torch 2.6.0, 2.7.0, 2.8.0 and 2.13.0 (2.8 and 2.13 give the same figures to the byte): torch 2.6's fake
 # tensors have no kernel for c10d's collectives (c10d._allgather_base_, c10d.send: UnsupportedOperatorException)
 # and its DistributedDataParallel takes no init_sync (parallel/ddp.py); on 2.7, HSDP's backward fails inside
-# FSDP2 (an AssertionError). Tensor parallelism alone runs on 2.6.
+# FSDP2 (an AssertionError). Tensor parallelism alone runs on 2.6. FSDP1 (fsdp1) fails on 2.6 the same way
+# (c10d.allgather_, 2026-12-06) and runs on 2.13; 2.7 to 2.12, 2.14 and 2.15 were not run with it.
 _C10D = "fake tensors have kernels for c10d's collectives from torch 2.7"
 _DDP = "DistributedDataParallel takes init_sync from torch 2.7"
 LATER_TORCH = {"ddp": ((2, 7), _DDP), "zero1": ((2, 7), _DDP), "zero2": ((2, 7), _C10D), "zero3": ((2, 7), _C10D),
-               "fsdp": ((2, 7), _C10D), "pp": ((2, 7), _C10D),
+               "fsdp": ((2, 7), _C10D), "fsdp1": ((2, 7), _C10D), "pp": ((2, 7), _C10D),
                "hsdp": ((2, 8), "on torch 2.7 HSDP's backward fails inside FSDP2, on 2.6 c10d's collectives")}
 
 
