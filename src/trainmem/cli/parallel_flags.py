@@ -69,6 +69,10 @@ def _add_fsdp_flags(add, d) -> None:
         + d("fsdp1_sharding"))
     add("--fsdp1-use-orig-params", type=true_false, nargs="?", const=True, metavar="true|false",
         help="fsdp1: use_orig_params (Lightning's FSDP strategy sets it)" + d("fsdp1_use_orig_params"))
+    add("--fsdp1-backward-prefetch", metavar="WHEN", help="fsdp1: pre|post|none (BackwardPrefetch)"
+        + d("fsdp1_backward_prefetch"))
+    add("--fsdp1-forward-prefetch", type=true_false, nargs="?", const=True, metavar="true|false",
+        help="fsdp1: forward_prefetch" + d("fsdp1_forward_prefetch"))
     add("--fsdp1-param-dtype", metavar="DTYPE", help="fsdp1 under a mixed precision: MixedPrecision's param_dtype, "
         "float32 (Lightning's) or the low dtype (PyTorch's FSDP tutorial)" + d("fsdp1_param_dtype"))
 

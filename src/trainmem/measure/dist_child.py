@@ -180,7 +180,7 @@ def _prepare_fsdp1(source, setup, layout: dict, training):
     """fsdp1: the model built on the CPU, checkpointing applied, then FullyShardedDataParallel with an auto-wrap
     policy over the classes of the blocks (wrap_units below), and the optimizer over its parameters."""
     import torch
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     from trainmem.setup import Precision
@@ -202,6 +202,9 @@ def _prepare_fsdp1(source, setup, layout: dict, training):
         model, auto_wrap_policy=ModuleWrapPolicy({type(unit) for unit in units}) if units else None, **mesh,
         sharding_strategy=ShardingStrategy[sharding.upper().replace("-", "_")],
         use_orig_params=bool(layout.get("fsdp1_use_orig_params", False)), device_id=torch.device("cpu"),
+        backward_prefetch={"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST,
+                           "none": None}[layout.get("fsdp1_backward_prefetch", "pre")],
+        forward_prefetch=bool(layout.get("fsdp1_forward_prefetch", False)),
         mixed_precision=MixedPrecision(param_dtype=getattr(torch, layout.get("fsdp1_param_dtype", "float32")),
                                        reduce_dtype=low, buffer_dtype=low) if low else None)
     prepared = training.prepare(model, make_batch, loss_fn, dataclasses.replace(setup, checkpointing=False, freeze=()),

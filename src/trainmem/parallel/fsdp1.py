@@ -12,8 +12,9 @@ same size (FlatParamHandle._get_shard).
 Knobs: `--fsdp1-sharding` is sharding_strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD over the 2-D
 (replicate, shard) mesh HSDP uses: --dp-shard ranks shard, default a node's); `--fsdp1-use-orig-params`
 is use_orig_params (the optimizer then steps views of the flat shard, one per original parameter, so its state
-differs from rank to rank). FSDP1's prefetch and rate limit are its defaults: backward_prefetch=BACKWARD_PRE,
-forward_prefetch=False, limit_all_gathers=True.
+differs from rank to rank); `--fsdp1-backward-prefetch pre|post|none` and `--fsdp1-forward-prefetch` are FSDP1's
+prefetch knobs (defaults BACKWARD_PRE, False). limit_all_gathers stays True: it bounds how far a GPU run's CPU thread
+issues all-gathers ahead of the GPU, which a trace in program order does not do.
 
 Mixed precision is Lightning's by default (lightning/fabric/plugins/precision/fsdp.py FSDPPrecision
 .mixed_precision_config): for bf16-mixed MixedPrecision(param_dtype=float32, reduce_dtype=buffer_dtype=bfloat16) under
@@ -65,7 +66,10 @@ def on_fake(model: nn.Module, ctx: Any):
     listed = ", ".join(names.get(id(u), "?") for u in units[:3]) + (", …" if len(units) > 3 else "")
     notes = [f"FSDP1: FullyShardedDataParallel on {len(units)} unit(s) ({listed or 'none'}) then the root "
              f"(--fsdp-wrap {layout.fsdp_wrap}); sharding_strategy={SHARDING_NAMES[layout.fsdp1_sharding]}, "
-             f"use_orig_params={layout.fsdp1_use_orig_params}, backward_prefetch=BACKWARD_PRE, limit_all_gathers=True"]
+             f"use_orig_params={layout.fsdp1_use_orig_params}, backward_prefetch="
+             f"{ {'pre': 'BACKWARD_PRE', 'post': 'BACKWARD_POST', 'none': 'None'}[layout.fsdp1_backward_prefetch]}, "
+             f"forward_prefetch={layout.fsdp1_forward_prefetch}, limit_all_gathers=True (on a GPU it bounds how far "
+             "the CPU runs ahead; the trace runs in program order)"]
     policy_note = mixed_precision_note(ctx.setup, layout)
     if policy_note:
         notes.append(policy_note)
@@ -96,11 +100,21 @@ def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
     # HYBRID_SHARD takes the 2-D (replicate, shard) mesh: it shards over the inner dimension, replicates over the outer
     group = {"device_mesh": ctx.world.dp_mesh()} if layout.replicate_x_shard else {"process_group": ctx.world.dp_group()}
     kwargs = dict(**group, sharding_strategy=getattr(ShardingStrategy, SHARDING_NAMES[layout.fsdp1_sharding]),
-                  device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params)
+                  device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params,
+                  backward_prefetch=backward_prefetch(layout.fsdp1_backward_prefetch),
+                  forward_prefetch=layout.fsdp1_forward_prefetch)
     policy = mixed_precision(ctx.setup, layout)
     if policy is not None:
         kwargs["mixed_precision"] = policy
     return kwargs
+
+
+def backward_prefetch(name: str) -> Any:
+    """FSDP1's BackwardPrefetch for --fsdp1-backward-prefetch: pre all-gathers the next unit before the current one's
+    gradients are computed (two units gathered), post after them, none when the next unit's backward starts."""
+    from torch.distributed.fsdp import BackwardPrefetch
+
+    return {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST, "none": None}[name]
 
 
 def mixed_precision(setup: Any, layout: Any) -> Any:

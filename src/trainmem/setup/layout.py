@@ -63,6 +63,7 @@ class FsdpWrap(enum.StrEnum):
 
 
 FSDP1_PARAM_DTYPES = ("float32", "bfloat16", "float16")
+FSDP1_BACKWARD_PREFETCH = ("pre", "post", "none")
 MAX_WORLD_SIZE = 1 << 20  # a million ranks: beyond any cluster; bounds the per-rank bookkeeping
 
 
@@ -96,6 +97,8 @@ class ParallelLayout:
     # MixedPrecision's param_dtype under a mixed precision: float32 as Lightning sets it (under autocast), or the low
     # dtype itself as PyTorch's FSDP tutorial and llama-recipes set it (bfSixteen), which gathers 16-bit parameters
     fsdp1_param_dtype: str = "float32"
+    fsdp1_backward_prefetch: str = "pre"  # BACKWARD_PRE (FSDP1's default) | post (BACKWARD_POST) | none
+    fsdp1_forward_prefetch: bool = False  # FSDP1's default
 
     def __post_init__(self) -> None:
         for name, enum_type in (("strategy", Strategy), ("offload", Offload), ("schedule", Schedule),
@@ -117,10 +120,14 @@ class ParallelLayout:
         if isinstance(self.ddp_bucket_mb, bool) or not isinstance(self.ddp_bucket_mb, (int, float)) \
                 or not 0 < self.ddp_bucket_mb < 1 << 20:
             raise SetupError(f"expected a bucket size in MB above 0, got {self.ddp_bucket_mb!r}", where="--ddp-bucket-mb")
+        if self.fsdp1_backward_prefetch not in FSDP1_BACKWARD_PREFETCH:
+            raise SetupError(f"expected one of {', '.join(FSDP1_BACKWARD_PREFETCH)}, got {self.fsdp1_backward_prefetch!r}",
+                             where="--fsdp1-backward-prefetch")
         if self.fsdp1_param_dtype not in FSDP1_PARAM_DTYPES:
             raise SetupError(f"expected one of {', '.join(FSDP1_PARAM_DTYPES)}, got {self.fsdp1_param_dtype!r}",
                              where="--fsdp1-param-dtype")
-        for name in ("gradient_as_bucket_view", "reshard_after_forward", "fsdp1_use_orig_params"):
+        for name in ("gradient_as_bucket_view", "reshard_after_forward", "fsdp1_use_orig_params",
+                     "fsdp1_forward_prefetch"):
             if not isinstance(getattr(self, name), bool) and not (name == "reshard_after_forward" and getattr(self, name) is None):
                 raise SetupError(f"expected true or false, got {getattr(self, name)!r}", where=f"--{name.replace('_', '-')}")
         if self.world_size > MAX_WORLD_SIZE:
@@ -253,7 +260,8 @@ def _check_fsdp1(layout: ParallelLayout, given: Strategy) -> None:
     """FSDP1's knobs belong to --strategy fsdp1, and FSDP2's to the others; what FSDP1 is not traced with is refused."""
     if layout.strategy != Strategy.FSDP1:
         defaults = (("fsdp1_sharding", Fsdp1Sharding.FULL_SHARD), ("fsdp1_use_orig_params", False),
-                    ("fsdp1_param_dtype", "float32"))
+                    ("fsdp1_param_dtype", "float32"), ("fsdp1_backward_prefetch", "pre"),
+                    ("fsdp1_forward_prefetch", False))
         knobs = [(name, value) for name, value in defaults if getattr(layout, name) != value]
         if knobs:
             flag = f"--{knobs[0][0].replace('_', '-')}"
