@@ -1,7 +1,7 @@
 """Real torch.distributed runs over gloo (measure/gloo_ranks.py) against the per-rank estimate.
 
 The matrix covers DDP, FSDP2 and ZeRO-1 at world sizes 2 and 4 and each loop style of the accuracy issue at
-least once (six launches of 2 or 4 processes, ~2.5 min on the 2-core machine under load; marked slow,
+least once, and FSDP1 (nine launches of 2 or 4 processes, ~3.5 min on the 2-core machine under load; marked slow,
 which `make test` runs):
 
     ddp   ws 2 inline   tests/models.py:tiny_gpt, batch 4; default buckets (25 MB, grads copied into them)
@@ -14,12 +14,12 @@ which `make test` runs):
     fsdp1 ws 4 trainer  SHARD_GRAD_OP, FSDP1 per Linear, bf16-mixed with bf16 parameters (PyTorch's FSDP tutorial)
     fsdp1 ws 4 lean     HYBRID_SHARD (shard 2, replicate 2), use_orig_params
 
-Each rank's measured tensor peak must be within 2% of the estimate for that rank. FSDP1's real runs are the
-exception: in about a third of the runs seen (2026-12-06, fsdp1 on this machine) one rank measured one unit's
-buffer below the others (MLP ws 4: 4.05 against 4.81 MiB; tiny_gpt with checkpointing: 45.30 against 46.30 MiB),
-the other ranks and the other runs of the same command matching the estimate to 0.02%: where a buffer dies
-depends on when gloo's worker finishes. There the most loaded rank is held to 2% and no rank may measure more
-than 2% above the estimate.
+Each rank's measured tensor peak must be within 2% of the estimate for that rank. The measured peak is c10's stream
+with a gloo worker's frees that the profiler missed moved back to the end of the worker's work (c10_log.settled). Under
+FSDP1 that settling sometimes moves a free from after the peak to before it: in about a third of the runs seen
+(2026-12-06) one or both ranks settled one unit's buffer lower (tiny_gpt with checkpointing: 47,500,032 B settled),
+while their raw stream, as it happened, peaked at the estimate to the byte (48,550,208 B). For FSDP1 each rank is
+held to 2% of either figure.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_each_rank_within_two_percent(strategy, world_size, loop, knobs):
     result = measure_distributed(model, setup, runs=0, timeout=300)
     assert [r.rank for r in result.ranks] == list(range(world_size))
     if strategy == "fsdp1":
-        _most_loaded_within_two_percent(result)
+        _settled_or_raw_within_two_percent(result)
         return
     for rank, child in zip(result.ranks, result.tensors):
         # the ground truth wraps the model itself: nothing of trainmem.parallel (the layout is setup/layout.py)
@@ -74,12 +74,15 @@ def test_each_rank_within_two_percent(strategy, world_size, loop, knobs):
     assert "rank" in str(result) and result.to_dict()["ranks"][0]["measured"]["tensor_bytes"] > 0
 
 
-def _most_loaded_within_two_percent(result) -> None:
+def _settled_or_raw_within_two_percent(result) -> None:
     for rank, child in zip(result.ranks, result.tensors):
         assert child["parallel_modules"] == [] and child["pairing_exact"]
-        assert rank.estimated_tensor_bytes is not None and rank.tensor_error >= -TOLERANCE, f"rank {rank.rank}\n{result}"
-    most = max(result.ranks, key=lambda r: r.tensor_bytes)
-    assert abs(most.tensor_error) <= TOLERANCE, f"most loaded rank {most.rank}\n{result}"
+        assert rank.estimated_tensor_bytes is not None, f"no estimate for rank {rank.rank}"
+        errors = [rank.estimated_tensor_bytes / measured - 1 for measured in (child["tensor_peak_bytes"],
+                                                                             child["raw_peak_bytes"])]
+        assert min(abs(error) for error in errors) <= TOLERANCE, (
+            f"rank {rank.rank}: settled {child['tensor_peak_bytes']:,} B, raw {child['raw_peak_bytes']:,} B, "
+            f"estimated {rank.estimated_tensor_bytes:,} B\n{result}")
 
 
 @pytest.mark.slow
