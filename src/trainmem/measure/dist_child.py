@@ -9,7 +9,7 @@ wrapped as a user wraps it, with torch's own classes —
          the root, `to_empty(device="cpu")` and each module's reset_parameters(), as torchtitan does
   zero2  the same with fully_shard(reshard_after_forward=False)
   hsdp   the same on a 2-D mesh init_device_mesh("cpu", (replicate, shard)): shard inside, replicate across
-  fsdp1  FullyShardedDataParallel as a Lightning or Accelerate user's model is wrapped: built for real on the
+  fsdp1  FullyShardedDataParallel as a Lightning user's model is wrapped: built for real on the
          CPU, then FSDP1 with ModuleWrapPolicy over the blocks' classes, the sharding strategy, use_orig_params,
          device_id=cpu and Lightning's MixedPrecision for the mixed precisions; HYBRID_SHARD on hsdp's 2-D mesh
 The model, its batch and loss, and the training loop (setup.loop) are trainmem's frontends and

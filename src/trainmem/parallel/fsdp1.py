@@ -1,8 +1,8 @@
 """FSDP1 (`FullyShardedDataParallel`, FlatParameter), traced for real: torch's own FSDP1 wraps the materialized
 fake model on this rank's fake process group, so the flat parameters, their shards, the all-gathered padded flat
 parameters, the reduce-scatter buffers and the sharded gradients are made and freed by FSDP1's own code
-(torch/distributed/fsdp/_flat_param.py, _runtime_utils.py). FSDP1 is what Lightning's FSDP strategy and Accelerate
-wrap a model with; `--strategy fsdp` is FSDP2 (parallel/fsdp.py).
+(torch/distributed/fsdp/_flat_param.py, _runtime_utils.py). FSDP1 is what Lightning's FSDP strategy wraps a model
+with (and Accelerate's FSDP plugin at fsdp_version 1); `--strategy fsdp` is FSDP2 (parallel/fsdp.py).
 
 Wrapping: the units of `--fsdp-wrap` (parallel/fsdp.py wrap_units: each repeated block, else each top-level child
 with parameters), each wrapped in its own FullyShardedDataParallel, then the root: what an auto-wrap policy over the

@@ -21,7 +21,7 @@ class Strategy(enum.StrEnum):
     NONE = "none"  # one process, no torch.distributed
     DDP = "ddp"  # DistributedDataParallel: full replica, gradients all-reduced in buckets
     FSDP = "fsdp"  # FSDP2 fully_shard over all data-parallel ranks
-    FSDP1 = "fsdp1"  # FullyShardedDataParallel (FlatParameter), as Lightning and Accelerate wrap a model
+    FSDP1 = "fsdp1"  # FullyShardedDataParallel (FlatParameter), as Lightning's FSDP strategy wraps a model
     HSDP = "hsdp"  # FSDP2 on a 2-D mesh: shard inside a node, replicate across nodes
     ZERO1 = "zero1"  # optimizer state sharded
     ZERO2 = "zero2"  # + gradients sharded
