@@ -11,7 +11,8 @@ wrapped as a user wraps it, with torch's own classes —
   hsdp   the same on a 2-D mesh init_device_mesh("cpu", (replicate, shard)): shard inside, replicate across
   fsdp1  FullyShardedDataParallel as a Lightning user's model is wrapped: built for real on the
          CPU, then FSDP1 with ModuleWrapPolicy over the blocks' classes, the sharding strategy, use_orig_params,
-         device_id=cpu and Lightning's MixedPrecision for the mixed precisions; HYBRID_SHARD on hsdp's 2-D mesh
+         the prefetch knobs, device_id=cpu, MixedPrecision with the layout's param dtype (Lightning's float32
+         by default) for the mixed precisions; HYBRID_SHARD on hsdp's 2-D mesh
 The model, its batch and loss, and the training loop (setup.loop) are trainmem's frontends and
 trace/loops.py, as measure/child.py uses them.
 
