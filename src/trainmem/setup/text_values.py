@@ -67,6 +67,7 @@ TEXT_VALUES: dict[str, Callable[[str], Any]] = {
     "dp": int, "dp_shard": int, "tp": int, "pp": int, "world_size": int, "gpus_per_node": int, "microbatches": int,
     "stages_per_rank": int, "fsdp_prefetch": int, "zero3_persistence_threshold": int, "zero3_prefetch_bucket": int,
     "ddp_bucket_mb": float, "gradient_as_bucket_view": true_false, "reshard_after_forward": true_false,
+    "fsdp1_use_orig_params": true_false, "fsdp1_forward_prefetch": true_false,
 }
 
 
