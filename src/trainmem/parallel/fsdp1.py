@@ -58,6 +58,7 @@ def on_fake(model: nn.Module, ctx: Any):
     _check_flattenable(model, units, layout)
     names = {id(m): name for name, m in model.named_modules()}
     kwargs = _fsdp1_kwargs(ctx)
+    prefetch = kwargs["backward_prefetch"]
     moved = ctx.cuda_semantics
     with fake_data_pointers():
         for unit in units:
@@ -65,14 +66,12 @@ def on_fake(model: nn.Module, ctx: Any):
         wrapped = FullyShardedDataParallel(_moved(model) if moved else model, **kwargs)
     listed = ", ".join(names.get(id(u), "?") for u in units[:3]) + (", …" if len(units) > 3 else "")
     notes = [f"FSDP1: FullyShardedDataParallel on {len(units)} unit(s) ({listed or 'none'}) then the root "
-             f"(--fsdp-wrap {layout.fsdp_wrap}); sharding_strategy={SHARDING_NAMES[layout.fsdp1_sharding]}, "
-             f"use_orig_params={layout.fsdp1_use_orig_params}, backward_prefetch="
-             f"{ {'pre': 'BACKWARD_PRE', 'post': 'BACKWARD_POST', 'none': 'None'}[layout.fsdp1_backward_prefetch]}, "
+             f"(--fsdp-wrap {layout.fsdp_wrap}); sharding_strategy={layout.fsdp1_sharding.name}, "
+             f"use_orig_params={layout.fsdp1_use_orig_params}, backward_prefetch={prefetch.name if prefetch else None}, "
              f"forward_prefetch={layout.fsdp1_forward_prefetch}, limit_all_gathers=True (on a GPU it bounds how far "
              "the CPU runs ahead; the trace runs in program order)"]
-    policy_note = mixed_precision_note(ctx.setup, layout)
-    if policy_note:
-        notes.append(policy_note)
+    if "mixed_precision" in kwargs:
+        notes.append(mixed_precision_note(kwargs["mixed_precision"]))
     if moved:
         notes.append("FSDP1: the model is built in host RAM and each unit is moved to the GPU as it is wrapped "
                      "(device_id): the host copy is not device memory, each unit's moved copy and its flat parameter "
@@ -89,17 +88,13 @@ def _steps_with_pointers(prepared: Any, setup: Any, observer: Any) -> None:
         training.run_steps(prepared, setup, observer)
 
 
-SHARDING_NAMES = {Fsdp1Sharding.FULL_SHARD: "FULL_SHARD", Fsdp1Sharding.SHARD_GRAD_OP: "SHARD_GRAD_OP",
-                  Fsdp1Sharding.NO_SHARD: "NO_SHARD", Fsdp1Sharding.HYBRID_SHARD: "HYBRID_SHARD"}
-
-
 def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
     from torch.distributed.fsdp import ShardingStrategy
 
     layout = ctx.layout
     # HYBRID_SHARD takes the 2-D (replicate, shard) mesh: it shards over the inner dimension, replicates over the outer
     group = {"device_mesh": ctx.world.dp_mesh()} if layout.replicate_x_shard else {"process_group": ctx.world.dp_group()}
-    kwargs = dict(**group, sharding_strategy=getattr(ShardingStrategy, SHARDING_NAMES[layout.fsdp1_sharding]),
+    kwargs = dict(**group, sharding_strategy=ShardingStrategy[layout.fsdp1_sharding.name],
                   device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params,
                   backward_prefetch=backward_prefetch(layout.fsdp1_backward_prefetch),
                   forward_prefetch=layout.fsdp1_forward_prefetch)
@@ -135,10 +130,8 @@ def mixed_precision(setup: Any, layout: Any) -> Any:
     return MixedPrecision(param_dtype=param, reduce_dtype=low, buffer_dtype=low)
 
 
-def mixed_precision_note(setup: Any, layout: Any) -> str:
-    policy = mixed_precision(setup, layout)
-    if policy is None:
-        return ""
+def mixed_precision_note(policy: Any) -> str:
+    """What the MixedPrecision the wrap took keeps and gathers, and whose recipe it is."""
     low = str(policy.reduce_dtype).removeprefix("torch.")
     if policy.param_dtype is torch.float32:
         return (f"FSDP1 mixed precision as Lightning's FSDP strategy sets it: MixedPrecision(param_dtype=float32, "
@@ -194,7 +187,7 @@ def _replace(model: nn.Module, unit: nn.Module, wrapped: nn.Module) -> None:
     raise ValueError(f"FSDP1 unit {type(unit).__name__} is not a submodule of the model")
 
 
-def dp_index_classes(layout: Any) -> list[tuple[int, ...]] | None:
+def dp_index_classes(layout: Any) -> list[tuple[int, ...]]:
     """Data-parallel indices whose per-rank sizes are equal: every rank's flat shard is padded to one size, so with
     the flat parameters in the optimizer every rank is alike; with use_orig_params the optimizer's state is
     per original parameter's share of the shard, which differs from rank to rank (each is traced)."""

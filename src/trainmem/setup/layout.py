@@ -47,7 +47,8 @@ class Schedule(enum.StrEnum):
 
 
 class Fsdp1Sharding(enum.StrEnum):
-    """FSDP1's ShardingStrategy (torch/distributed/fsdp/api.py), spelt as flags."""
+    """FSDP1's ShardingStrategy (torch/distributed/fsdp/api.py), spelt as flags; each member's name is its
+    ShardingStrategy's (parallel/fsdp1.py looks it up by name)."""
 
     FULL_SHARD = "full-shard"  # parameters, gradients and optimizer state sharded; parameters freed after forward
     SHARD_GRAD_OP = "shard-grad-op"  # the same, but the gathered parameters are kept from forward into backward
