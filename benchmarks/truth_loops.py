@@ -261,6 +261,8 @@ def build_and_train(args):
     if args.checkpoint_blocks:
         checkpoint_each(getattr(model, args.checkpoint_blocks))
     make_target = None if own_loss is not None else target_maker(model, make_batch)
+    if args.compile:  # as PyTorch's torch.compile tutorial writes it: Inductor, the default backend
+        model = torch.compile(model)
     loss_fn = own_loss or cross_entropy
     optimizer = make_optimizer(args.optimizer, [p for p in model.parameters() if p.requires_grad])
     LOOPS[args.loop](model, optimizer, loss_fn, Loader(make_batch, make_target, args.batch_size,
@@ -277,10 +279,11 @@ def main():
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--checkpoint-blocks", metavar="ATTR",
                         help="wrap each block of model.ATTR (a ModuleList) in torch.utils.checkpoint")
+    parser.add_argument("--compile", action="store_true", help="train torch.compile(model) (Inductor)")
     parser.add_argument("--mode", default="tensors", choices=["tensors", "rss"])
     args = parser.parse_args()
     torch.manual_seed(0)
-    result = {"model": args.model, "batch_size": args.batch_size, "optimizer": args.optimizer, "loop": args.loop,
+    result = {"model": args.model, "batch_size": args.batch_size, "compile": args.compile, "optimizer": args.optimizer, "loop": args.loop,
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     started = time.perf_counter()

@@ -1,5 +1,5 @@
 """Private PyTorch, TensorFlow and Keras APIs are reached through trace/torch_private.py, trace/fake_cache.py
-(FakeTensorMode's dispatch-cache hooks) and trace/tf/private.py only, so that an upgrade that moves one breaks in
+(FakeTensorMode's dispatch-cache hooks), trace/inductor_private.py (Inductor's, for --compile) and trace/tf/private.py only, so that an upgrade that moves one breaks in
 one place (each module's docstring lists what it holds).
 
 Read from the code's syntax tree, so comments, docstrings and strings do not count: an import of a private
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainmem"
-GATHERED = {"trace/torch_private.py", "trace/fake_cache.py", "trace/tf/private.py"}
+GATHERED = {"trace/torch_private.py", "trace/fake_cache.py", "trace/inductor_private.py", "trace/tf/private.py"}
 INDEPENDENT = {"measure/keras_child.py": {"from tensorflow.python.util import _pywrap_util_port"}}
 FRAMEWORKS = ("torch", "tensorflow", "tf", "keras", "tf_keras")
 UNDOCUMENTED = ("tensorflow.python", "tensorflow.core", "keras.src")

@@ -74,6 +74,35 @@ def above_tensors(reference: str, runs: int, extra: dict | None = None) -> tuple
     return int(statistics.median(peaks)) - replay_resident(stream), peaks
 
 
+def compile_increment(floor: int, runs: int, say: Callable[[str], None] = lambda line: None) -> dict[str, int]:
+    """What torch.compile adds to the floor model's run (--compile, targets/cpu_runtime.py): dynamo's and Inductor's
+    modules, their caches and the compiled code loaded, in a run that compiles cold (an empty Inductor cache
+    directory of its own, as a first run does; the C++ builds run in child processes, outside the RSS), as
+    {"compile": bytes}; {} where torch.compile cannot run here (no C++ compiler), which the estimate then says."""
+    from trainmem.errors import TrainmemError
+
+    import os
+    import tempfile
+
+    saved, aboves = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), []
+    try:
+        for _ in range(runs):  # each run cold: a cache directory of its own
+            with tempfile.TemporaryDirectory(prefix="trainmem-inductor-") as cache:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+                aboves.append(above_tensors(FLOOR_MODEL, 1, {"compile": True})[0])
+    except TrainmemError as error:
+        say(f"compile: not measured ({error})")
+        return {}
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+    increment = max(0, int(statistics.median(aboves)) - floor)
+    say(f"compile: +{increment / 2**20:.1f} MiB")
+    return {"compile": increment}
+
+
 def _tiny_hf_config(folder: Path) -> str:
     """A one-layer Llama configuration written to `folder` (nothing downloaded), as an hf: reference."""
     import json
@@ -98,9 +127,9 @@ def measure(runs: int = 3, libraries: bool = True, say: Callable[[str], None] = 
         f"{', '.join(f'{p / 2**20:.0f}' for p in peaks)} MiB)")
     families = {}
     for family, factory in FAMILY_MODELS.items():
-        above, peaks = above_tensors(f"{MODELS}:{factory}", max(1, runs - 1))
-        families[family] = max(0, above - floor)
+        families[family] = max(0, above_tensors(f"{MODELS}:{factory}", max(1, runs - 1))[0] - floor)
         say(f"{family}: +{families[family] / 2**20:.1f} MiB")
+    families.update(compile_increment(floor, max(1, runs - 1), say))
     import_sets: dict[str, int] = {}
     if libraries:
         with tempfile.TemporaryDirectory() as folder:

@@ -69,6 +69,16 @@ def _integer_input(run: Invocation) -> bool:
     return any(str(dtype) in _INTEGER_DTYPES for dtype in dtypes)
 
 
+def _layout_key(run: Invocation) -> str | None:
+    """The first option that asks for more than one process (--strategy other than none, --tp/--pp/--world-size
+    above 1), or None."""
+    for key in ("strategy", "tp", "pp", "world_size"):
+        value = run.values.get(key)
+        if value is not None and str(value).strip().lower() not in ("none", "1"):
+            return key
+    return None
+
+
 def _bf16_or_precision_given(run: Invocation) -> bool:
     return run.gpu is None or run.gpu.bf16 or run.given("precision")
 
@@ -146,6 +156,15 @@ RULES: tuple[FlagRule, ...] = (
              "AdamW are bitsandbytes' CUDA kernels and CUDA managed memory)", _DEVICE),
     FlagRule("qlora", _bf16_or_precision_given, REFUSE, "a GPU with bf16 (compute capability 8.0 or newer) for "
              "QLoRA's bf16-mixed compute, or --precision fp16-mixed with it", _device_with_cc),
+    # --compile traces Inductor's plan for the CPU (trace/compiled.py): a CUDA run's plan is Triton's, not made here
+    FlagRule("compile", lambda run: not run.on_gpu, REFUSE, "--device cpu (--compile traces the plan Inductor makes "
+             "for the CPU; a GPU run's Triton plan is not modelled yet)", _DEVICE),
+    FlagRule("compile", lambda run: not keras_run(run), REFUSE, "a PyTorch model (--compile is torch.compile; "
+             "Keras compiles with jit_compile)", lambda run: f"the Keras model {quote(run.model)}"),
+    FlagRule("compile", lambda run: _layout_key(run) is None and run.command != "plan", REFUSE, "a one-process run "
+             "(--compile with a --strategy, --tp, --pp or --world-size layout is not traced yet)",
+             lambda run: run.command if _layout_key(run) is None else given_as(run, _layout_key(run),
+                                                                                run.values[_layout_key(run)])),
     FlagRule("batch_size", lambda run: run.command != "fit" or bool(run.values.get("max_seq")), REFUSE,
              "no --batch-size with fit (fit searches the batch size; --batch-size fixes it for the sequence "
              "search, --max-seq)", lambda run: quote(run.values["batch_size"])),

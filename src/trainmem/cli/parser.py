@@ -112,6 +112,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", type=int, metavar="N", help="micro-batches per optimizer step" + d("grad_accum"))
     parser.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None, help="activation "
                         "checkpointing of the model's blocks; --no-checkpointing undoes --qlora's" + d("checkpointing"))
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="model = "
+                        "torch.compile(model): the forward as Inductor compiles it (CPU target)" + d("compile"))
     parser.add_argument("--zero-grad", metavar="none|zeros", help="none (free gradients between steps, torch >= 2.0) | zeros (keep "
                         "them, set_to_none=False)" + d("zero_grad"))
     parser.add_argument("--freeze", action="append", metavar="PATTERN",

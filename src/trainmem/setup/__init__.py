@@ -185,6 +185,7 @@ class TrainingSetup:
     bnb_compute_dtype: str | None = None  # --qlora's bnb_4bit_compute_dtype: None, bf16 (QLoRA's recipe); fp16; fp32
     seq_lengths: tuple[int, ...] | None = None  # the dataset's lengths for pack_padded_sequence; None: the bound
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
+    compile: bool = False  # model = torch.compile(model): the forward as Inductor compiles it (trace/compiled.py)
     parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
 
     def __post_init__(self) -> None:
@@ -231,7 +232,7 @@ class TrainingSetup:
         kwargs = {k: v for k, v in values.items() if k in names}
         kwargs.update(_parallel_kwargs(values))
         kwargs = presets.apply(kwargs)
-        for flag in ("checkpointing", "qlora", "hf_trainer", "trust_remote_code"):
+        for flag in ("checkpointing", "qlora", "hf_trainer", "trust_remote_code", "compile"):
             if flag in kwargs and not isinstance(kwargs[flag], bool):
                 raise expected("true or false", kwargs[flag], f"--{flag.replace('_', '-')}")
         if "inputs" not in kwargs and "input_shape" in values:
@@ -283,8 +284,8 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
-        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths"):  # absent unless given: the keys other runs had, unchanged
-            if out[key] is None:
+        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths", "compile"):  # absent unless given: the keys other runs had, unchanged
+            if out[key] is None or out[key] is False:
                 out.pop(key)
         if self.parallel.distributed:
             out["parallel"] = self.parallel.to_dict()
@@ -312,8 +313,7 @@ def _parallel_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
     return {"parallel": ParallelLayout(**flat)} if flat else {}
 
 
-SETUP_KEYS = frozenset({f.name for f in dataclasses.fields(TrainingSetup)} | {"input_shape", "input_dtype", "input_max"}
-                       | PARALLEL_KEYS)
+SETUP_KEYS = frozenset({f.name for f in dataclasses.fields(TrainingSetup)} | {"input_shape", "input_dtype", "input_max"} | PARALLEL_KEYS)
 
 # A setup file is a dozen keys: 64 KiB is a thousand times that. Larger is not a setup, and tomllib
 # parses the whole text into memory before anything could be checked.

@@ -65,13 +65,30 @@ def load() -> dict:
     return choose_for(CpuInfo.this_machine())[0].entry
 
 
+def _add_compile(parts: dict[str, int], data: dict) -> list[str]:
+    """runtime_compile, what torch.compile brings into the process (dynamo, Inductor, their caches, the compiled
+    code: calibrate.compile_increment): this calibration's, else the largest any bundled calibration measured
+    (never low); the assumption said, if any."""
+    if "compile" in data.get("families", {}):
+        parts["runtime_compile"] = int(data["families"]["compile"])
+        return []
+    measured = [entry for entry in json.loads(DATA.read_text())["calibrations"] if "compile" in entry.get("families", {})]
+    if not measured:
+        return ["what torch.compile adds to the process (dynamo, Inductor, their caches) was not measured for any "
+                "calibration: not counted"]
+    largest = max(measured, key=lambda entry: entry["families"]["compile"])
+    parts["runtime_compile"] = int(largest["families"]["compile"])
+    return [f"what torch.compile adds to the process was measured with torch {largest['torch']} on "
+            f"{largest.get('cpu') or largest['machine']}, not with this calibration's build"]
+
+
 def import_set_key(libraries) -> str:
     """The calibration key of a set of imported libraries: their names, sorted, joined by '+'."""
     return "+".join(sorted(libraries))
 
 
 def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
-                  cpu: CpuInfo | None = None) -> RuntimeFloor:
+                  cpu: CpuInfo | None = None, compiled: bool = False) -> RuntimeFloor:
     """The floor, the kernel families the trace used, and the libraries the model reference brings
     into the process (transformers for hf:, peft and transformers for --lora, torchvision and timm for
     their references), each as measured by calibrate_cpu.py.
@@ -83,8 +100,8 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     calibration therefore measures each set of libraries a reference can bring as one increment; the
     per-library sum is a fallback for a set it did not measure, and the report says so.
 
-    `cpu` (default: this machine) is compared with the calibration's capability and thread count: a
-    floor measured with other ones is reported as an assumption."""
+    `cpu` (default: this machine) is compared with the calibration's capability and thread count: a floor measured
+    with other ones is reported as an assumption. `compiled` (--compile) adds torch.compile's (_add_compile)."""
     import torch
 
     cpu = cpu or CpuInfo.this_machine()
@@ -94,9 +111,9 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     for family, ops in FAMILIES.items():
         if any(op_counts.get(op) for op in ops) and family in data.get("families", {}):
             parts[f"runtime_{family}"] = int(data["families"][family])
-    assumptions = [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} "
-                   f"(torch {data['torch']}, {data['capability']}, {data['threads']} threads): "
-                   "interpreter, torch libraries, thread pools", machine.said]
+    assumptions = _add_compile(parts, data) if compiled else []
+    assumptions += [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} (torch "
+                    f"{data['torch']}, {data['capability']}, {data['threads']} threads): interpreter, torch libraries, thread pools", machine.said]
     if choice.warning("process floor"):
         assumptions.append(choice.warning("process floor"))
     if libraries:

@@ -87,7 +87,7 @@ class CpuTarget:
         if keras_torch_runtime.applies(source):  # Keras's import and model.fit, measured apart
             keras_parts, keras_spread, keras_said = keras_torch_runtime.keras_parts()
             libraries -= {"keras"}
-        runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries, self.cpu)
+        runtime = cpu_runtime.runtime_floor(traced.op_counts, libraries, self.cpu, setup.compile)
         matmuls, problems, path = matmul_cache.resident_bytes(traced.trace.kernel_calls, self.cpu)
         if matmuls:
             runtime.parts["runtime_onednn_matmul_shapes"] = matmuls

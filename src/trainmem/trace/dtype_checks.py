@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from trainmem.trace.compiled import compiled_trace_active
 from trainmem.trace.torch_private import TorchDispatchMode
 
 # aten ops whose CPU and CUDA kernels refuse tensor arguments of different dtypes, and whose meta
@@ -45,6 +46,10 @@ _SAME_DTYPE_OPS = frozenset({
 
 class SameDtypeKernels(TorchDispatchMode):
     """Refuse what the real kernel refuses: mixed dtypes in the ops of _SAME_DTYPE_OPS (not while `quiet()`)."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:  # as the recorder's (trace/compiled.py)
+        return compiled_trace_active()
 
     def __init__(self, quiet: Callable[[], bool] | None = None) -> None:
         super().__init__()

@@ -60,11 +60,15 @@ class ModuleTracker:
         self._handles = []
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():  # dynamo traces the hooks of a --compile forward: they add nothing (compiled.py)
+            return
         name = self._names.get(id(module))
         if name is not None:
             self._stack.append(name)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if self._names.get(id(module)) is not None and self._stack:
             name = self._stack[-1]
             if name not in self.output_elements:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trainmem.errors import TraceError
+from trainmem.trace.compiled import compiled_trace_active
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.rules import DataDependentRules
@@ -119,6 +120,11 @@ def _tensor_leaves(out: Any) -> list:
 
 
 class TraceRecorder(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """In a --compile trace, off while dynamo and Inductor compile, on when the compiled code runs (compiled.py)."""
+        return compiled_trace_active()
+
     def __init__(self, modules: ModuleTracker, kernel_ops: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.kernel_ops = kernel_ops  # ops whose calls the target wants to see (kernel-internal buffers)

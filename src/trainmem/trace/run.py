@@ -25,6 +25,7 @@ from trainmem.trace.autocast_cache import cast_cache_freed_in_order
 from trainmem.trace.cache_codec import NotCacheable
 from trainmem.trace.cache_store import CacheUse
 from trainmem.trace import step as training
+from trainmem.trace.compiled import NOTE as COMPILED_NOTE, compiled_on_fake
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.fake_cache import tracing_fake_mode
@@ -188,7 +189,8 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
     recorder.rules.sequence_lengths = setup.seq_lengths
-    training.run_steps(prepared, setup, observer)
+    with compiled_on_fake() if setup.compile else contextlib.nullcontext():
+        training.run_steps(prepared, setup, observer)
     facts = traced_model_facts(model)
     resolved = resolved_setup(setup, source, probe, make_batch is not None, loss_fn is not None,
                               prepared.optimizer, finetune.lora_used(model))
@@ -209,6 +211,7 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
         keras = keras_torch_step.is_keras_model(model)  # Keras's own train_step and optimizer
         model, finetune_notes = (model, []) if keras else finetune.apply(model, setup)
+    finetune_notes += [COMPILED_NOTE] if setup.compile else []
     key, use = _cache_key(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras)
     hit = cache_store.lookup(key) if key is not None else None
     if hit is not None:  # the same run traced before (trace/cache_store.py): its trace, not a second one

@@ -20,6 +20,7 @@ from trainmem.frontends import ModelSource
 from trainmem.setup import MAX_ELEMENTS, Loss, Optimizer, OptimizerImpl, Precision, TrainingSetup, ZeroGrad
 from trainmem.trace.cast_batch import CastBatch
 from trainmem.trace.checkpointing import checkpoint_blocks
+from trainmem.trace.compiled import compile_forward
 from trainmem.trace.events import Phase
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -223,6 +224,8 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
                          where=model_where)
     if checkpointed is None:
         checkpointed = checkpoint_blocks(model) if setup.checkpointing else []
+    if setup.compile:
+        compile_forward(model)
     scaler = torch.amp.GradScaler(device_type) if setup.precision == Precision.FP16_MIXED else None
     loss = setup.loss or source.default_loss or Loss.CROSS_ENTROPY
     if loss_fn is not None and setup.target_shape is not None:

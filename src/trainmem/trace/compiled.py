@@ -1,0 +1,72 @@
+"""--compile: the training step as `torch.compile` runs it, with Inductor, its default backend.
+
+A compiled forward keeps different tensors for backward than the eager one, and allocates different temporaries:
+AOTAutograd traces forward and backward into one joint graph, its min-cut partitioner chooses what the forward
+saves (cheap pointwise results are recomputed in backward instead of saved), and Inductor fuses chains of
+pointwise ops and reductions into kernels whose intermediates never exist as tensors, converts convolution inputs
+to channels-last, and frees and reuses buffers by its own plan. No formula over the eager trace gives that.
+
+So the trace compiles for real: `compile_forward` wraps the model's forward in torch.compile, for the real run
+and the trace alike, and the trace runs inside `compiled_on_fake`, where dynamo, AOTAutograd and Inductor work on
+the fake tensors as they do on a user's, and the wrapper Inductor writes runs with its C++ kernels unbuilt
+(trace/inductor_private.py): every buffer it allocates, keeps and frees is a recorded allocation of the size
+Inductor chose. What falls outside the compiled forward (the loss, the optimizer step, zero_grad) stays eager,
+as in the user's run. The recorder's dispatch modes stand aside while dynamo and Inductor compile
+(`ignore_compile_internals`, read from `compiled_trace_active`) and see the compiled code's ops when it runs;
+the module tracker's hooks do nothing while dynamo traces them, so the compiled forward's allocations belong to
+the model as a whole, as its kernels do.
+
+Inductor plans for the device of the tensors it is given. The fake trace runs on the CPU, so its plan is the
+CPU's (C++ kernels); a CUDA run's plan is Triton's, which this does not make, and --compile is refused for GPU
+targets (flag_rules). Dynamo's caches are reset before and after the trace: before, so that each trace compiles
+for its own shapes as a fresh process does (no recompile limit, no dynamic shapes from an earlier batch size);
+after, so that no compiled code with unbuilt kernels is left for a real torch.compile in the same process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from trainmem.errors import TraceError
+
+_ACTIVE = [False]  # whether a --compile trace is running: the dispatch modes' ignore_compile_internals
+
+NOTE = ("--compile: the forward traced as torch.compile (Inductor) compiles it on the CPU: the tensors its "
+        "partitioner saves for backward, its fused kernels' buffers and its frees; per-module rows cannot look inside "
+        "the compiled forward (its allocations are the model's)")
+
+
+def compiled_trace_active() -> bool:
+    return _ACTIVE[0]
+
+
+def compile_forward(model: torch.nn.Module) -> None:
+    """What a user's `model = torch.compile(model)` does to the step: forward runs compiled (lazily, at the first
+    call); the module, its parameters and the optimizer stay the same objects."""
+    model.forward = torch.compile(model.forward)
+
+
+@contextlib.contextmanager
+def compiled_on_fake() -> Iterator[None]:
+    """Around the traced steps of a --compile trace (the module docstring)."""
+    from trainmem.trace.inductor_private import inductor_plans_on_fake
+
+    torch.compiler.reset()
+    try:
+        with inductor_plans_on_fake() as loads:
+            _ACTIVE[0] = True
+            try:
+                yield
+            finally:
+                _ACTIVE[0] = False
+    finally:
+        torch.compiler.reset()
+    if loads.count == 0:
+        # dynamo skipped the forward: this torch runs compiled code only with no dispatch mode active (before
+        # TorchDispatchMode.ignore_compile_internals), so the step ran eagerly and would be estimated as eager
+        raise TraceError(f"expected torch.compile to compile the forward inside the trace, got it run eagerly on "
+                         f"torch {torch.__version__} (the trace needs TorchDispatchMode.ignore_compile_internals)",
+                         where="--compile")
