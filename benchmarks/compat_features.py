@@ -47,6 +47,8 @@ FEATURES = (
     Feature("bf16-mixed", "--precision bf16-mixed", ("estimate", *GPT, "--precision", "bf16-mixed", "--device",
                                                       "a100-40gb", "--quiet")),
     Feature("checkpointing", "--checkpointing", ("estimate", *GPT, "--checkpointing", "--quiet")),
+    Feature("compile", "--compile, CPU (Inductor's plan)",
+            ("estimate", "tests/models.py:cnn_bn", "--batch-size", "4", "--compile", "--no-cache", "--quiet")),
     Feature("fit-cpu", "fit, CPU", ("fit", *MLP[:3], "--device", "cpu")),
     Feature("fit-gpu", "fit, GPU", ("fit", *MLP[:3], "--device", "a100-40gb")),
     Feature("fit-max-seq", "fit --max-seq (hf:)", ("fit", *LLAMA[:3], "--max-seq", "--device", "a100-40gb")),

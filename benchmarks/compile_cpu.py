@@ -42,10 +42,10 @@ ROWS = [  # (family, reference, two batch sizes, optimizer)
 TARGET = 0.05
 
 
-def truth(reference: str, batch: int, optimizer: str, mode: str) -> dict:
+def truth(reference: str, batch: int, optimizer: str, mode: str, compiled: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="inductor-cold-") as cache:
         command = [sys.executable, str(TRUTH), reference, "--batch-size", str(batch), "--optimizer", optimizer,
-                   "--mode", mode, "--compile"]
+                   "--mode", mode, *(["--compile"] if compiled else [])]
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
                               env={**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": cache})
     if done.returncode != 0:
@@ -63,12 +63,13 @@ def estimated(reference: str, batch: int, optimizer: str, compiled: bool) -> tup
 def run_row(family: str, reference: str, batch: int, optimizer: str) -> dict:
     tensors = truth(reference, batch, optimizer, "tensors")
     rss = truth(reference, batch, optimizer, "rss")
+    eager_rss = truth(reference, batch, optimizer, "rss", compiled=False)
     peak, seconds = estimated(reference, batch, optimizer, compiled=True)
     eager, _ = estimated(reference, batch, optimizer, compiled=False)
     return {"family": family, "batch": batch, "optimizer": optimizer, "torch": tensors["torch"],
             "real_tensor": tensors["tensor_peak_bytes"], "est_tensor": peak["tensor_bytes"],
             "eager_tensor": eager["tensor_bytes"], "real_rss": rss["peak_rss_bytes"],
-            "est_rss": peak["process_bytes"], "est_rss_high": peak["process_bytes_high"],
+            "eager_real_rss": eager_rss["peak_rss_bytes"], "est_rss": peak["process_bytes"], "est_rss_high": peak["process_bytes_high"],
             "estimate_seconds": round(seconds, 1), "real_seconds": round(rss["seconds"], 1)}
 
 
@@ -84,6 +85,7 @@ def _line(row: dict) -> str:
     return (f"| {row['family']} | {row['batch']} | {row['optimizer']} | {_mib(row['real_tensor'])} | "
             f"{_mib(row['est_tensor'])} | {_pct(row['est_tensor'], row['real_tensor'])} | "
             f"{_pct(row['eager_tensor'], row['real_tensor'])} | {_mib(row['real_rss'])} | "
+            f"{_mib(row['real_rss'] - row['eager_real_rss'])} | "
             f"{_pct(row['est_rss'], row['real_rss'])} | {_pct(row['est_rss_high'], row['real_rss'])} | "
             f"{row['estimate_seconds']} | {row['real_seconds']} |")
 
@@ -109,8 +111,8 @@ def write_markdown(rows: list[dict]) -> str:
         "counts the compiled step's tensors in glibc's heap and the process floor of an eager run; the memory "
         "dynamo and Inductor hold in the process while compiling is not modelled.", "",
         "| family | batch | optimizer | real tensor peak MiB | estimate MiB | error | eager estimate's error | "
-        "real peak RSS MiB | RSS estimate | RSS high end | estimate s | real run s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "real peak RSS MiB | compiling added MiB | RSS estimate | RSS high end | estimate s | real run s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *[_line(row) for row in rows], ""]
     return "\n".join(lines)
 

@@ -73,6 +73,11 @@ def _lstm_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     return KernelEffect(tuple(before), tuple(after), output_nbytes=sizes, rule="oneDNN LSTM backward buffers")
 
 
+def _channels_last(inp: TensorMeta, weight: object) -> bool:
+    """aten's mkldnn_conv_use_channels_last: the input or the weight is channels-last."""
+    return inp.channels_last or (isinstance(weight, TensorMeta) and weight.channels_last)
+
+
 @kernel_rule("convolution")
 def _conv_forward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
     """ideep reorders plain tensors into blocked layouts around oneDNN convolutions (targets/onednn/conv.py)."""
@@ -81,7 +86,7 @@ def _conv_forward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
         return KernelEffect()
     before, after = onednn_conv.conv_forward_transients(
         inp.shape, weight.shape, call.outputs[0].shape, stride, padding, dilation, groups, transposed,
-        inp.itemsize, cpu, has_bias=bias is not None)
+        inp.itemsize, cpu, has_bias=bias is not None, channels_last=_channels_last(inp, weight))
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution reorders")
 
 
@@ -92,7 +97,7 @@ def _conv_backward(call: KernelCall, cpu: CpuInfo) -> KernelEffect:
         return KernelEffect()
     before, after = onednn_conv.conv_backward_transients(
         grad_output.shape, inp.shape, weight.shape, stride, padding, dilation, groups, transposed, mask,
-        inp.itemsize, cpu)
+        inp.itemsize, cpu, channels_last=_channels_last(inp, weight))
     return KernelEffect(tuple(before), tuple(after), rule="oneDNN convolution backward reorders")
 
 

@@ -159,7 +159,8 @@ def _value(value: Any) -> Any:
             raise NotCacheable("a mapping with keys that are not strings")
         return {"dict": {k: _value(v) for k, v in value.items()}}
     if kind is TensorMeta:
-        return {"tensor": [list(value.shape), value.itemsize, value.dtype, value.contiguous, value.storage_key]}
+        return {"tensor": [list(value.shape), value.itemsize, value.dtype, value.contiguous, value.storage_key,
+                           value.channels_last]}
     if isinstance(value, enum.Enum) and kind.__module__.startswith("trainmem."):
         return {"enum": [kind.__module__, kind.__qualname__, value.value]}
     torch_kind = _torch_kind(value)
@@ -195,8 +196,8 @@ def _plain(value: Any) -> Any:
     if tag == "dict":
         return {str(k): _plain(v) for k, v in body.items()}
     if tag == "tensor":
-        shape, itemsize, dtype, contiguous, storage_key = body
-        return TensorMeta(tuple(_ints(shape)), itemsize, dtype, contiguous, storage_key)
+        shape, itemsize, dtype, contiguous, storage_key, channels_last = body
+        return TensorMeta(tuple(_ints(shape)), itemsize, dtype, contiguous, storage_key, channels_last)
     if tag == "enum":
         return _enum(*body)
     if tag == "torch":

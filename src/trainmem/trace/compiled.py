@@ -30,8 +30,9 @@ from collections.abc import Iterator
 
 import torch
 
-from trainmem.errors import TraceError
+from trainmem.errors import SetupError, TraceError
 
+MIN_TORCH = "2.9"  # the first release after TorchDispatchMode.ignore_compile_internals was added (August 2025)
 _ACTIVE = [False]  # whether a --compile trace is running: the dispatch modes' ignore_compile_internals
 
 NOTE = ("--compile: the forward traced as torch.compile (Inductor) compiles it on the CPU: the tensors its "
@@ -53,7 +54,12 @@ def compile_forward(model: torch.nn.Module) -> None:
 def compiled_on_fake() -> Iterator[None]:
     """Around the traced steps of a --compile trace (the module docstring)."""
     from trainmem.trace.inductor_private import inductor_plans_on_fake
+    from trainmem.trace.torch_private import TorchDispatchMode
 
+    if not hasattr(TorchDispatchMode, "ignore_compile_internals"):
+        # before it (pytorch/pytorch PR 161648, August 2025) dynamo runs nothing compiled under a dispatch mode
+        raise SetupError(f"--compile needs torch >= {MIN_TORCH} (TorchDispatchMode.ignore_compile_internals, so that "
+                         f"the trace sees the compiled code run), got torch {torch.__version__}", where="--compile")
     torch.compiler.reset()
     try:
         with inductor_plans_on_fake() as loads:

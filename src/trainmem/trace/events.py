@@ -71,6 +71,7 @@ class TensorMeta:
     dtype: str
     contiguous: bool = True
     storage_key: int = 0  # id of the storage during the call: equal keys in one call share storage
+    channels_last: bool = False  # a 4-d tensor in channels-last strides (convolution kernels keep that layout)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,8 +34,11 @@ def _meta_of(values: Any) -> tuple:
     out = []
     for value in values:
         if isinstance(value, torch.Tensor):
+            contiguous = value.is_contiguous()
             out.append(TensorMeta(tuple(value.shape), value.element_size(), str(value.dtype).removeprefix("torch."),
-                                  value.is_contiguous(), id(value.untyped_storage())))
+                                  contiguous, id(value.untyped_storage()),
+                                  not contiguous and value.dim() == 4
+                                  and value.is_contiguous(memory_format=torch.channels_last)))
         elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
             out.append(_meta_of(value))
         else:

@@ -128,7 +128,9 @@ Where each part lives: ``conv_geometry`` (the geometry and the backend choice),
 and ``conv_thread_balance`` (backward-weights), ``conv_mkldnn`` and ``conv_native`` (the real-time
 sequences), ``conv_sequence`` (the split around the traced outputs), ``scratchpad`` (booking).
 
-Limits: channels-last inputs (no reorders at all) and mkldnn-layout tensors are not modelled;
+Channels-last convolutions (what Inductor hands the op) run oneDNN in NHWC with the weights reordered only:
+conv_channels_last.py, for the plain 2-D ones it measured. Limits: other channels-last convolutions get the NCHW
+model below, and mkldnn-layout tensors are not modelled;
 scratch sizes of ``brgconv_strided`` (fitted, ~10-20%), ``gemm`` backward-weights (its
 spatial blocking is fitted and wrong for large C_in/g * kernel) and the deconvolution bias
 handling are approximate. Odd shapes (stride 3, tiny channel counts, dilated + strided,
@@ -140,7 +142,7 @@ from __future__ import annotations
 from math import prod
 
 from trainmem.targets.cpu_info import CpuInfo
-from trainmem.targets.onednn import conv_mkldnn, conv_native
+from trainmem.targets.onednn import conv_channels_last, conv_mkldnn, conv_native
 from trainmem.targets.onednn.conv_geometry import ConvGeometry, backend_of, channel_block, uses_mkldnn
 
 __all__ = ["conv_forward_transients", "conv_backward_transients", "conv_backend"]
@@ -156,7 +158,7 @@ def conv_backend(input_shape, weight_shape, output_shape, stride, padding, dilat
 
 def conv_forward_transients(input_shape, weight_shape, output_shape, stride, padding, dilation,
                             groups, transposed, dtype_bytes, cpu: CpuInfo, *,
-                            has_bias: bool = True) -> tuple[list[int], list[int]]:
+                            has_bias: bool = True, channels_last: bool = False) -> tuple[list[int], list[int]]:
     """Kernel-internal buffers of one CPU ``aten.convolution`` forward.
 
     Shapes are those of the op (``weight_shape`` is ``[C_in, C_out/g, *k]`` when
@@ -172,6 +174,8 @@ def conv_forward_transients(input_shape, weight_shape, output_shape, stride, pad
     output_bytes = prod(int(dim) for dim in output_shape) * size
     if geometry.batch == 0 or output_bytes == 0:
         return [], []
+    if channels_last and conv_channels_last.channels_last_applies(geometry, transposed, size, cpu):
+        return conv_channels_last.forward(weight_shape, size)
     if uses_mkldnn(geometry, transposed, size, cpu):
         block = channel_block(cpu.capability)
         if transposed:
@@ -182,7 +186,7 @@ def conv_forward_transients(input_shape, weight_shape, output_shape, stride, pad
 
 def conv_backward_transients(grad_output_shape, input_shape, weight_shape, stride, padding,
                              dilation, groups, transposed, output_mask, dtype_bytes,
-                             cpu: CpuInfo) -> tuple[list[int], list[int]]:
+                             cpu: CpuInfo, channels_last: bool = False) -> tuple[list[int], list[int]]:
     """Kernel-internal buffers of one CPU ``aten.convolution_backward``.
 
     ``output_mask`` is (grad_input, grad_weight, grad_bias). The op's outputs (grad_input =
@@ -199,6 +203,8 @@ def conv_backward_transients(grad_output_shape, input_shape, weight_shape, strid
         return [], []
     output_bytes = (prod(int(dim) for dim in input_shape) * size, prod(int(dim) for dim in weight_shape) * size,
                     geometry.out_channels * size)
+    if channels_last and conv_channels_last.channels_last_applies(geometry, transposed, size, cpu):
+        return conv_channels_last.backward(geometry, size, cpu, mask, output_bytes)
     if uses_mkldnn(geometry, transposed, size, cpu):
         block = channel_block(cpu.capability)
         if transposed:
