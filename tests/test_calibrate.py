@@ -71,7 +71,7 @@ def test_calibrate_runs_and_the_next_estimate_uses_it(tmp_path):
     assert done.returncode == 0, done.stderr
     entry = json.loads(done.stdout)
     assert 100 * 2**20 < entry["floor_bytes"] < 2 * 2**30
-    assert set(entry["families"]) == {"convolution", "lstm", "attention", "compile"}
+    assert set(entry["families"]) == {"convolution", "lstm", "attention", "compile", "compile_transient"}
     assert 10 * 2**20 < entry["families"]["compile"] < 1 << 30  # dynamo's and Inductor's modules at least
     assert entry["machine_facts"] == calibrations.machine_of(CpuInfo.this_machine())
     stored = json.loads((env_dir / calibrations.USER_FILE).read_text())["calibrations"]

@@ -74,22 +74,28 @@ def above_tensors(reference: str, runs: int, extra: dict | None = None) -> tuple
     return int(statistics.median(peaks)) - replay_resident(stream), peaks
 
 
-def compile_increment(floor: int, runs: int, say: Callable[[str], None] = lambda line: None) -> dict[str, int]:
-    """What torch.compile adds to the floor model's run (--compile, targets/cpu_runtime.py): dynamo's and Inductor's
-    modules, their caches and the compiled code loaded, in a run that compiles cold (an empty Inductor cache
-    directory of its own, as a first run does; the C++ builds run in child processes, outside the RSS), as
-    {"compile": bytes}; {} where torch.compile cannot run here (no C++ compiler), which the estimate then says."""
-    from trainmem.errors import TrainmemError
-
+def compile_increment(runs: int, say: Callable[[str], None] = lambda line: None) -> dict[str, int]:
+    """What torch.compile adds to the floor model's run (--compile, targets/cpu_runtime.py), from pairs of runs, eager
+    and compiled, each compiled one cold (an empty Inductor cache directory of its own, as a first run; the C++ builds
+    run in child processes, outside the RSS): `compile`, what stays resident after the steps (dynamo's and Inductor's
+    modules, their caches, the compiled code), and `compile_transient`, what the compiling held at its peak beyond that
+    and gave back. Medians over the pairs; {} where torch.compile cannot run here (no C++ compiler)."""
     import os
     import tempfile
 
-    saved, aboves = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), []
+    from trainmem.errors import TrainmemError
+    from trainmem.measure.single_process import run_child
+
+    saved, resident, transient = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), [], []
     try:
-        for _ in range(runs):  # each run cold: a cache directory of its own
+        for _ in range(runs):
+            eager = run_child(FLOOR_MODEL, _setup(FLOOR_MODEL), "rss")
             with tempfile.TemporaryDirectory(prefix="trainmem-inductor-") as cache:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-                aboves.append(above_tensors(FLOOR_MODEL, 1, {"compile": True})[0])
+                compiled = run_child(FLOOR_MODEL, _setup(FLOOR_MODEL, {"compile": True}), "rss")
+            stays = compiled["rss_after_steps"]["rss"] - eager["rss_after_steps"]["rss"]
+            resident.append(stays)
+            transient.append(compiled["peak_rss_bytes"] - eager["peak_rss_bytes"] - stays)
     except TrainmemError as error:
         say(f"compile: not measured ({error})")
         return {}
@@ -98,9 +104,11 @@ def compile_increment(floor: int, runs: int, say: Callable[[str], None] = lambda
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
-    increment = max(0, int(statistics.median(aboves)) - floor)
-    say(f"compile: +{increment / 2**20:.1f} MiB")
-    return {"compile": increment}
+    measured = {"compile": max(0, int(statistics.median(resident))),
+                "compile_transient": max(0, int(statistics.median(transient)))}
+    say(f"compile: +{measured['compile'] / 2**20:.1f} MiB resident, +{measured['compile_transient'] / 2**20:.1f} MiB "
+        "more while compiling")
+    return measured
 
 
 def _tiny_hf_config(folder: Path) -> str:
@@ -129,7 +137,7 @@ def measure(runs: int = 3, libraries: bool = True, say: Callable[[str], None] = 
     for family, factory in FAMILY_MODELS.items():
         families[family] = max(0, above_tensors(f"{MODELS}:{factory}", max(1, runs - 1))[0] - floor)
         say(f"{family}: +{families[family] / 2**20:.1f} MiB")
-    families.update(compile_increment(floor, max(1, runs - 1), say))
+    families.update(compile_increment(max(1, runs - 1), say))
     import_sets: dict[str, int] = {}
     if libraries:
         with tempfile.TemporaryDirectory() as folder:

@@ -35,6 +35,9 @@ class RuntimeFloor:
     parts: dict[str, int]
     assumptions: list[str]
     spread: int = 0  # bytes the high end allows for the machine: 0 when calibrated on this one
+    # --compile: what compiling held at its peak beyond runtime_compile and gave back; glibc reuses those pages for
+    # the tensors that come later, so the peak is the larger of the two (targets/cpu_target.py)
+    compile_transient: int = 0
 
 
 def choose(running: TorchBuild | None = None) -> FactChoice:
@@ -65,21 +68,21 @@ def load() -> dict:
     return choose_for(CpuInfo.this_machine())[0].entry
 
 
-def _add_compile(parts: dict[str, int], data: dict) -> list[str]:
-    """runtime_compile, what torch.compile brings into the process (dynamo, Inductor, their caches, the compiled
-    code: calibrate.compile_increment): this calibration's, else the largest any bundled calibration measured
-    (never low); the assumption said, if any."""
-    if "compile" in data.get("families", {}):
-        parts["runtime_compile"] = int(data["families"]["compile"])
-        return []
+def _add_compile(parts: dict[str, int], data: dict) -> tuple[list[str], int]:
+    """runtime_compile, what torch.compile keeps in the process (dynamo, Inductor, their caches, the compiled code:
+    calibrate.compile_increment), and what compiling held beyond it at its peak: this calibration's, else those of
+    the bundled calibration that measured the most (never low); with the assumption said, if any."""
     measured = [entry for entry in json.loads(DATA.read_text())["calibrations"] if "compile" in entry.get("families", {})]
-    if not measured:
-        return ["what torch.compile adds to the process (dynamo, Inductor, their caches) was not measured for any "
-                "calibration: not counted"]
-    largest = max(measured, key=lambda entry: entry["families"]["compile"])
-    parts["runtime_compile"] = int(largest["families"]["compile"])
-    return [f"what torch.compile adds to the process was measured with torch {largest['torch']} on "
-            f"{largest.get('cpu') or largest['machine']}, not with this calibration's build"]
+    said = []
+    if "compile" not in data.get("families", {}):
+        if not measured:
+            return ["what torch.compile adds to the process (dynamo, Inductor, their caches) was not measured for any "
+                    "calibration: not counted"], 0
+        data = max(measured, key=lambda entry: entry["families"]["compile"] + entry["families"].get("compile_transient", 0))
+        said = [f"what torch.compile adds to the process was measured with torch {data['torch']} on "
+                f"{data.get('cpu') or data['machine']}, not with this calibration's build"]
+    parts["runtime_compile"] = int(data["families"]["compile"])
+    return said, int(data["families"].get("compile_transient", 0))
 
 
 def import_set_key(libraries) -> str:
@@ -111,7 +114,7 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     for family, ops in FAMILIES.items():
         if any(op_counts.get(op) for op in ops) and family in data.get("families", {}):
             parts[f"runtime_{family}"] = int(data["families"][family])
-    assumptions = _add_compile(parts, data) if compiled else []
+    assumptions, transient = _add_compile(parts, data) if compiled else ([], 0)
     assumptions += [f"process floor {data['floor_bytes'] / 2**20:.0f} MiB measured on {data['machine']} (torch "
                     f"{data['torch']}, {data['capability']}, {data['threads']} threads): interpreter, torch libraries, thread pools", machine.said]
     if choice.warning("process floor"):
@@ -133,4 +136,4 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     if here != (data["torch"], data["capability"], data["threads"]):
         assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "
                            "was measured elsewhere and may differ by tens of MiB")
-    return RuntimeFloor(parts, assumptions, machine.spread)
+    return RuntimeFloor(parts, assumptions, machine.spread, transient)

@@ -94,6 +94,8 @@ class CpuTarget:
         heap = remembered(_heap_key(traced, self.cpu, setup.run_steps),
                           lambda: steady_heap(stream.events, glibc_heap, setup.run_steps),
                           SteadyHeap.to_plain, SteadyHeap.from_plain)
+        if runtime.compile_transient > heap.resident:  # the compile's peak, before the tensors reuse its pages
+            runtime.parts["runtime_compile_transient"] = runtime.compile_transient - heap.resident
         floor = sum(runtime.parts.values()) + sum(keras_parts.values())
         spread = heap.table["spread"]
         # runtime.spread: the bundled machines' floors differ by that much when this one is not calibrated
