@@ -7,7 +7,7 @@ machine does (a warm cache skips the C++ builds; gcc runs in child processes eit
 The eager estimate of the same row is printed beside the compiled one to show what compiling changes.
 Writes benchmarks/results/compile_cpu.md and benchmarks/data/compile_cpu.jsonl.
 
-    python benchmarks/compile_cpu.py [--only NAME]
+    python benchmarks/compile_cpu.py [--only NAME] [--re-estimate]
 
 Target (issue 23): the compiled tensor peak within 5% of the real compiled run, on three model families or more.
 """
@@ -69,8 +69,19 @@ def run_row(family: str, reference: str, batch: int, optimizer: str) -> dict:
     return {"family": family, "batch": batch, "optimizer": optimizer, "torch": tensors["torch"],
             "real_tensor": tensors["tensor_peak_bytes"], "est_tensor": peak["tensor_bytes"],
             "eager_tensor": eager["tensor_bytes"], "real_rss": rss["peak_rss_bytes"],
-            "eager_real_rss": eager_rss["peak_rss_bytes"], "est_rss": peak["process_bytes"], "est_rss_high": peak["process_bytes_high"],
+            "eager_real_rss": eager_rss["peak_rss_bytes"], "eager_est_rss": eager["process_bytes"],
+            "est_rss": peak["process_bytes"], "est_rss_high": peak["process_bytes_high"],
             "estimate_seconds": round(seconds, 1), "real_seconds": round(rss["seconds"], 1)}
+
+
+def re_estimate(row: dict) -> dict:
+    """The row with this trainmem's estimates, the real runs' figures as they were measured."""
+    reference = next(reference for family, reference, _, _ in ROWS if family == row["family"])
+    peak, seconds = estimated(reference, row["batch"], row["optimizer"], compiled=True)
+    eager, _ = estimated(reference, row["batch"], row["optimizer"], compiled=False)
+    return {**row, "est_tensor": peak["tensor_bytes"], "eager_tensor": eager["tensor_bytes"],
+            "est_rss": peak["process_bytes"], "est_rss_high": peak["process_bytes_high"],
+            "eager_est_rss": eager["process_bytes"], "estimate_seconds": round(seconds, 1)}
 
 
 def _pct(estimate_bytes: int, real: int) -> str:
@@ -85,7 +96,7 @@ def _line(row: dict) -> str:
     return (f"| {row['family']} | {row['batch']} | {row['optimizer']} | {_mib(row['real_tensor'])} | "
             f"{_mib(row['est_tensor'])} | {_pct(row['est_tensor'], row['real_tensor'])} | "
             f"{_pct(row['eager_tensor'], row['real_tensor'])} | {_mib(row['real_rss'])} | "
-            f"{_mib(row['real_rss'] - row['eager_real_rss'])} | "
+            f"{_mib(row['real_rss'] - row['eager_real_rss'])} | {_pct(row['eager_est_rss'], row['eager_real_rss'])} | "
             f"{_pct(row['est_rss'], row['real_rss'])} | {_pct(row['est_rss_high'], row['real_rss'])} | "
             f"{row['estimate_seconds']} | {row['real_seconds']} |")
 
@@ -95,6 +106,8 @@ def write_markdown(rows: list[dict]) -> str:
     within = sum(error <= TARGET for error in errors)
     families = {r["family"] for r, error in zip(rows, errors) if error <= TARGET}
     rss_low = [r for r in rows if r["est_rss_high"] < r["real_rss"]]
+    rss_low_point = [r for r in rows if r["est_rss"] < r["real_rss"]]
+    rss_within = sum(abs(r["est_rss"] - r["real_rss"]) <= 0.05 * r["real_rss"] for r in rows)
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
                          text=True).stdout.strip()
     lines = [
@@ -107,12 +120,24 @@ def write_markdown(rows: list[dict]) -> str:
         f"{len(families)} families** (median |error| {sorted(errors)[len(errors) // 2] * 100:.3f}%, worst "
         f"{max(errors) * 100:.3f}%). The eager column is trainmem's estimate without --compile against the same "
         "compiled run: what compiling changes, and what an eager estimate would have said.", "",
-        f"Peak RSS: the high end is below the real run on {len(rss_low)} of {len(rows)} rows. The point estimate "
-        "counts the compiled step's tensors in glibc's heap and the process floor of an eager run; the memory "
-        "dynamo and Inductor hold in the process while compiling is not modelled.", "",
+        f"Peak RSS: {rss_within} of {len(rows)} rows within 5%, {len(rss_low_point)} below the real run; the high end "
+        f"is below the real run on {len(rss_low)}. The estimate adds to the eager process model what torch.compile "
+        "keeps resident (74 MiB here) and, where the tensors' heap is smaller, what compiling held beyond it "
+        "(26 MiB; the high end always adds it), both measured by `trainmem calibrate` on a tiny model. 'compiling "
+        "added' is the real runs' increment over the same loop run eager (one cold run each): 11 to 96 MiB, and "
+        "negative where the compiled convolutions skip the eager NCHW path's reorder buffers (resnet_small b32). "
+        "The column beside it is the eager process model on the same rows run eager. Where compiling shrinks the "
+        "tensors (transformer_encoder, resnet_small, tiny_gpt) the compiled point falls below the real run although "
+        "the eager one is not low: the real RSS does not shrink with the compiled step's smaller tensors as the heap "
+        "replay says it does. That is not explained yet; the high end, which adds all that compiling held, is what "
+        "covers those rows.", "",
+        "conv_autoencoder's ConvTranspose2d layers are channels-last transposed convolutions, whose oneDNN sequences "
+        "were not measured (targets/onednn/conv_channels_last.py covers plain 2-D convolutions): they keep the NCHW "
+        "model's reorder buffers, which the NHWC kernels do not allocate, and the tensor peak comes out high.", "",
         "| family | batch | optimizer | real tensor peak MiB | estimate MiB | error | eager estimate's error | "
-        "real peak RSS MiB | compiling added MiB | RSS estimate | RSS high end | estimate s | real run s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "real peak RSS MiB | compiling added MiB | eager RSS estimate vs eager run | RSS estimate | RSS high end | "
+        "estimate s | real run s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *[_line(row) for row in rows], ""]
     return "\n".join(lines)
 
@@ -120,7 +145,15 @@ def write_markdown(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="one family")
+    parser.add_argument("--re-estimate", action="store_true", help="estimate the committed rows again (the real "
+                        "runs' figures kept) and write both files")
     args = parser.parse_args()
+    data = ROOT / "benchmarks" / "data" / "compile_cpu.jsonl"
+    if args.re_estimate:
+        rows = [re_estimate(json.loads(line)) for line in data.read_text().splitlines() if line.strip()]
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (ROOT / "benchmarks" / "results" / "compile_cpu.md").write_text(write_markdown(rows))
+        return
     rows = []
     for family, reference, batches, optimizer in ROWS:
         if args.only and family != args.only:
@@ -131,7 +164,7 @@ def main() -> None:
             rows.append(row)
     if args.only:
         return
-    (ROOT / "benchmarks" / "data" / "compile_cpu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (ROOT / "benchmarks" / "results" / "compile_cpu.md").write_text(write_markdown(rows))
 
 

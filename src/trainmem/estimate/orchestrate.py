@@ -58,7 +58,8 @@ def estimate(model: Any, *, setup: TrainingSetup | None = None, device: DeviceRe
     (devices.py). `target_options` (a TargetOptions, or a dict of its keys) says how the target runs: its CUDA
     stack on a GPU `device` (setup/target_options.py), and TensorFlow's memory mode and oneDNN (below).
     With `compare_loop`, the setup is traced a second time in the lean loop, and the result says what
-    deleting the loop's references early would save (`lean_loop`). Both traces share one preparation: the model
+    deleting the loop's references early would save (`lean_loop`; not with --compile, where a second trace is a
+    second Inductor compile). Both traces share one preparation: the model
     reference is resolved once, so a user's file runs once (the loop changes neither the model nor the
     target, as batch sizes do not in fit's ScaledBatches). `tf_onednn` (auto|on|off): a Keras model on TensorFlow
     on the CPU with oneDNN as TensorFlow decides for this CPU and environment, forced on or off; `tf_memory`:
@@ -95,7 +96,7 @@ def _estimated(model: Any, setup: TrainingSetup | None, device: DeviceRef, depth
 
         return estimate_distributed(chosen, setup)
     est = assemble_traced(chosen, setup, trace(chosen, setup))
-    if compare_loop and setup.loop != Loop.LEAN:
+    if compare_loop and setup.loop != Loop.LEAN and not setup.compile:  # --compile: a second trace is a second compile
         return _with_lean_loop(est, lean_allocated(chosen, setup))
     return est
 

@@ -94,13 +94,17 @@ class CpuTarget:
         heap = remembered(_heap_key(traced, self.cpu, setup.run_steps),
                           lambda: steady_heap(stream.events, glibc_heap, setup.run_steps),
                           SteadyHeap.to_plain, SteadyHeap.from_plain)
-        if runtime.compile_transient > heap.resident:  # the compile's peak, before the tensors reuse its pages
-            runtime.parts["runtime_compile_transient"] = runtime.compile_transient - heap.resident
+        # --compile: what compiling gave back counts at the point where the tensors' heap is smaller (its pages are
+        # then the peak's); whether larger heaps reuse them varies from run to run (compile_cpu.md), so the high end
+        # keeps all of it
+        unreused = max(0, runtime.compile_transient - heap.resident)
+        if unreused:
+            runtime.parts["runtime_compile_transient"] = unreused
         floor = sum(runtime.parts.values()) + sum(keras_parts.values())
         spread = heap.table["spread"]
         # runtime.spread: the bundled machines' floors differ by that much when this one is not calibrated
         high = (max(floor + heap.pinned, int((floor + heap.resident) * (1 + spread["above_median"]))) + keras_spread
-                + runtime.spread)
+                + runtime.spread + runtime.compile_transient - unreused)
         matmul_said = [f"{problems} distinct reduced-precision matmul problems run on oneDNN ({path} kernels): "
                        f"{matmuls / 2**20:.1f} MiB of compiled code and cache entries kept for the run, as measured "
                        "per new shape (targets/onednn/matmul_cache.py); shapes that change from step to step "

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trainmem.errors import SetupError, TraceError
+from trainmem.errors import TraceError, TorchVersionError
 
 MIN_TORCH = "2.9"  # the first release after TorchDispatchMode.ignore_compile_internals was added (August 2025)
 _ACTIVE = [False]  # whether a --compile trace is running: the dispatch modes' ignore_compile_internals
@@ -58,8 +58,8 @@ def compiled_on_fake() -> Iterator[None]:
 
     if not hasattr(TorchDispatchMode, "ignore_compile_internals"):
         # before it (pytorch/pytorch PR 161648, August 2025) dynamo runs nothing compiled under a dispatch mode
-        raise SetupError(f"--compile needs torch >= {MIN_TORCH} (TorchDispatchMode.ignore_compile_internals, so that "
-                         f"the trace sees the compiled code run), got torch {torch.__version__}", where="--compile")
+        raise TorchVersionError(f"--compile needs torch >= {MIN_TORCH} (this is torch {torch.__version__}; the trace "
+                                "sees compiled code run from TorchDispatchMode.ignore_compile_internals on)")
     torch.compiler.reset()
     try:
         with inductor_plans_on_fake() as loads:
