@@ -32,4 +32,12 @@ def from_module(module: Any):
     if not isinstance(module, torch.nn.Module):
         raise ModelRefError(f"expected a model reference string or an nn.Module, got {type(module).__name__}",
                             where="model")
+    wrapped = getattr(module, "_orig_mod", None)  # torch.compile's OptimizedModule around the user's module
+    if isinstance(wrapped, torch.nn.Module):
+        return ModelSource(ref="", name=type(wrapped).__name__, build=lambda: _meta_copy(wrapped), notes=(COMPILED,))
     return ModelSource(ref="", name=type(module).__name__, build=lambda: _meta_copy(module))
+
+
+# a torch.compile'd module given to estimate(): the module it wraps is traced, compiled only when asked
+COMPILED = ("the model is torch.compile'd: the module it wraps is traced, eagerly unless compile=True (--compile) asks "
+            "for the step as Inductor compiles it")

@@ -53,15 +53,25 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
     values = {**(optimizer_values(optimizer, model) if optimizer is not None else {}), **precision_values(model)}
     # the model's own libraries are found by the trace (frontends/libraries.py); a framework's are given here
     source = dataclasses.replace(source_of(model, batch, loss_fn), libraries=tuple(libraries))
+    device = device_of(model)
     if compiled is not None:
-        source = dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE))
-    return LiveRun(source, size, values, device_of(model))
+        values, source = _compiled(values, source, device)
+    return LiveRun(source, size, values, device)
 
 
-# torch.compile'd models: trainmem traces the step eagerly (the compiled graph's saved activations and Inductor's
-# buffers are not modelled yet), and says so in the estimate's warnings
-COMPILED_NOTE = ("the model is torch.compile'd: it is estimated as the eager module it wraps; the compiled graph's "
-                 "saved activations and buffers are not modelled")
+# torch.compile'd models: on the CPU the step is traced as Inductor compiles it (--compile, trace/compiled.py); a
+# CUDA run's plan is Triton's, not made here, so there the wrapped module is traced eagerly and the estimate says so
+COMPILED_NOTE = ("the model is torch.compile'd: on {device} it is estimated as the eager module it wraps ({why}); the "
+                 "compiled graph's saved activations and buffers are not modelled")
+
+
+def _compiled(values: dict[str, Any], source: Any, device: str) -> tuple[dict[str, Any], Any]:
+    from trainmem.trace.compiled import traceable_here
+
+    if device == "cpu" and traceable_here():
+        return {**values, "compile": True}, source
+    why = "Inductor's CUDA plan is Triton's" if device != "cpu" else "--compile needs torch >= 2.9"
+    return values, dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE.format(device=device, why=why)))
 
 
 def source_of(model: Any, batch: Any, loss_fn: Callable | None = None) -> Any:

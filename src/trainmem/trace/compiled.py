@@ -44,6 +44,14 @@ def compiled_trace_active() -> bool:
     return _ACTIVE[0]
 
 
+def traceable_here() -> bool:
+    """Whether this torch lets the trace see compiled code run: TorchDispatchMode.ignore_compile_internals (torch
+    2.9, pytorch/pytorch PR 161648); before it, dynamo runs nothing compiled while a dispatch mode is active."""
+    from trainmem.trace.torch_private import TorchDispatchMode
+
+    return hasattr(TorchDispatchMode, "ignore_compile_internals")
+
+
 def compile_forward(model: torch.nn.Module) -> None:
     """What a user's `model = torch.compile(model)` does to the step: forward runs compiled (lazily, at the first
     call); the module, its parameters and the optimizer stay the same objects."""
@@ -54,10 +62,8 @@ def compile_forward(model: torch.nn.Module) -> None:
 def compiled_on_fake() -> Iterator[None]:
     """Around the traced steps of a --compile trace (the module docstring)."""
     from trainmem.trace.inductor_private import inductor_plans_on_fake
-    from trainmem.trace.torch_private import TorchDispatchMode
 
-    if not hasattr(TorchDispatchMode, "ignore_compile_internals"):
-        # before it (pytorch/pytorch PR 161648, August 2025) dynamo runs nothing compiled under a dispatch mode
+    if not traceable_here():
         raise TorchVersionError(f"--compile needs torch >= {MIN_TORCH} (this is torch {torch.__version__}; the trace "
                                 "sees compiled code run from TorchDispatchMode.ignore_compile_internals on)")
     torch.compiler.reset()
