@@ -62,6 +62,7 @@ def test_a_real_compile_after_the_trace_computes_real_values():
 @pytest.mark.parametrize(("flags", "named"), [
     (["--device", "a100-80gb"], "--device a100-80gb"),
     (["--strategy", "ddp", "--world-size", "2"], "--strategy ddp"),
+    (["--checkpointing"], "--checkpointing"),
 ])
 def test_compile_is_refused_where_it_is_not_traced(flags, named, capsys):
     code = main(["estimate", "mlp:16-32-4", "--input-shape", "16", "--compile", *flags])
@@ -74,6 +75,18 @@ def test_compile_is_refused_for_a_keras_model(tmp_path, capsys):
     code = main(["estimate", "mlp:16-32-4", "--framework", "keras", "--compile"])
     err = capsys.readouterr().err
     assert code == 2 and "--compile" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("keywords", "said"), [
+    ({"device": "a100-80gb"}, "--device cpu"),
+    ({"checkpointing": True}, "--checkpointing"),
+    ({"strategy": "ddp", "world_size": 2, "device": "cpu"}, "one-process"),
+])
+def test_the_api_refuses_what_the_trace_does_not_make(keywords, said):
+    from trainmem.errors import SetupError
+
+    with pytest.raises(SetupError, match=said):
+        estimate("mlp:16-32-4", input_shape="16", batch_size=4, compile=True, cache=False, **keywords)
 
 
 def test_the_setup_keeps_its_keys_without_compile():

@@ -161,6 +161,9 @@ RULES: tuple[FlagRule, ...] = (
              "for the CPU; a GPU run's Triton plan is not modelled yet)", _DEVICE),
     FlagRule("compile", lambda run: not keras_run(run), REFUSE, "a PyTorch model (--compile is torch.compile; "
              "Keras compiles with jit_compile)", lambda run: f"the Keras model {quote(run.model)}"),
+    FlagRule("compile", lambda run: not run.values.get("checkpointing"), REFUSE, "no --checkpointing (a checkpointed "
+             "block compiled by Inductor runs higher-order operators the trace does not take yet)",
+             lambda run: given_as(run, "checkpointing", "on")),
     FlagRule("compile", lambda run: _layout_key(run) is None and run.command != "plan", REFUSE, "a one-process run "
              "(--compile with a --strategy, --tp, --pp or --world-size layout is not traced yet)",
              lambda run: run.command if _layout_key(run) is None else given_as(run, _layout_key(run),

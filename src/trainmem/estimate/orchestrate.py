@@ -91,6 +91,10 @@ def _estimated(model: Any, setup: TrainingSetup | None, device: DeviceRef, depth
         return _estimate_on_tensorflow(model, setup, device, depth, run)
     _refuse_tensorflow_options(run, model.name)
     chosen = prepare(model, setup, device, depth, **options)
+    if setup.parallel.distributed and setup.compile:
+        from trainmem.trace.compiled import check_traceable
+
+        check_traceable(setup, cuda_target=False)
     if setup.parallel.distributed:  # many ranks: one trace per distinct rank role (estimate/per_rank.py)
         from trainmem.estimate.per_rank import estimate_distributed
 

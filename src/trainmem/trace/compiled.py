@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from trainmem.errors import TraceError, TorchVersionError
+from trainmem.errors import SetupError, TraceError, TorchVersionError
 
 MIN_TORCH = "2.9"  # the first release after TorchDispatchMode.ignore_compile_internals was added (August 2025)
 _ACTIVE = [False]  # whether a --compile trace is running: the dispatch modes' ignore_compile_internals
@@ -50,6 +51,20 @@ def traceable_here() -> bool:
     from trainmem.trace.torch_private import TorchDispatchMode
 
     return hasattr(TorchDispatchMode, "ignore_compile_internals")
+
+
+def check_traceable(setup: Any, cuda_target: bool) -> None:
+    """Refuse, in one line, a --compile run the trace does not make (the CLI's flag rules say the same earlier, naming
+    where each option came from; this holds for the Python API and the integrations)."""
+    if cuda_target:
+        raise SetupError("expected --device cpu with --compile (the trace makes the plan Inductor makes for the CPU; "
+                         "a GPU run's Triton plan is not modelled yet), got a GPU target", where="--compile")
+    if setup.checkpointing:
+        raise SetupError("expected no --checkpointing with --compile (a checkpointed block compiled by Inductor runs "
+                         "higher-order operators the trace does not take yet), got it on", where="--compile")
+    if setup.parallel.distributed:
+        raise SetupError(f"expected a one-process run with --compile, got --strategy {setup.parallel.strategy} "
+                         f"over {setup.parallel.world_size} ranks", where="--compile")
 
 
 def compile_forward(model: torch.nn.Module) -> None:

@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 import torch
+from trainmem.trace.compiled import compiled_trace_active
 from trainmem.trace.torch_private import current_autograd_node, sequence_nr, tree_leaves
 
 # (note order, the output, the module that made it, whether it waits until its module returns, the op
@@ -60,14 +61,14 @@ class ModuleTracker:
         self._handles = []
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():  # dynamo traces the hooks of a --compile forward: they add nothing (compiled.py)
-            return
+        if compiled_trace_active() and torch.compiler.is_compiling():  # dynamo traces the hooks of a --compile
+            return  # forward: they add nothing to its graph (trace/compiled.py)
         name = self._names.get(id(module))
         if name is not None:
             self._stack.append(name)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling():
+        if compiled_trace_active() and torch.compiler.is_compiling():
             return
         if self._names.get(id(module)) is not None and self._stack:
             name = self._stack[-1]

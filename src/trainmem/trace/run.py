@@ -25,7 +25,7 @@ from trainmem.trace.autocast_cache import cast_cache_freed_in_order
 from trainmem.trace.cache_codec import NotCacheable
 from trainmem.trace.cache_store import CacheUse
 from trainmem.trace import step as training
-from trainmem.trace.compiled import NOTE as COMPILED_NOTE, compiled_on_fake
+from trainmem.trace.compiled import NOTE as COMPILED_NOTE, check_traceable, compiled_on_fake
 from trainmem.trace.dtype_checks import SameDtypeKernels
 from trainmem.trace.events import Category, Phase
 from trainmem.trace.fake_cache import tracing_fake_mode
@@ -211,7 +211,9 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
         keras = keras_torch_step.is_keras_model(model)  # Keras's own train_step and optimizer
         model, finetune_notes = (model, []) if keras else finetune.apply(model, setup)
-    finetune_notes += [COMPILED_NOTE] if setup.compile else []
+    if setup.compile:
+        check_traceable(setup, semantics is not None and semantics.cuda_semantics)
+        finetune_notes.append(COMPILED_NOTE)
     key, use = _cache_key(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras)
     hit = cache_store.lookup(key) if key is not None else None
     if hit is not None:  # the same run traced before (trace/cache_store.py): its trace, not a second one
