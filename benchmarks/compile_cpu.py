@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def truth(reference: str, batch: int, optimizer: str, mode: str, compiled: bool 
         command = [sys.executable, str(TRUTH), reference, "--batch-size", str(batch), "--optimizer", optimizer,
                    "--mode", mode, *(["--compile"] if compiled else [])]
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
-                              env={**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": cache})
+                              env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
     if done.returncode != 0:
         raise RuntimeError(f"{reference} b{batch}: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -8,6 +8,7 @@ tensor peak within 0.02%), which is what the 0.5% tolerance here rests on.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_compiled_cnn_matches_a_real_compiled_run(tmp_path):
     is a quarter below the eager one on this CNN, and the estimate follows the real compiled run to 0.5%."""
     real = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "truth_loops.py"), CNN, "--batch-size", "8",
                            "--optimizer", "sgd", "--compile"], capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+                          env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
     assert real.returncode == 0, real.stderr[-2000:]
     measured = json.loads(real.stdout.strip().splitlines()[-1])["tensor_peak_bytes"]
     compiled, eager = _tensor_peak(True), _tensor_peak(False)

@@ -35,8 +35,8 @@ class RuntimeFloor:
     parts: dict[str, int]
     assumptions: list[str]
     spread: int = 0  # bytes the high end allows for the machine: 0 when calibrated on this one
-    # --compile: what compiling held at its peak beyond runtime_compile and gave back; glibc reuses those pages for
-    # the tensors that come later, so the peak is the larger of the two (targets/cpu_target.py)
+    # --compile: what compiling held at its peak beyond runtime_compile and gave back; the point counts what of it
+    # the tensors' heap does not cover, the high end all of it (targets/cpu_target.py)
     compile_transient: int = 0
 
 
@@ -72,9 +72,10 @@ def _add_compile(parts: dict[str, int], data: dict) -> tuple[list[str], int]:
     """runtime_compile, what torch.compile keeps in the process (dynamo, Inductor, their caches, the compiled code:
     calibrate.compile_increment), and what compiling held beyond it at its peak: this calibration's, else those of
     the bundled calibration that measured the most (never low); with the assumption said, if any."""
-    measured = [entry for entry in json.loads(DATA.read_text())["calibrations"] if "compile" in entry.get("families", {})]
     said = []
     if "compile" not in data.get("families", {}):
+        measured = [entry for entry in json.loads(DATA.read_text())["calibrations"]
+                    if "compile" in entry.get("families", {})]
         if not measured:
             return ["what torch.compile adds to the process (dynamo, Inductor, their caches) was not measured for any "
                     "calibration: not counted"], 0

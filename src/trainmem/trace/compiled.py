@@ -55,7 +55,10 @@ def traceable_here() -> bool:
 
 def check_traceable(setup: Any, cuda_target: bool) -> None:
     """Refuse, in one line, a --compile run the trace does not make (the CLI's flag rules say the same earlier, naming
-    where each option came from; this holds for the Python API and the integrations)."""
+    where each option came from; this holds for the Python API and the integrations). Called before the model is traced."""
+    if not traceable_here():
+        raise TorchVersionError(f"--compile needs torch >= {MIN_TORCH} (this is torch {torch.__version__}; the trace "
+                                "sees compiled code run from TorchDispatchMode.ignore_compile_internals on)")
     if cuda_target:
         raise SetupError("expected --device cpu with --compile (the trace makes the plan Inductor makes for the CPU; "
                          "a GPU run's Triton plan is not modelled yet), got a GPU target", where="--compile")
@@ -75,12 +78,9 @@ def compile_forward(model: torch.nn.Module) -> None:
 
 @contextlib.contextmanager
 def compiled_on_fake() -> Iterator[None]:
-    """Around the traced steps of a --compile trace (the module docstring)."""
+    """Around the traced steps of a --compile trace (the module docstring); check_traceable has passed."""
     from trainmem.trace.inductor_private import inductor_plans_on_fake
 
-    if not traceable_here():
-        raise TorchVersionError(f"--compile needs torch >= {MIN_TORCH} (this is torch {torch.__version__}; the trace "
-                                "sees compiled code run from TorchDispatchMode.ignore_compile_internals on)")
     torch.compiler.reset()
     try:
         with inductor_plans_on_fake() as loads:
@@ -92,8 +92,7 @@ def compiled_on_fake() -> Iterator[None]:
     finally:
         torch.compiler.reset()
     if loads.count == 0:
-        # dynamo skipped the forward: this torch runs compiled code only with no dispatch mode active (before
-        # TorchDispatchMode.ignore_compile_internals), so the step ran eagerly and would be estimated as eager
+        # dynamo compiled nothing (it skipped the forward), so the step ran eagerly and would be estimated as eager
         raise TraceError(f"expected torch.compile to compile the forward inside the trace, got it run eagerly on "
                          f"torch {torch.__version__} (the trace needs TorchDispatchMode.ignore_compile_internals)",
                          where="--compile")
