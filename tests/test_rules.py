@@ -152,5 +152,7 @@ def test_token_mask_moe_matches_measure():
     +0.65% at batch 32. Under the old shape-only rule each expert got `experts` rows: −24%. (At batch 16
     it is +1.06%, and +0.99% with the fixed routing above: the residual comes from the out-of-place
     index_add pattern, not from routing; real routing moves the peak by ±0.3% around balanced.)"""
-    comparison = measure(zoo("moe_token_mask"), TrainingSetup.from_mapping({"batch_size": 32, "optimizer": "adam"}))
+    # only the tensor peak is checked: the RSS run that measure() makes runs the two traced steps, not a long run
+    comparison = measure(zoo("moe_token_mask"), TrainingSetup.from_mapping({"batch_size": 32, "optimizer": "adam",
+                                                                          "run_steps": 2}))
     assert abs(comparison.to_dict()["error"]["tensor_bytes"]) <= 0.01, comparison
