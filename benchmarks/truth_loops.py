@@ -19,6 +19,7 @@ mode rss:     no profiler; VmHWM (peak resident set) of this process after the l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -37,11 +38,18 @@ def loop_inline(model, optimizer, loss_fn, loader, accum):
     for i, (inputs, targets) in enumerate(loader):
         if i % accum == 0:
             optimizer.zero_grad()
-        outputs = model(*inputs)
-        loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
+        with autocast():  # PyTorch's AMP recipe under --precision bf16-mixed: forward and loss
+            outputs = model(*inputs)
+            loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
         loss.backward()
         if (i + 1) % accum == 0:
             optimizer.step()
+
+
+def autocast():
+    if PRECISION == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def loop_step_fn(model, optimizer, loss_fn, loader, accum):
@@ -140,6 +148,7 @@ def lightning_run(model, optimizer, loss_fn, loader, accum, sized):
             return iter(loader)
 
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=accum,
+                        precision=FABRIC_PRECISION[PRECISION],
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
     data = Indexed() if sized else Streamed()
@@ -154,8 +163,48 @@ def loop_lightning_iterable(model, optimizer, loss_fn, loader, accum):
     lightning_run(model, optimizer, loss_fn, loader, accum, sized=False)
 
 
+def loop_fabric(model, optimizer, loss_fn, loader, accum):
+    # Lightning Fabric's own loop (its README and "Convert to Fabric" guide): fabric.setup, fabric.backward.
+    # PRECISION is Fabric's precision argument ("32-true", "bf16-mixed")
+    import lightning as L
+
+    fabric = L.Fabric(accelerator="cpu", devices=1, precision=FABRIC_PRECISION[PRECISION])
+    model, optimizer = fabric.setup(model, optimizer)
+    for i, (inputs, targets) in enumerate(loader):
+        if i % accum == 0:
+            optimizer.zero_grad()
+        outputs = model(*inputs)
+        loss = loss_fn(outputs, targets) / accum if accum > 1 else loss_fn(outputs, targets)
+        fabric.backward(loss)
+        if (i + 1) % accum == 0:
+            optimizer.step()
+
+
+def loop_accelerate(model, optimizer, loss_fn, loader, accum):
+    # Hugging Face Accelerate's loop (its README): accelerator.prepare, accelerator.backward; accumulation as its
+    # guide writes it (accelerator.accumulate, the prepared optimizer steps and zeroes only at an update)
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision=ACCELERATE_PRECISION[PRECISION],
+                              gradient_accumulation_steps=accum)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for inputs, targets in loader:
+        with accelerator.accumulate(model):
+            optimizer.zero_grad()
+            outputs = model(*inputs)
+            loss = loss_fn(outputs, targets)
+            accelerator.backward(loss)
+            optimizer.step()
+
+
 LOOPS = {"inline": loop_inline, "step-fn": loop_step_fn, "trainer": loop_trainer, "lean": loop_lean,
-         "lightning": loop_lightning, "lightning-iterable": loop_lightning_iterable}
+         "lightning": loop_lightning, "lightning-iterable": loop_lightning_iterable, "fabric": loop_fabric,
+         "accelerate": loop_accelerate}
+# --precision: fp32, or bf16-mixed (the plain loops wrap forward and loss in torch.autocast as PyTorch's AMP recipe
+# does; Lightning and Fabric take their precision argument, Accelerate its mixed_precision)
+PRECISION = "fp32"
+FABRIC_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed"}
+ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16"}
 
 
 # ---- models, data and losses, written out plainly -------------------------------------------------
@@ -281,9 +330,15 @@ def main():
                         help="wrap each block of model.ATTR (a ModuleList) in torch.utils.checkpoint")
     parser.add_argument("--compile", action="store_true", help="train torch.compile(model) (Inductor)")
     parser.add_argument("--mode", default="tensors", choices=["tensors", "rss"])
+    parser.add_argument("--precision", default="fp32", choices=sorted(FABRIC_PRECISION))
     args = parser.parse_args()
+    if args.precision != "fp32" and args.loop not in ("inline", "lightning", "fabric", "accelerate"):
+        parser.error(f"--precision {args.precision} is written for the inline, lightning, fabric and accelerate loops")
+    global PRECISION
+    PRECISION = args.precision
     torch.manual_seed(0)
     result = {"model": args.model, "batch_size": args.batch_size, "compile": args.compile, "optimizer": args.optimizer, "loop": args.loop,
+              "precision": args.precision,
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     started = time.perf_counter()

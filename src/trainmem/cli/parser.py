@@ -132,6 +132,9 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--qlora", action=argparse.BooleanOptionalAction, default=None,
                         help="4-bit NF4 base weights + LoRA (r=64,alpha=16,all linear), bf16-mixed, paged 8-bit "
                              "AdamW, checkpointing (--no-checkpointing: none); GPU devices" + d("qlora"))
+    parser.add_argument("--trainer", metavar="NAME", help="whose code runs the step: plain (your loop) | lightning "
+                        "(Trainer) | fabric | accelerate | hf (transformers' Trainer: --hf-trainer); its loop and how it "
+                        "wraps the forward (Fabric and Accelerate: an fp32 copy of low-precision outputs)" + d("trainer", "plain"))
     parser.add_argument("--hf-trainer", action=argparse.BooleanOptionalAction, default=None,
                         help="what transformers.Trainer does by default: AdamW (fused from torch 2.8, as transformers picks), clip at 1.0 (--max-grad-norm "
                              "none: no clipping), fp32 outputs under mixed precision" + d("hf_trainer"))

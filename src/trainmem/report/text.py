@@ -48,6 +48,22 @@ LOOP_WORDS = {  # trace/loops.py has the code each loop stands for
 }
 
 
+TRAINER_WORDS = {  # --trainer (setup/trainers.py has each one's source): what it does around the forward
+    "plain": "your own loop: autocast, where you use it, around forward and loss",
+    "lightning": "lightning.Trainer: its MixedPrecision plugin puts autocast around the whole training_step",
+    "fabric": "lightning.Fabric: fabric.setup's forward casts floating inputs to the low dtype, runs the module "
+              "under autocast and casts floating outputs to fp32 (a copy of each low-precision one)",
+    "accelerate": "accelerate.Accelerator: the prepared forward runs under autocast and gives fp16/bf16 outputs "
+                  "back as fp32 copies",
+    "hf": "transformers' Trainer (--hf-trainer): Accelerate's prepared forward, fp32 copies of fp16/bf16 outputs",
+}
+
+
+def trainer_line(trainer) -> list[str]:
+    """The report's line naming the trainer, when one was given."""
+    return [] if trainer is None else [f"  trainer {trainer}: {TRAINER_WORDS[str(trainer)]}"]
+
+
 def _loop_line(est) -> str:
     """The training loop the estimate traced: the loop its frontend resolved where one did (a Keras model:
     model.fit's, which --loop does not change; trace/keras_torch_step.py), else PyTorch's loop by --loop."""
@@ -134,7 +150,7 @@ def report_header(est, style: Style) -> list[str]:
             f"  batch {s.batch_size} · {s.optimizer} ({_optimizer_words(est)}) · {s.precision}"
             + (f" · grad-accum {s.grad_accum}" if s.grad_accum > 1 else "")
             + (" · checkpointing" if s.checkpointing else "") + f" · device {est.device.name}{_capacity_note(est)}",
-            *_used(est), _loop_line(est)]
+            *_used(est), _loop_line(est), *trainer_line(getattr(est.setup, "trainer", None))]
 
 
 

@@ -18,6 +18,7 @@ from trainmem.setup.count_limits import MAX_ELEMENTS as MAX_ELEMENTS, MAX_GRAD_A
 from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS, sequence_lengths
 from trainmem.setup.layout import ParallelLayout
 from trainmem.setup import presets
+from trainmem.setup.trainers import Trainer as Trainer
 from trainmem.setup.presets import HF_TRAINER_DEFAULTS as HF_TRAINER_DEFAULTS, QLORA_DEFAULTS as QLORA_DEFAULTS
 
 
@@ -177,6 +178,7 @@ class TrainingSetup:
     lora: str | None = None  # "r=16,alpha=32,targets=q_proj,v_proj" (trace/finetune.py)
     qlora: bool = False  # 4-bit NF4 base weights + LoRA (QLORA_DEFAULTS unless given)
     hf_trainer: bool = False  # what transformers.Trainer does by default (HF_TRAINER_DEFAULTS unless given)
+    trainer: Trainer | None = None  # whose code runs the step: its loop, its forward's wrapping (setup/trainers.py)
     max_grad_norm: float | None = None  # clip_grad_norm_ before each optimizer step
     torch_version: str | None = None  # the run's torch, for its defaults (setup/presets.py); None: this one's
     bnb_version: str | None = None  # the run's bitsandbytes, for --qlora (trace/finetune.py); None: the installed one
@@ -205,7 +207,7 @@ class TrainingSetup:
         presets.check_library_settings(self)
         object.__setattr__(self, "seq_lengths", sequence_lengths(self.seq_lengths))
         for name, enum_type in _ENUM_FIELDS.items():
-            if getattr(self, name) is None and name == "loss":
+            if getattr(self, name) is None and name in ("loss", "trainer"):
                 continue
             object.__setattr__(self, name, _to_enum(enum_type, getattr(self, name), name))
 
@@ -248,7 +250,7 @@ class TrainingSetup:
             if not isinstance(freeze, Sequence) or not all(isinstance(p, str) for p in freeze):
                 raise expected("parameter name patterns (text)", kwargs["freeze"], "--freeze")
             kwargs["freeze"] = tuple(freeze)
-        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop", "task", "lora"):
+        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop", "task", "lora", "trainer"):
             if kwargs.get(name) is not None and not isinstance(kwargs[name], (str, enum.Enum)):
                 raise expected("text", kwargs[name], f"--{name.replace('_', '-')}")
         for name in ("dropout", "max_grad_norm"):
@@ -260,7 +262,7 @@ class TrainingSetup:
     def flag_for(self, name: str) -> str:
         """The flag a user gave to get this field's value: --qlora and --hf-trainer fill in several
         (QLORA_DEFAULTS, HF_TRAINER_DEFAULTS), and an error about the value must name what was typed."""
-        values = {"qlora": self.qlora, "hf_trainer": self.hf_trainer, "torch_version": self.torch_version}
+        values = {key: getattr(self, key) for key in ("qlora", "hf_trainer", "torch_version", "trainer")}
         return presets.filled_by(values, name, getattr(self, name)) or f"--{name.replace('_', '-')}"
 
     def lora_spec(self) -> LoraSpec | None:
@@ -284,7 +286,7 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
-        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths", "compile"):  # absent unless given: the keys other runs had, unchanged
+        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths", "compile", "trainer"):  # absent unless given: the keys other runs had, unchanged
             if out[key] is None or out[key] is False:
                 out.pop(key)
         if self.parallel.distributed:
@@ -315,8 +317,7 @@ def _parallel_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
 
 SETUP_KEYS = frozenset({f.name for f in dataclasses.fields(TrainingSetup)} | {"input_shape", "input_dtype", "input_max"} | PARALLEL_KEYS)
 
-# A setup file is a dozen keys: 64 KiB is a thousand times that. Larger is not a setup, and tomllib
-# parses the whole text into memory before anything could be checked.
+# A setup file is a dozen keys: 64 KiB is a thousand times that; larger is not a setup (tomllib parses it whole)
 MAX_SETUP_FILE_BYTES = 64 << 10
 
 
@@ -367,8 +368,7 @@ def _input_spec(item: Any, where: str) -> InputSpec:
 
 _ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
     "loss": Loss, "optimizer": Optimizer, "optimizer_impl": OptimizerImpl,
-    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad, "loop": Loop,
-}
+    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad, "loop": Loop, "trainer": Trainer}
 
 
 def _to_enum(enum_type: type[enum.StrEnum], value: Any, name: str) -> enum.StrEnum:

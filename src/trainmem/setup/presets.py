@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainmem.errors import expected
+from trainmem.setup import trainers
 from trainmem.trainer_defaults import installed_torch_version, release_of, trainer_optimizer_impl
 
 # QLoRA (Dettmers et al. 2023): bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft
@@ -27,7 +28,7 @@ QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "c
 # transformers TrainingArguments (5.x): optim adamw_torch_fused with torch >= 2.8, adamw_torch (torch's default
 # AdamW implementation) before (trainer_defaults.py); max_grad_norm 1.0, evaluation off; Trainer.training_step:
 # loss / gradient_accumulation_steps, zero_grad to None; under mixed precision the Accelerator converts model
-# outputs to fp32 (trace/step.py outputs_to_fp32)
+# outputs to fp32 (trace/trainer_forward.py)
 HF_TRAINER_DEFAULTS = {"optimizer": "adamw", "optimizer_impl": trainer_optimizer_impl(), "max_grad_norm": 1.0,
                        "loop": "trainer"}
 DEFAULTS_CHANGED_IN = (2, 0)  # zero_grad's set_to_none and the foreach default (module docstring)
@@ -92,7 +93,8 @@ def apply(values: Mapping[str, Any]) -> dict[str, Any]:
     """The setup values with each preset's defaults under what was given. The Trainer's AdamW is torch's default
     implementation before torch 2.8, so under --torch-version before 2.0 that default is the for-loop too."""
     given, version = dict(values), values.get("torch_version")
-    filled: dict[str, Any] = {}
+    trainers.reconcile(given)  # --trainer hf is --hf-trainer
+    filled: dict[str, Any] = trainers.loop_defaults(given)
     if given.get("qlora"):
         filled.update(QLORA_DEFAULTS)
     if given.get("hf_trainer"):
@@ -108,8 +110,9 @@ def apply(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def filled_by(values: Mapping[str, Any], name: str, value: Any) -> str | None:
     """The preset flag whose default `value` of `name` is, in the user's words; None when none filled it."""
-    version = values.get("torch_version")
+    version, trainer = values.get("torch_version"), values.get("trainer")
     for flag, on, defaults in (("--qlora", values.get("qlora"), QLORA_DEFAULTS),
+                               (f"--trainer {trainer}", trainer, trainers.loop_defaults({"trainer": trainer})),
                                ("--hf-trainer", values.get("hf_trainer"), hf_trainer_defaults(version)),
                                (f"--torch-version {version}", version, torch_version_defaults(version))):
         if on and name in defaults and str(value) == str(defaults[name]):

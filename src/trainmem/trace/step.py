@@ -22,6 +22,7 @@ from trainmem.trace.cast_batch import CastBatch
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.compiled import compile_forward
 from trainmem.trace.events import Phase
+from trainmem.trace.trainer_forward import autocast_covers_loss, wrapped_forward
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
@@ -242,7 +243,12 @@ def prepare(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: Traini
 
 def autocast_region(prepared: Prepared, setup: TrainingSetup):
     """One autocast region around forward and loss, as loops write `with autocast(): out = model(x);
-    loss = loss_fn(out, y)`: the cast cache (low-precision parameter copies) lives until it closes."""
+    loss = loss_fn(out, y)`: the cast cache (low-precision parameter copies) lives until it closes. A trainer
+    that opens it around the module alone (Fabric, Accelerate) does so in its forward (trace/trainer_forward.py)."""
+    return _autocast(prepared, setup) if autocast_covers_loss(setup) else contextlib.nullcontext()
+
+
+def _autocast(prepared: Prepared, setup: TrainingSetup):
     dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
     if dtype is None or not prepared.autocast:
         return contextlib.nullcontext()
@@ -251,20 +257,6 @@ def autocast_region(prepared: Prepared, setup: TrainingSetup):
 
         return cuda_autocast_region(dtype)
     return torch.autocast(prepared.device_type, dtype=dtype)
-
-
-def outputs_to_fp32(output: Any) -> Any:
-    """accelerate's convert_outputs_to_fp32 (utils/operations.py), which the Trainer's Accelerator puts
-    around forward under mixed precision: every fp16/bf16 tensor of the output gets an fp32 copy."""
-    def convert(value: Any) -> Any:
-        return value.float() if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16) else value
-    if isinstance(output, dict) or hasattr(output, "keys"):
-        for key in list(output.keys()):
-            output[key] = convert(output[key])
-        return output
-    if isinstance(output, tuple):
-        return type(output)(convert(v) for v in output)
-    return convert(output)
 
 
 def clip_gradients(prepared: Prepared, max_norm: float) -> None:
@@ -301,11 +293,10 @@ def make_micro_batch(prepared: Prepared, setup: TrainingSetup) -> dict[str, Any]
 
 
 def forward(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any]) -> Any:
-    inputs = batch["inputs"]
-    output = prepared.model(**inputs) if isinstance(inputs, dict) else prepared.model(*inputs)
-    if setup.hf_trainer and setup.precision in (Precision.FP16_MIXED, Precision.BF16_MIXED):
-        output = outputs_to_fp32(output)
-    return output
+    def call(inputs: Any) -> Any:
+        return prepared.model(**inputs) if isinstance(inputs, dict) else prepared.model(*inputs)
+
+    return wrapped_forward(call, setup, lambda: _autocast(prepared, setup), batch["inputs"])
 
 
 def compute_loss(prepared: Prepared, setup: TrainingSetup, batch: dict[str, Any], output: Any) -> torch.Tensor:
