@@ -9,7 +9,8 @@ for FSDP's sharding strategies. The figure is read here as that summary's peak a
 MiB: compared with the estimate's `allocated_bytes` (max_memory_allocated) in MiB. The Trainer rows run trainmem's
 `--loop lightning` (automatic optimization), the Fabric rows its `--loop inline` (the guide's loop: backward, step,
 zero_grad). `--torch-version 2.1` gives the run's torch defaults. FSDP rows are `--strategy fsdp1` (Lightning 2.1 wraps
-with FullyShardedDataParallel); CPU offload (`cpu_offload=True`) is not traced by fsdp1 yet, and its rows say so.
+with FullyShardedDataParallel); the CPU offload rows (`cpu_offload=True`) are `--strategy fsdp1 --offload params`, FSDP1's
+CPUOffload(offload_params=True) run by FSDP1's own code on fake tensors.
 
 Writes benchmarks/results/lightning_fsdp_guide.md.
 """

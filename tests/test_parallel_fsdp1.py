@@ -95,7 +95,7 @@ def test_hybrid_shard_shards_inside_the_shard_group_only():
     ({"strategy": "fsdp1", "world_size": 2, "fsdp_prefetch": 2}, "--fsdp-prefetch"),
     ({"strategy": "fsdp1", "dp": 2, "tp": 2}, "--strategy"),
     ({"strategy": "fsdp1", "world_size": 2, "fsdp1_sharding": "hybrid"}, "--fsdp1-sharding"),
-    ({"strategy": "fsdp1", "world_size": 2, "offload": "params"}, "--offload"),
+    ({"strategy": "fsdp1", "world_size": 2, "offload": "optimizer"}, "--offload"),  # FSDP1 offloads all or none
     ({"strategy": "fsdp1", "world_size": 4, "dp_shard": 2}, "--dp-shard"),  # only hybrid-shard has shard groups
     ({"strategy": "fsdp", "world_size": 2, "fsdp1_param_dtype": "bfloat16"}, "--fsdp1-param-dtype"),
     ({"strategy": "fsdp1", "world_size": 2, "fsdp1_param_dtype": "int8"}, "--fsdp1-param-dtype"),
@@ -198,3 +198,26 @@ def test_backward_prefetch_before_the_gradients_holds_one_more_gathered_unit():
     # measured over gloo on 2026-12-06: post 26.08 MiB and none 26.07 MiB, each rank within 0.01% of the estimate
     assert peaks["pre"] - peaks["post"] >= 1024 * 1024 * 4 // 2
     assert peaks["post"] >= peaks["none"]
+
+
+@pytest.mark.heavy
+def test_cpu_offload_keeps_each_units_reduced_gradient_shard_on_the_device_until_backward_ends():
+    """CPUOffload(offload_params=True), run by FSDP1 itself: the sharded flat parameters, their host gradient buffers
+    and Adam's state are host RAM; on the device, every unit's reduced gradient shard (_saved_grad_shard, the
+    reduce-scatter's output) is kept until the end of backward (torch/distributed/fsdp/_flat_param.py
+    prepare_gradient_for_optim deletes it), so late in backward the device holds most of a rank's gradient shard."""
+    big = "mlp:" + "-".join(["1024"] * 17) + "-10"  # 16 units of 1.05 M parameters, one more small one
+
+    def on_gpu(**values):
+        setup = TrainingSetup.from_mapping({"batch_size": 1, "strategy": "fsdp1", "world_size": 2, **values})
+        return estimate(big, setup=setup, device="a100-40gb", cache=False)
+
+    plain, offloaded = on_gpu(), on_gpu(offload="params")
+    unit_shard = 4 * (1024 * 1024 + 1024) // 2  # fp32, a rank's half of one unit
+    assert offloaded.allocated_bytes < plain.allocated_bytes / 2
+    at_peak = offloaded.ranks[0].breakdown
+    assert at_peak["optimizer_state"] == 0 and at_peak["gradients"] == 0  # host RAM: Adam's state, the .grad buffers
+    assert at_peak["communication"] >= 12 * unit_shard  # the reduced shards, held on the device as backward goes
+    # host RAM: the pinned shard, its host gradient buffer and two Adam moments, fp32
+    assert offloaded.ranks[0].host_bytes >= 4 * 16 * unit_shard
+    assert any("CPUOffload(offload_params=True)" in w for w in offloaded.warnings)

@@ -1,5 +1,6 @@
 """Private PyTorch, TensorFlow and Keras APIs are reached through trace/torch_private.py, trace/fake_cache.py
-(FakeTensorMode's dispatch-cache hooks), trace/inductor_private.py (Inductor's, for --compile) and trace/tf/private.py only, so that an upgrade that moves one breaks in
+(FakeTensorMode's dispatch-cache hooks), trace/inductor_private.py (Inductor's, for --compile), parallel/fsdp1_private.py (FSDP1's handles,
+for its CPU offload) and trace/tf/private.py only, so that an upgrade that moves one breaks in
 one place (each module's docstring lists what it holds).
 
 Read from the code's syntax tree, so comments, docstrings and strings do not count: an import of a private
@@ -18,13 +19,15 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainmem"
-GATHERED = {"trace/torch_private.py", "trace/fake_cache.py", "trace/inductor_private.py", "trace/tf/private.py"}
+GATHERED = {"trace/torch_private.py", "trace/fake_cache.py", "trace/inductor_private.py", "trace/tf/private.py",
+            "parallel/fsdp1_private.py"}
 INDEPENDENT = {"measure/keras_child.py": {"from tensorflow.python.util import _pywrap_util_port"}}
 FRAMEWORKS = ("torch", "tensorflow", "tf", "keras", "tf_keras")
 UNDOCUMENTED = ("tensorflow.python", "tensorflow.core", "keras.src")
-# underscore methods and attributes of TensorFlow and Keras objects that trainmem uses (trace/tf/private.py)
+# underscore methods and attributes of TensorFlow and Keras objects that trainmem uses (trace/tf/private.py), and of
+# FSDP1's handles (parallel/fsdp1_private.py)
 OBJECT_PRIVATES = {"_flatten_layers", "_get_function", "_track_variables", "_track_variable", "_value",
-                   "_torch_params", "_add_existing_weight"}
+                   "_torch_params", "_add_existing_weight", "_offload_params", "_local_shard", "_cpu_grad", "_handle"}
 
 
 def _is_private(dotted: str) -> bool:

@@ -40,7 +40,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     add("--gpus-per-node", type=int, metavar="N", help="ranks per node: host RAM per node, HSDP's shard "
         "group" + d("gpus_per_node"))
     add("--offload", metavar="WHAT", help="optimizer|params: keep them in host RAM (reported per rank and per "
-        "node)" + d("offload"))
+        "node); with --strategy fsdp1, params is FSDP1's CPUOffload" + d("offload"))
     add("--microbatches", type=int, metavar="N", help="pipeline micro-batches per step (default: pp)")
     add("--schedule", metavar="NAME", help="gpipe|1f1b|interleaved-1f1b" + d("schedule"))
     add("--stages-per-rank", type=int, metavar="N", help="interleaved-1f1b: virtual stages per rank"

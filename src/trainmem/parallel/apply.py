@@ -56,6 +56,9 @@ class Parallelized:
     # collective buffers; and on a GPU the model as materialized was the user's host copy (fsdp1.py)
     wraps_parameters: bool = False
     built_on_host: bool = False
+    # FSDP1's CPU offload: host_tensors() already names host tensors right after wrapping (the sharded flat
+    # parameters FSDP1 moved to the host), so they are placed from their birth, not from the first backward
+    host_from_wrap: bool = False
 
 
 def strategy_module(name: str, strategy: str) -> ModuleType:
@@ -120,4 +123,4 @@ def _merged(before: Parallelized, after: Parallelized) -> Parallelized:
         host_tensors=both(before.host_tensors, after.host_tensors),
         communication_tensors=both(before.communication_tensors, after.communication_tensors),
         notes=[*before.notes, *after.notes], wraps_parameters=before.wraps_parameters or after.wraps_parameters,
-        built_on_host=before.built_on_host or after.built_on_host)
+        built_on_host=before.built_on_host or after.built_on_host, host_from_wrap=before.host_from_wrap or after.host_from_wrap)

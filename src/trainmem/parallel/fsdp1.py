@@ -15,6 +15,8 @@ is use_orig_params (the optimizer then steps views of the flat shard, one per or
 differs from rank to rank); `--fsdp1-backward-prefetch pre|post|none` and `--fsdp1-forward-prefetch` are FSDP1's
 prefetch knobs (defaults BACKWARD_PRE, False). limit_all_gathers stays True: it bounds how far a GPU run's CPU thread
 issues all-gathers ahead of the GPU, which a trace in program order does not do.
+`--offload params` is CPUOffload(offload_params=True), run by FSDP1 itself (OFFLOAD_NOTE says where each tensor
+lives; the pinned host buffers are made as copies, fsdp1_private.py offload_on_fake).
 
 Mixed precision is Lightning's by default (lightning/fabric/plugins/precision/fsdp.py FSDPPrecision
 .mixed_precision_config): for bf16-mixed MixedPrecision(param_dtype=float32, reduce_dtype=buffer_dtype=bfloat16) under
@@ -40,8 +42,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainmem.setup.layout import Fsdp1Sharding
+from trainmem.parallel.fsdp1_private import host_buffers, offload_on_fake
+from trainmem.parallel.offload import OptimizerHolder
+from trainmem.setup.layout import Fsdp1Sharding, Offload
 from trainmem.trace.fake_cache import fake_data_pointers
+
+# FSDP1's CPUOffload, traced by FSDP1's own code (module docstring): what the trace cannot make is said here
+OFFLOAD_NOTE = ("FSDP1 CPUOffload(offload_params=True): each unit's sharded flat parameter (pinned), its host "
+                "gradient buffer and the optimizer state live in host RAM and the optimizer steps there; the gathered "
+                "parameters, their gradients and each unit's reduced gradient shard are on the device, and FSDP1 "
+                "keeps every unit's shard (_saved_grad_shard) there until the end of backward, when it is copied to "
+                "the host. Not traced (the trace's device is the host, so FSDP1's copy to the compute device is a "
+                "no-op): each unit's shard copied to the device before its all-gather, 1/dp of the unit's "
+                "parameters, freed once gathered")
 
 
 def on_fake(model: nn.Module, ctx: Any):
@@ -60,7 +73,8 @@ def on_fake(model: nn.Module, ctx: Any):
     kwargs = _fsdp1_kwargs(ctx)
     prefetch = kwargs["backward_prefetch"]
     moved = ctx.cuda_semantics
-    with fake_data_pointers():
+    offloaded = layout.offload == Offload.PARAMS
+    with fake_data_pointers(), offload_on_fake():
         for unit in units:
             _replace(model, unit, FullyShardedDataParallel(_moved(unit) if moved else unit, **kwargs))
         wrapped = FullyShardedDataParallel(_moved(model) if moved else model, **kwargs)
@@ -76,25 +90,31 @@ def on_fake(model: nn.Module, ctx: Any):
         notes.append("FSDP1: the model is built in host RAM and each unit is moved to the GPU as it is wrapped "
                      "(device_id): the host copy is not device memory, each unit's moved copy and its flat parameter "
                      "are, until the shard is kept")
-    return Parallelized(wrapped, run_steps=_steps_with_pointers, notes=notes, built_on_host=moved,
-                        wraps_parameters=True)
+    if not offloaded:
+        return Parallelized(wrapped, run_steps=_steps_with_pointers, notes=notes, built_on_host=moved,
+                            wraps_parameters=True)
+    holder = OptimizerHolder(ctx)
+    return Parallelized(wrapped, make_optimizer=holder, run_steps=_steps_with_pointers,
+                        host_tensors=lambda: [*holder.state_tensors(), *host_buffers(wrapped)],
+                        notes=[*notes, OFFLOAD_NOTE], built_on_host=moved, wraps_parameters=True, host_from_wrap=True)
 
 
 def _steps_with_pointers(prepared: Any, setup: Any, observer: Any) -> None:
     """The loop, with fake tensors' data pointers FSDP1 can compare (trace/fake_cache.py fake_data_pointers)."""
     from trainmem.trace import step as training
 
-    with fake_data_pointers():
+    with fake_data_pointers(), offload_on_fake():
         training.run_steps(prepared, setup, observer)
 
 
 def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
-    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp import CPUOffload, ShardingStrategy
 
     layout = ctx.layout
     # HYBRID_SHARD takes the 2-D (replicate, shard) mesh: it shards over the inner dimension, replicates over the outer
     group = {"device_mesh": ctx.world.dp_mesh()} if layout.replicate_x_shard else {"process_group": ctx.world.dp_group()}
-    kwargs = dict(**group, sharding_strategy=ShardingStrategy[layout.fsdp1_sharding.name],
+    offload = {"cpu_offload": CPUOffload(offload_params=True)} if layout.offload == Offload.PARAMS else {}
+    kwargs = dict(**group, **offload, sharding_strategy=ShardingStrategy[layout.fsdp1_sharding.name],
                   device_id=torch.device("cpu"), use_orig_params=layout.fsdp1_use_orig_params,
                   backward_prefetch=backward_prefetch(layout.fsdp1_backward_prefetch),
                   forward_prefetch=layout.fsdp1_forward_prefetch)

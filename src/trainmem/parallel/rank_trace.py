@@ -149,6 +149,8 @@ def _steps(source, setup, model, make_batch, loss_fn, ctx, checkpointed, recorde
     built = recorder.storage_ids_of([*model.parameters(), *model.buffers()])
     parallel = observer.parallel = apply_on_fake(model, ctx)
     _label_wrapper_allocations(recorder, parallel, before, built)
+    if parallel.host_from_wrap:
+        observer.place_host_tensors()
     # FSDP1 freezes before it flattens (fsdp1.py): its flat parameters no longer carry the names --freeze matches
     prepare_setup = dataclasses.replace(setup, freeze=()) if parallel.wraps_parameters else setup
     prepared = training.prepare(parallel.model, make_batch, loss_fn, prepare_setup, source, cuda_semantics=ctx.cuda_semantics,
@@ -198,13 +200,13 @@ class _RankObserver(RecordingObserver):
         if self.parallel is not None and self.parallel.communication_tensors is not None:
             ids = self.recorder.storage_ids_of(self.parallel.communication_tensors())
             self.recorder.set_category(ids, Category.COMMUNICATION)
-        self._host()
+        self.place_host_tensors()
 
     def after_optimizer(self, optimizer: Any, scaler: Any) -> None:
         super().after_optimizer(optimizer, scaler)
-        self._host()
+        self.place_host_tensors()
 
-    def _host(self) -> None:
+    def place_host_tensors(self) -> None:
         if self.parallel is not None and self.parallel.host_tensors is not None:
             self.offload(self.recorder.storage_ids_of(self.parallel.host_tensors()))
 

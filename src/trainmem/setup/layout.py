@@ -188,7 +188,7 @@ def _positive_int(value: Any, where: str, allow_zero: bool = False) -> None:
 _FREE_DIMENSION = {**{kind: "dp" for kind in DATA_PARALLEL}, Strategy.TP: "tp", Strategy.PP: "pp"}
 # Sharded data-parallel kinds: what an offload moves to host RAM exists per rank only there (FSDP2's
 # CPUOffloadPolicy, DeepSpeed's offload_optimizer / offload_param); DDP keeps full replicas on the device.
-OFFLOAD_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+OFFLOAD_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.FSDP1, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
 
 
 def _resolved(layout: ParallelLayout) -> ParallelLayout:
@@ -244,7 +244,7 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
                          f"{layout.microbatches}", where="--microbatches")
     _check_fsdp1(layout, given)
     if layout.offload != Offload.NONE and layout.strategy not in OFFLOAD_KINDS:
-        raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|zero1|zero2|zero3) with --offload, "
+        raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|fsdp1|zero1|zero2|zero3) with --offload, "
                          f"got {_strategy_given(layout, given)}", where="--offload")
     if layout.replicate_x_shard:
         shard = layout.hsdp_shard
@@ -268,10 +268,10 @@ def _check_fsdp1(layout: ParallelLayout, given: Strategy) -> None:
             flag = f"--{knobs[0][0].replace('_', '-')}"
             raise SetupError(f"expected --strategy fsdp1 with {flag}, got {_strategy_given(layout, given)}", where=flag)
         return
-    if layout.offload != Offload.NONE:
-        raise SetupError(f"expected no --offload with --strategy fsdp1, got --offload {layout.offload}: FSDP1's "
-                         "cpu_offload is not traced yet (--strategy fsdp --offload params traces FSDP2's)",
-                         where="--offload")
+    if layout.offload == Offload.OPTIMIZER:
+        raise SetupError("expected --offload params with --strategy fsdp1 (FSDP1's CPUOffload(offload_params=True) "
+                         "keeps parameters, gradients and the optimizer step on the host together), got --offload "
+                         "optimizer", where="--offload")
     if layout.reshard_after_forward is not None:
         raise SetupError("expected --fsdp1-sharding shard-grad-op (keep the gathered parameters into backward) with "
                          "--strategy fsdp1, got --reshard-after-forward, which is FSDP2's", where="--reshard-after-forward")
