@@ -124,6 +124,7 @@ def _overload(name: str):
 @dataclasses.dataclass
 class _State:
     dtype: torch.dtype | None = None  # the autocast dtype while a region is open
+    caching: bool = True  # torch.autocast(cache_enabled=...): Lightning's Trainer opens its regions without the cache
     cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=dict)
     casts: int = 0
 
@@ -141,7 +142,7 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
         return type(value)(_cast(v, dtype) for v in value)
     if not _eligible(value) or value.dtype == dtype:
         return value
-    cacheable = (_STATE.dtype is not None and dtype == _STATE.dtype and value.dtype == torch.float32
+    cacheable = (_STATE.caching and _STATE.dtype is not None and dtype == _STATE.dtype and value.dtype == torch.float32
                  and value.requires_grad and value.is_leaf and not torch_private.is_view(value))
     if cacheable and id(value) in _STATE.cache:
         return _STATE.cache[id(value)][1]
@@ -226,11 +227,12 @@ def cuda_autocast_kernels():
 
 
 @contextlib.contextmanager
-def cuda_autocast_region(dtype: torch.dtype):
-    """One autocast region as CUDA would run it (use inside `cuda_autocast_kernels`)."""
-    _STATE.dtype, _STATE.cache = dtype, {}
+def cuda_autocast_region(dtype: torch.dtype, cache: bool = True):
+    """One autocast region as CUDA would run it (use inside `cuda_autocast_kernels`); `cache`: autocast's
+    cache_enabled, whether a parameter is cast once per region (kept until it closes) or at each use."""
+    _STATE.dtype, _STATE.cache, _STATE.caching = dtype, {}, cache
     try:
         with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
             yield
     finally:
-        _STATE.dtype, _STATE.cache = None, {}  # clear_cache(): the cast parameters die with the region
+        _STATE.dtype, _STATE.cache, _STATE.caching = None, {}, True  # clear_cache(): the casts die with the region

@@ -22,7 +22,7 @@ from trainmem.trace.cast_batch import CastBatch
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.compiled import compile_forward
 from trainmem.trace.events import Phase
-from trainmem.trace.trainer_forward import autocast_covers_loss, wrapped_forward
+from trainmem.trace.trainer_forward import autocast_caches, autocast_covers_loss, wrapped_forward
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
@@ -252,11 +252,12 @@ def _autocast(prepared: Prepared, setup: TrainingSetup):
     dtype = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16}.get(setup.precision)
     if dtype is None or not prepared.autocast:
         return contextlib.nullcontext()
+    cache = autocast_caches(setup)
     if prepared.cuda_semantics:
         from trainmem.trace.cuda_autocast import cuda_autocast_region
 
-        return cuda_autocast_region(dtype)
-    return torch.autocast(prepared.device_type, dtype=dtype)
+        return cuda_autocast_region(dtype, cache)
+    return torch.autocast(prepared.device_type, dtype=dtype, cache_enabled=cache)
 
 
 def clip_gradients(prepared: Prepared, max_norm: float) -> None:

@@ -1,7 +1,8 @@
 """The model's forward as the trainer wraps it (`--trainer`, setup/trainers.py has each one's source):
 
 - plain and lightning: the user's autocast region covers forward and loss (trace/step.py autocast_region);
-  the forward is the model's own;
+  the forward is the model's own. Lightning's Trainer opens that region with autocast's cache off (a parameter
+  is cast at each use, not kept until the region closes);
 - fabric: `_FabricModule.forward`: convert_input, the module under the precision's forward context, then
   convert_output. Under mixed precision (bf16-mixed, 16-mixed) every floating input is cast to the low dtype
   first, autocast covers the module only, and every floating output is cast to fp32; under bf16-true every
@@ -23,9 +24,10 @@ from typing import Any
 
 import torch
 
-from trainmem.setup import Precision, TrainingSetup, Trainer
+from trainmem.setup import Loop, Precision, TrainingSetup, Trainer
 
 MIXED = (Precision.FP16_MIXED, Precision.BF16_MIXED)
+LIGHTNING_LOOPS = (Loop.LIGHTNING, Loop.LIGHTNING_ITERABLE)
 LOW_DTYPES = {Precision.FP16_MIXED: torch.float16, Precision.BF16_MIXED: torch.bfloat16, Precision.BF16: torch.bfloat16}
 
 
@@ -33,6 +35,14 @@ def autocast_covers_loss(setup: TrainingSetup) -> bool:
     """Whether the loop's autocast region spans forward and loss (False: the trainer's wrapper opens it around
     the module alone)."""
     return not (setup.trainer in (Trainer.FABRIC, Trainer.ACCELERATE) and setup.precision in MIXED)
+
+
+def autocast_caches(setup: TrainingSetup) -> bool:
+    """Whether the autocast region keeps each parameter's low-precision copy until it closes (torch.autocast's
+    default) or casts at each use: Lightning's Trainer opens it with cache_enabled=False (pytorch/plugins/
+    precision/amp.py MixedPrecision.autocast_context_manager), its loops whether or not --trainer names it."""
+    lightning = setup.trainer == Trainer.LIGHTNING or (setup.trainer is None and setup.loop in LIGHTNING_LOOPS)
+    return not lightning
 
 
 def wrapped_forward(call: Callable[[Any], Any], setup: TrainingSetup, autocast: Callable[[], Any], inputs: Any) -> Any:
