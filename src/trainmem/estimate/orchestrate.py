@@ -99,10 +99,24 @@ def _estimated(model: Any, setup: TrainingSetup | None, device: DeviceRef, depth
         from trainmem.estimate.per_rank import estimate_distributed
 
         return estimate_distributed(chosen, setup)
-    est = assemble_traced(chosen, setup, trace(chosen, setup))
     if compare_loop and setup.loop != Loop.LEAN and not setup.compile:  # --compile: a second trace is a second compile
-        return _with_lean_loop(est, lean_allocated(chosen, setup))
-    return est
+        return _with_lean_comparison(chosen, setup)
+    return assemble_traced(chosen, setup, trace(chosen, setup))
+
+
+def _with_lean_comparison(chosen: Prepared, setup: TrainingSetup) -> Estimate:
+    """The estimate and what the lean loop would need. The inline loop's trace is derived from the lean loop's (one
+    trace: trace/loop_twin.py) where it can be; other loops are traced twice."""
+    from trainmem.trace.loop_twin import derivable, inline_from_lean
+
+    if derivable(setup):
+        lean_traced = trace(chosen, dataclasses.replace(setup, loop=Loop.LEAN))
+        derived = inline_from_lean(lean_traced)
+        if derived is not None:
+            est = assemble_traced(chosen, setup, derived)
+            return _with_lean_loop(est, _allocated_of(chosen, lean_traced))
+    est = assemble_traced(chosen, setup, trace(chosen, setup))
+    return _with_lean_loop(est, lean_allocated(chosen, setup))
 
 
 def cache_keyword(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,8 +208,12 @@ def lean_allocated(chosen: Prepared, setup: TrainingSetup) -> int:
     """The allocated figure of `setup` in the lean loop, as assemble() would give it (the target's stream through its
     allocator), without the process model that the comparison does not report: on a CPU that model replays glibc's
     heap over the whole run, most of an estimate's time (a 1.3B GPT: 9.8 s of 30 s)."""
-    lean = dataclasses.replace(setup, loop=Loop.LEAN)
-    stream = chosen.target.device_stream(trace(chosen, lean).trace)
+    return _allocated_of(chosen, trace(chosen, dataclasses.replace(setup, loop=Loop.LEAN)))
+
+
+def _allocated_of(chosen: Prepared, traced: Any) -> int:
+    """A traced run's allocated figure, as assemble() would give it, without the process model."""
+    stream = chosen.target.device_stream(traced.trace)
     replayed = chosen.target.allocator().replay(stream.events)
     return replayed.allocated if replayed.reserved is not None else replayed.tensor_peak
 

@@ -53,6 +53,7 @@ def encode(traced: TraceResult) -> dict[str, Any]:
                           _value(c.output_sids)] for c in trace.kernel_calls],
         "sets": {name: sorted(getattr(trace, name)) for name in ("host_storages", "managed_storages",
                                                                  "offloaded_storages")},
+        "loop_marks": trace.loop_marks,  # plain lists of text and integers (trace/loop_twin.py)
         "facts": {name: _value(getattr(traced, name)) for name in _FACTS},
         "strings": strings.table,
     }
@@ -70,7 +71,8 @@ def decode(data: Any) -> TraceResult:
         calls = [KernelCall(op, at, n, _plain(args), _plain(outs), _plain(sids))
                  for op, at, n, args, outs, sids in data["kernel_calls"]]
         sets = {name: set(_ints(values)) for name, values in data["sets"].items()}
-        trace = Trace(events, {record.sid: record for record in storages}, calls, **sets)
+        trace = Trace(events, {record.sid: record for record in storages}, calls, **sets,
+                      loop_marks=_loop_marks(data.get("loop_marks", [])))
         facts = {name: _plain(data["facts"][name]) for name in _FACTS}
         facts["op_counts"] = Counter(facts["op_counts"])
         facts["parameter_modules"] = set(facts["parameter_modules"])
@@ -226,6 +228,20 @@ def _torch_value(kind: str, text: str) -> Any:
     if type(value) is not getattr(torch, kind):
         raise BadCacheFile(f"expected a torch {kind}, got {text[:40]!r}")
     return value
+
+
+def _loop_marks(marks: Any) -> list[list]:
+    """The lean loop's marks as stored: [kind, position, phase, module, step, [sid, …] or [[op, count], …]]; a file
+    without them (a trace of another loop, or older) has none, and the inline loop is then traced, not derived."""
+    def plain_ints(items: Any) -> bool:
+        return isinstance(items, list) and all(type(i) is int or (isinstance(i, list) and len(i) == 2 and type(i[0])
+                                                                    is str and type(i[1]) is int) for i in items)
+
+    if not isinstance(marks, list) or not all(
+            isinstance(m, list) and len(m) == 6 and type(m[0]) is str and type(m[1]) is int and type(m[2]) is str
+            and type(m[3]) is str and type(m[4]) is int and plain_ints(m[5]) for m in marks):
+        raise BadCacheFile("expected the lean loop's marks as lists")
+    return marks
 
 
 def _check_types(traced: TraceResult) -> None:

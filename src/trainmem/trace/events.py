@@ -98,3 +98,6 @@ class Trace:
     managed_storages: set[int] = dataclasses.field(default_factory=set)
     # many ranks with --offload: storages the strategy keeps in host RAM (also in host_storages)
     offloaded_storages: set[int] = dataclasses.field(default_factory=set)
+    # the lean loop's trace only: where its names were bound and dropped (trace/loop_twin.py derives the inline
+    # loop's trace from them); plain lists, [kind, position in events, phase, module, step, sids]
+    loop_marks: list[list] = dataclasses.field(default_factory=list)

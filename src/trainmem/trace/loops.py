@@ -28,8 +28,10 @@ def _forward_and_loss(prepared: Prepared, setup: TrainingSetup, observer: Observ
     observer.phase(Phase.FORWARD, step)
     with training.autocast_region(prepared, setup):
         held["output"] = training.forward(prepared, setup, batch)
+        observer.loop_mark("output")
         observer.phase(Phase.LOSS, step)
         held["loss"] = training.compute_loss(prepared, setup, batch, held["output"])
+        observer.loop_mark("loss")
     training.check_trainable(held["loss"], setup)
 
 
@@ -148,17 +150,30 @@ def lean_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer) -> N
                 del loss, inputs, targets
             optimizer.step()
             optimizer.zero_grad()
-    """
+
+    The marks tell the trace where the inline loop would bind and drop the same names (trace/loop_twin.py), so
+    that one trace of this loop gives both."""
+    observer.loop_mark("lean")
+    # what the inline loop's first zero_grad runs, with no gradients yet: its ops are counted apart, not in this trace
+    _zero_grad(prepared, setup, observer, 0)
+    observer.loop_mark("zero_grad probed")
     for step in range(setup.steps):
         for _ in range(setup.grad_accum):
             observer.phase(Phase.INPUTS, step)
             held = {"batch": training.make_micro_batch(prepared, setup)}
+            observer.loop_mark("batch")
             _forward_and_loss(prepared, setup, observer, step, held, held["batch"])
+            observer.loop_mark("dropped output", held["output"])
             del held["output"]
             _backward(prepared, observer, step, held["loss"])
+            observer.loop_mark("dropped batch", held["batch"])
+            observer.loop_mark("dropped loss", held["loss"])
             held.clear()
         _optimizer_step(prepared, setup, observer, step)
+        observer.loop_mark("stepped")
+        observer.loop_mark("dropped grads", [p.grad for p in prepared.model.parameters() if p.grad is not None])
         _zero_grad(prepared, setup, observer, step)
+    observer.loop_mark("end")
 
 
 def lightning_loop(prepared: Prepared, setup: TrainingSetup, observer: Observer, look_ahead: bool = False) -> None:

@@ -307,14 +307,17 @@ class TraceRecorder(TorchDispatchMode):
             for sid in self.storage_ids_of(tensors):
                 self.trace.storages[sid].module = owner
 
-    def settle_forward(self, since_seq: int) -> None:
+    def settle_forward(self, since_seq: int) -> set[int]:
         """Forward/loss outputs still alive when backward starts are saved activations; the ones that
-        died before are temporaries."""
+        died before are temporaries (returned)."""
         alive = {sid for sid, _ in self._live.values()}
+        demoted = set()
         for event in self.trace.events[since_seq:]:
             record = self.trace.storages[event.sid]
             if event.action == "alloc" and record.category == Category.ACTIVATIONS and event.sid not in alive:
                 record.category = Category.TEMPORARIES
+                demoted.add(event.sid)
+        return demoted
 
     def fail(self, error: Exception) -> TraceError:
         where = self.modules.current() or "model"

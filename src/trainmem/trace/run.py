@@ -8,6 +8,7 @@ of building under FakeTensorMode (modules that deepcopy a layer give each copy i
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import dataclasses
 import logging
 from typing import Any, Protocol
@@ -83,8 +84,37 @@ class RecordingObserver(training.Observer):
         if phase == Phase.FORWARD:
             self.forward_start = len(rec.trace.events)
         if phase == Phase.BACKWARD:
-            rec.settle_forward(self.forward_start)
+            demoted = rec.settle_forward(self.forward_start)
+            if self.marking:  # the lean loop: what it made temporaries by dropping them (trace/loop_twin.py)
+                self.loop_mark("settled", sids=demoted)
         rec.phase, rec.step = phase, step
+
+    marking = False  # set by the lean loop's first mark
+
+    def loop_mark(self, kind: str, tensors: Any = None, sids: Any = None) -> None:
+        """The lean loop's marks (trace/loops.py lean_loop): kind, where in the events, the recorder's labels
+        there, and the storages a dropped name held."""
+        if kind == "lean":
+            self.marking = True
+        if not self.marking:
+            return
+        rec = self.recorder
+        counted = Counter(rec.op_counts)  # asking fake tensors for their storages dispatches prim.device: not the loop's
+        held = sorted(sids if sids is not None else rec.storage_ids_of(_tensor_leaves_of(tensors)))
+        rec.op_counts.clear()
+        rec.op_counts.update(counted)
+        if kind in ("lean", "stepped"):
+            self._counts = Counter(rec.op_counts)
+        elif kind in ("zero_grad probed", "end"):  # the ops since: a zero_grad's, as [op, count] pairs
+            delta = Counter(rec.op_counts)
+            delta.subtract(self._counts)
+            held = sorted([op, n] for op, n in delta.items() if n)
+            if kind == "zero_grad probed":  # the probe is not part of the lean loop's own run
+                rec.op_counts.subtract(delta)
+                for op in [op for op, n in rec.op_counts.items() if not n]:
+                    del rec.op_counts[op]
+        rec.trace.loop_marks.append([kind, len(rec.trace.events), str(rec.phase), rec.modules.current(), rec.step,
+                                     held])
 
     def after_backward(self, model: torch.nn.Module) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -120,6 +150,27 @@ class RecordingObserver(training.Observer):
         if not any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups):
             steps = [state["step"] for state in optimizer.state.values() if isinstance(state.get("step"), torch.Tensor)]
             self.recorder.trace.host_storages |= set(self.recorder.storage_ids_of(steps))
+
+
+def _tensor_leaves_of(value: Any, limit: int = 100_000) -> list[torch.Tensor]:
+    """The tensors a loop's name keeps alive: every tensor reachable from what it holds through Python references
+    (a batch's dicts and tuples; a model's output, with what it carries, as a ModelOutput's key/value cache objects),
+    not through modules, classes or functions, nor into a tensor's own attributes. Bounded: `limit` objects."""
+    import gc
+    import types
+
+    found, seen, queue = [], set(), [value]
+    while queue and len(seen) < limit:
+        item = queue.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif not isinstance(item, (torch.nn.Module, type, types.ModuleType, types.FunctionType, types.MethodType,
+                                   str, bytes, int, float)):
+            queue.extend(gc.get_referents(item))
+    return found
 
 
 def traced_model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:

@@ -41,6 +41,9 @@ class Observer:
     def after_keras_optimizer(self, optimizer: Any) -> None:
         """A Keras model's step (trace/keras_torch_step.py): its Keras optimizer has built or updated."""
 
+    def loop_mark(self, kind: str, tensors: Any = None) -> None:
+        """The lean loop (trace/loops.py) bound or dropped a name here: `kind`, and the tensors it dropped."""
+
 
 @dataclasses.dataclass
 class Prepared:
