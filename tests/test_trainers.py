@@ -86,3 +86,15 @@ def test_bad_trainers_are_one_line(values, said):
     with pytest.raises(SetupError) as caught:
         TrainingSetup.from_mapping(values)
     assert said in str(caught.value) and caught.value.where == "--trainer"
+
+
+@pytest.mark.parametrize("trainer", ["fabric", "hf"])
+def test_keras_refuses_a_trainer_model_fit_is_its_own(trainer):
+    from trainmem.trace import keras_torch_step
+    from trainmem.trace.tf.fit_setup import check_supported
+
+    setup = TrainingSetup.from_mapping({"trainer": trainer})
+    for check in (check_supported, keras_torch_step.check_setup):
+        with pytest.raises(SetupError) as caught:
+            check(setup)
+        assert "--trainer" in str(caught.value)

@@ -35,6 +35,7 @@ def check_supported(setup: TrainingSetup) -> None:
     """Refuse, in one line each, what a Keras fit step cannot be told to do."""
     unsupported = {  # the presets first: --qlora turns checkpointing on, --hf-trainer a fused AdamW
         "--qlora": setup.qlora,
+        "--trainer": setup.trainer is not None,  # model.fit is the trainer (and --trainer hf is --hf-trainer)
         "--hf-trainer": setup.hf_trainer,
         "--torch-version": setup.torch_version is not None, "--seq-lengths": setup.seq_lengths is not None,
         "--grad-accum": setup.grad_accum != 1,
