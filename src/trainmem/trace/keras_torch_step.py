@@ -94,9 +94,8 @@ def check_setup(setup: TrainingSetup) -> None:
         (setup.checkpointing, "--checkpointing"),
         (bool(setup.freeze), "--freeze (set layer.trainable = False in the model instead)"),
         (setup.lora is not None or setup.qlora, "--lora/--qlora"),
-        (setup.trainer is not None, f"--trainer {setup.trainer} (model.fit is the trainer)"),
-        (setup.hf_trainer, "--hf-trainer"), *[(getattr(setup, k.replace("-", "_")) is not None, f"--{k}")
-                                               for k in ("torch-version", "seq-lengths")],
+        (setup.trainer is not None, f"--trainer {setup.trainer} (model.fit is the trainer)"), (setup.hf_trainer, "--hf-trainer"),
+        *[(getattr(setup, k.replace("-", "_")) is not None, f"--{k}") for k in ("torch-version", "seq-lengths")],
         (setup.optimizer_impl != OptimizerImpl.DEFAULT, "--optimizer-impl (Keras's torch optimizers are "
                                                          "torch._foreach_* only)"),
         (setup.zero_grad != ZeroGrad.NONE, "--zero-grad zeros (Keras's train_step calls Module.zero_grad(), "
