@@ -103,3 +103,17 @@ def test_a_compiled_module_given_to_the_api_is_traced_as_the_module_it_wraps_and
     assert result.model_name == "Sequential" and not result.setup.compile
     assert result.tensor_bytes == estimate(model, input_shape="16", batch_size=8, cache=False).tensor_bytes
     assert any("torch.compile'd" in line and "compile=True" in line for line in result.warnings)
+
+
+@pytest.mark.heavy
+def test_inductors_cpp_extension_imports_after_pip_was_looked_up():
+    """A process that looked pip up (importlib.util.find_spec("pip"): some libraries do) has setuptools' distutils
+    shim turned off, and Inductor's `import setuptools` then failed inside the trace with an AssertionError naming
+    the standard library's distutils (the full suite hit it depending on test order): trace/compiled.py imports it
+    over the standard library's distutils there."""
+    code = ("import importlib.util, sys; importlib.util.find_spec('pip')\n"
+            "from trainmem.trace.compiled import _import_cpp_extension\n"
+            "_import_cpp_extension()\n"
+            "assert 'torch.utils.cpp_extension' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

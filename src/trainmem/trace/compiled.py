@@ -26,6 +26,7 @@ after, so that no compiled code with unbuilt kernels is left for a real torch.co
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,6 +82,7 @@ def compiled_on_fake() -> Iterator[None]:
     """Around the traced steps of a --compile trace (the module docstring); check_traceable has passed."""
     from trainmem.trace.inductor_private import inductor_plans_on_fake
 
+    _import_cpp_extension()
     torch.compiler.reset()
     try:
         with inductor_plans_on_fake() as loads:
@@ -96,3 +98,25 @@ def compiled_on_fake() -> Iterator[None]:
         raise TraceError(f"expected torch.compile to compile the forward inside the trace, got it run eagerly on "
                          f"torch {torch.__version__} (the trace needs TorchDispatchMode.ignore_compile_internals)",
                          where="--compile")
+
+
+def _import_cpp_extension() -> None:
+    """Import torch.utils.cpp_extension, which Inductor's C++ backend imports (and with it setuptools) the first time
+    it picks a vector ISA. On Python before 3.12, setuptools' distutils shim (_distutils_hack) turns itself off for
+    good once anything in the process has looked `pip` up (its spec_for_pip, pypa/pip#8761), and `import setuptools`
+    then fails with an AssertionError naming the standard library's distutils. Where that happened, setuptools is
+    imported over the standard library's distutils, which is what SETUPTOOLS_USE_DISTUTILS=stdlib asks for."""
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    except AssertionError as error:
+        if "distutils" not in str(error):
+            raise
+        before = os.environ.get("SETUPTOOLS_USE_DISTUTILS")
+        os.environ["SETUPTOOLS_USE_DISTUTILS"] = "stdlib"
+        try:
+            import torch.utils.cpp_extension  # noqa: F401, F811
+        finally:
+            if before is None:
+                del os.environ["SETUPTOOLS_USE_DISTUTILS"]
+            else:
+                os.environ["SETUPTOOLS_USE_DISTUTILS"] = before
