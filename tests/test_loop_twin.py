@@ -93,3 +93,12 @@ def test_only_the_default_inline_loop_is_derived():
 def test_a_trace_without_marks_is_not_derived():
     inline = _traced("mlp:16-8-2", {"input_shape": "16", "batch_size": 4}, "cpu", "inline")
     assert inline.trace.loop_marks == [] and inline_from_lean(inline) is None
+
+
+def test_a_name_holding_more_than_the_walk_bounds_is_not_derived(monkeypatch):
+    from trainmem.trace import run
+
+    walk = run._tensor_leaves_of
+    monkeypatch.setattr(run, "_tensor_leaves_of", lambda value: walk(value, limit=1))
+    lean = _traced("mlp:16-8-2", {"input_shape": "16", "batch_size": 4, "target_shape": "scalar"}, "cpu", "lean")
+    assert any(mark[0] == "incomplete" for mark in lean.trace.loop_marks) and inline_from_lean(lean) is None

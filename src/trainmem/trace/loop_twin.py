@@ -56,7 +56,7 @@ def inline_from_lean(lean: TraceResult) -> TraceResult | None:
     """The inline loop's TraceResult derived from the lean loop's, or None when the lean trace carries no marks
     (a loop the frontend runs itself, as a Keras model's model.fit)."""
     marks = lean.trace.loop_marks
-    if not marks or marks[0][0] != "lean":
+    if not marks or marks[0][0] != "lean" or any(mark[0] == "incomplete" for mark in marks):
         return None
     moves, kept, promoted = _moves(marks)
     trace = lean.trace

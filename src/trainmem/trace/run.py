@@ -8,9 +8,9 @@ of building under FakeTensorMode (modules that deepcopy a layer give each copy i
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 import dataclasses
 import logging
+from collections import Counter
 from typing import Any, Protocol
 
 import torch
@@ -100,7 +100,10 @@ class RecordingObserver(training.Observer):
             return
         rec = self.recorder
         counted = Counter(rec.op_counts)  # asking fake tensors for their storages dispatches prim.device: not the loop's
-        held = sorted(sids if sids is not None else rec.storage_ids_of(_tensor_leaves_of(tensors)))
+        leaves = _tensor_leaves_of(tensors) if sids is None else []
+        if leaves is None:  # too much to walk: the inline loop is traced, not derived (loop_twin.py)
+            kind = "incomplete"
+        held = sorted(sids if sids is not None else rec.storage_ids_of(leaves or []))
         rec.op_counts.clear()
         rec.op_counts.update(counted)
         if kind in ("lean", "stepped"):
@@ -152,10 +155,11 @@ class RecordingObserver(training.Observer):
             self.recorder.trace.host_storages |= set(self.recorder.storage_ids_of(steps))
 
 
-def _tensor_leaves_of(value: Any, limit: int = 100_000) -> list[torch.Tensor]:
+def _tensor_leaves_of(value: Any, limit: int = 100_000) -> list[torch.Tensor] | None:
     """The tensors a loop's name keeps alive: every tensor reachable from what it holds through Python references
     (a batch's dicts and tuples; a model's output, with what it carries, as a ModelOutput's key/value cache objects),
-    not through modules, classes or functions, nor into a tensor's own attributes. Bounded: `limit` objects."""
+    not through modules, classes or functions, nor into a tensor's own attributes. None past `limit` objects: a walk
+    cut short could miss a tensor, and the derived trace would free it too early."""
     import gc
     import types
 
@@ -170,7 +174,7 @@ def _tensor_leaves_of(value: Any, limit: int = 100_000) -> list[torch.Tensor]:
         elif not isinstance(item, (torch.nn.Module, type, types.ModuleType, types.FunctionType, types.MethodType,
                                    str, bytes, int, float)):
             queue.extend(gc.get_referents(item))
-    return found
+    return None if queue else found
 
 
 def traced_model_facts(model: torch.nn.Module) -> tuple[int, int, dict[str, int], list[tuple[int, ...]]]:
