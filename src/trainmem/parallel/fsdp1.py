@@ -37,6 +37,7 @@ frees are where the trace drops the last reference.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -74,7 +75,7 @@ def on_fake(model: nn.Module, ctx: Any):
     prefetch = kwargs["backward_prefetch"]
     moved = ctx.cuda_semantics
     offloaded = layout.offload == Offload.PARAMS
-    with fake_data_pointers(), offload_on_fake():
+    with fake_data_pointers(), _offloading(offloaded):
         for unit in units:
             _replace(model, unit, FullyShardedDataParallel(_moved(unit) if moved else unit, **kwargs))
         wrapped = FullyShardedDataParallel(_moved(model) if moved else model, **kwargs)
@@ -103,8 +104,13 @@ def _steps_with_pointers(prepared: Any, setup: Any, observer: Any) -> None:
     """The loop, with fake tensors' data pointers FSDP1 can compare (trace/fake_cache.py fake_data_pointers)."""
     from trainmem.trace import step as training
 
-    with fake_data_pointers(), offload_on_fake():
+    with fake_data_pointers(), _offloading(setup.parallel.offload == Offload.PARAMS):
         training.run_steps(prepared, setup, observer)
+
+
+def _offloading(offloaded: bool) -> Any:
+    """offload_on_fake() where CPU offload runs (fsdp1_private.py), else nothing: the stand-ins are for its code only."""
+    return offload_on_fake() if offloaded else contextlib.nullcontext()
 
 
 def _fsdp1_kwargs(ctx: Any) -> dict[str, Any]:
