@@ -46,7 +46,6 @@ LONG_FUNCTIONS = {
     "frontends/onnx_ref.py:_ops": 207,
     "measure/child.py:run": 44,
     "plan/__init__.py:plan": 48,
-    "targets/cpu_runtime.py:runtime_floor": 47,
     "targets/cuda_reduce.py:_buffer": 44,
     "targets/onednn/conv_thread_balance.py:jit_minibatch_threads": 58,
     "targets/onednn/conv_weights_plan.py:backward_weights_plan": 41,

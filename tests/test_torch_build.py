@@ -70,3 +70,30 @@ def test_process_floor_of_a_measured_build_has_no_borrowed_warning():
     floor = cpu_runtime.runtime_floor(Counter())
     borrowed = [line for line in floor.assumptions if "no measurement for torch" in line]
     assert bool(borrowed) == (running.text not in table)
+
+
+AMD = {"torch": "2.13.0+cpu", "machine": "x86_64", "cpu": "AMD EPYC", "floor_bytes": 1,
+       "libraries": {"transformers": 50}, "import_sets": {"transformers": 50}}
+INTEL = {"torch": "2.13.0+cpu", "machine": "x86_64", "cpu": "Intel Xeon", "floor_bytes": 2,
+         "libraries": {"transformers": 60, "lightning": 70}, "import_sets": {"lightning": 70}}
+CUDA_BUILD = {"torch": "2.14.1+cu130", "machine": "x86_64", "cpu": "AMD EPYC", "floor_bytes": 3,
+              "libraries": {"lightning": 90, "timm": 30}, "import_sets": {"lightning": 90, "timm": 30}}
+
+
+def test_a_library_set_the_chosen_machine_lacks_is_taken_from_another_and_said():
+    """A set measured on one bundled machine only must not count 0 B on the others (never low): the same build's
+    measurement elsewhere first, said in the assumptions; the chosen machine's own figures stay its own."""
+    bundled = [AMD, INTEL, CUDA_BUILD]
+    parts, said = cpu_runtime._library_parts(frozenset({"lightning"}), AMD, bundled)
+    assert parts == {"libraries_lightning": 70} and "Intel Xeon" in said[0] and "2.13.0+cpu" in said[0]
+    assert cpu_runtime._library_parts(frozenset({"transformers"}), AMD, bundled) == ({"libraries_transformers": 50}, [])
+    parts, said = cpu_runtime._library_parts(frozenset({"timm"}), AMD, bundled)  # only another build measured it
+    assert parts == {"libraries_timm": 30} and "2.14.1+cu130" in said[0]
+
+
+def test_a_set_measured_nowhere_adds_each_library_from_wherever_it_was_measured():
+    bundled = [AMD, INTEL, CUDA_BUILD]
+    parts, said = cpu_runtime._library_parts(frozenset({"transformers", "lightning", "nowhere"}), AMD, bundled)
+    assert parts == {"library_transformers": 50, "library_lightning": 70}
+    assert "not calibrated together" in said[0] and "no increment measured for nowhere" in said[0]
+    assert any("what lightning maps" in line and "Intel Xeon" in line for line in said[1:])

@@ -91,6 +91,45 @@ def import_set_key(libraries) -> str:
     return "+".join(sorted(libraries))
 
 
+def _library_parts(libraries: frozenset[str], data: dict, bundled: list[dict]) -> tuple[dict[str, int], list[str]]:
+    """What the set of `libraries` maps into the process: the chosen calibration's measurement of the set, else the
+    set as another bundled calibration measured it, else each library's own increment (from this calibration, else
+    another's), with the assumption said. A set measured on one machine only (lightning: on the Intel Xeon) would
+    otherwise count 0 B on every other machine; library pages are the libraries' files as mapped, which move little
+    between CPUs, so another machine's figure is taken (the largest, never low) and the report says whose it is."""
+    key = import_set_key(libraries)
+    others = [entry for entry in bundled if entry is not data and entry != data]
+
+    def measured(section: str, name: str) -> tuple[int, dict] | None:
+        if name in data.get(section, {}):
+            return int(data[section][name]), data
+        holding = [entry for entry in others if name in entry.get(section, {})]
+        found = [entry for entry in holding if entry["torch"] == data["torch"]] or holding  # the same build first
+        if not found:
+            return None
+        entry = max(found, key=lambda entry: entry[section][name])
+        return int(entry[section][name]), entry
+
+    def elsewhere(entry: dict, what: str) -> list[str]:
+        return [] if entry is data else [f"{what} was measured with torch {entry['torch']} on "
+                                         f"{entry.get('cpu') or entry['machine']}, not with this calibration"]
+    whole = measured("import_sets", key)
+    if whole is not None:
+        return {f"libraries_{key}": whole[0]}, elsewhere(whole[1], f"what {', '.join(sorted(libraries))} map")
+    parts, said, missing = {}, [], []
+    for library in sorted(libraries):
+        one = measured("libraries", library)
+        if one is None:
+            missing.append(library)
+            continue
+        parts[f"library_{library}"] = one[0]
+        said += elsewhere(one[1], f"what {library} maps")
+    said.insert(0, f"the libraries {', '.join(sorted(libraries))} were not calibrated together: their separate "
+                   "increments are added, which counts what they share twice"
+                + (f"; no increment measured for {', '.join(missing)}" if missing else ""))
+    return parts, said
+
+
 def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
                   cpu: CpuInfo | None = None, compiled: bool = False) -> RuntimeFloor:
     """The floor, the kernel families the trace used, and the libraries the model reference brings
@@ -121,18 +160,9 @@ def runtime_floor(op_counts: Counter, libraries: frozenset[str] = frozenset(),
     if choice.warning("process floor"):
         assumptions.append(choice.warning("process floor"))
     if libraries:
-        key = import_set_key(libraries)
-        measured_sets = data.get("import_sets", {})
-        if key in measured_sets:
-            parts[f"libraries_{key}"] = int(measured_sets[key])
-        else:
-            known = [lib for lib in sorted(libraries) if lib in data.get("libraries", {})]
-            for library in known:
-                parts[f"library_{library}"] = int(data["libraries"][library])
-            assumptions.append(f"the libraries {', '.join(sorted(libraries))} were not calibrated together: their "
-                               "separate increments are added, which counts what they share twice"
-                               + ("" if len(known) == len(libraries) else
-                                  f"; no increment measured for {', '.join(sorted(set(libraries) - set(known)))}"))
+        library_parts, said = _library_parts(libraries, data, json.loads(DATA.read_text())["calibrations"])
+        parts.update(library_parts)
+        assumptions += said
     here = (torch.__version__, cpu.capability, cpu.threads)
     if here != (data["torch"], data["capability"], data["threads"]):
         assumptions.append(f"this process runs torch {here[0]}, {here[1]}, {here[2]} threads: the process floor "
