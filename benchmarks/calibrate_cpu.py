@@ -69,8 +69,13 @@ def main() -> None:
     args = parser.parse_args()
     out = ROOT / "src/trainmem/targets/data/cpu_runtime.json"
     calibrations = json.loads(out.read_text())["calibrations"] if out.exists() else []
-    here = machine_of(CpuInfo.this_machine())
-    old = next((c for c in calibrations if c["torch"] == torch.__version__ and c.get("machine_facts") == here), {})
+    cpu = CpuInfo.this_machine()
+    here = machine_of(cpu)
+
+    def same_machine(entry: dict) -> bool:  # one entry per torch build and machine; CPU models of one ISA apart
+        return (entry["torch"], entry.get("machine_facts"), entry.get("cpu_model_id", "")) == (
+            torch.__version__, here, cpu.model_id)
+    old = next((c for c in calibrations if same_machine(c)), {})
     if args.libraries_only:
         floor, families = old["floor_bytes"], old["families"]
     else:
@@ -97,13 +102,14 @@ def main() -> None:
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip() + f", {platform.python_version()}",
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "command": "python benchmarks/calibrate_cpu.py",
-            "cpu": args.cpu_name, "machine_facts": here, "measured": datetime.date.today().isoformat()}
+            "cpu": args.cpu_name, "machine_facts": here, "cpu_model_id": cpu.model_id,
+            "measured": datetime.date.today().isoformat()}
     if args.only:  # the entry as it was, with the sets measured now added and said so
         added = {key: f"python benchmarks/calibrate_cpu.py --libraries-only --only {key} --runs {args.runs}, "
                       f"{datetime.date.today().isoformat()}" for key in args.only}
         data = {**old, "libraries": libraries, "import_sets": data["import_sets"],
                 "added_sets": {**old.get("added_sets", {}), **added}}
-    calibrations = [c if (c["torch"], c.get("machine_facts")) != (data["torch"], here) else data for c in calibrations]
+    calibrations = [data if same_machine(c) else c for c in calibrations]
     if data not in calibrations:
         calibrations.append(data)
     out.write_text(json.dumps({"calibrations": calibrations}, indent=1) + "\n")

@@ -16,6 +16,7 @@ from trainmem.targets.cpu_info import CpuInfo
 from trainmem.targets.torch_build import TorchBuild
 
 AMD = CpuInfo("AVX512", 2, avx512_bf16=True, amx=False, vendor="AuthenticAMD")
+AMD_ZEN5 = CpuInfo("AVX512", 2, avx512_bf16=True, amx=False, vendor="AuthenticAMD", model_id="26/2")
 INTEL_AMX = CpuInfo("AVX512", 2, avx512_bf16=True, amx=True, vendor="GenuineIntel")
 BUILD = TorchBuild.parse("2.13.0+cpu")
 
@@ -30,9 +31,19 @@ def test_bundled_entries_name_their_machine_and_each_cpu_family_gets_its_own():
     intel, machine = cpu_runtime.choose_for(INTEL_AMX, BUILD)
     assert amd.entry["machine_facts"]["vendor"] == "AuthenticAMD" and amd.entry["floor_bytes"] == 317030400
     assert intel.entry["machine_facts"]["amx"] and intel.entry["floor_bytes"] == 323362816
-    # the measured spread between the two bundled machines of torch 2.13.0+cpu widens the high end
-    assert machine.spread == 323362816 - 317030400 and not machine.own
+    # the measured spread between the bundled machines of torch 2.13.0+cpu widens the high end: the floor moved by
+    # 7,229,440 B between two AMD EPYCs of one instruction set (an unnamed one, and a Zen 5 that measured 324,259,840 B)
+    assert machine.spread == 324259840 - 317030400 and not machine.own
     assert "bundled calibration of Intel Xeon" in machine.said and "trainmem calibrate" in machine.said
+
+
+def test_machines_alike_in_isa_are_told_apart_by_their_cpu_model():
+    zen5, machine = cpu_runtime.choose_for(AMD_ZEN5, BUILD)
+    assert zen5.entry["floor_bytes"] == 324259840 and zen5.entry["cpu_model_id"] == "26/2"
+    assert "Zen 5" in machine.said
+    # another model of the same ISA, or one whose model is not known, takes the first bundled entry, as before
+    other = dataclasses.replace(AMD_ZEN5, model_id="25/17")
+    assert cpu_runtime.choose_for(other, BUILD)[0].entry["floor_bytes"] == 317030400
 
 
 def test_a_calibration_of_this_machine_wins_and_is_said():

@@ -7,7 +7,7 @@ Intel figures in targets/data/cpu_runtime.json came from benchmarks/calibrate_cp
 `trainmem calibrate` measures them on the user's machine (trainmem/calibrate.py) and stores them in the
 user's cache directory; from then on every estimate on that machine uses them and says so. Without a
 calibration of its own, an estimate takes the bundled entry of the nearest torch build measured on the
-most similar CPU (same vendor, instruction set and thread count first) and widens its high end by the
+most similar CPU (same vendor, instruction set and thread count first, then the same CPU model) and widens its high end by the
 spread between the bundled machines of that build: how far the floor moved between the CPUs measured.
 """
 
@@ -102,10 +102,13 @@ def choose_machine(entries: list[dict], cpu: CpuInfo, torch_text: str,
                                                 "(trainmem calibrate)")
     same_build = [entry for entry in entries if entry["torch"] == entries[0]["torch"]] if entries else []
 
+    model_id = getattr(cpu, "model_id", "")
+
     def distance(entry: dict) -> tuple[int, ...]:
         facts = entry.get("machine_facts", {})
-        return tuple(int(facts.get(key) != here[key]) for key in ("vendor", "amx", "avx512_bf16", "capability",
-                                                                     "threads"))
+        # last, among machines alike in all of those: the one of this CPU model (family/model), where known
+        return (*(int(facts.get(key) != here[key]) for key in ("vendor", "amx", "avx512_bf16", "capability", "threads")),
+                int(bool(model_id) and entry.get("cpu_model_id") != model_id))
 
     chosen = min(same_build, key=distance)
     spread, seen_on = spread

@@ -42,6 +42,10 @@ class CpuInfo:
     avx512_fp16: bool = False
     avx512_vnni: bool = True
     vendor: str = "GenuineIntel"  # /proc/cpuinfo vendor_id: "GenuineIntel", "AuthenticAMD", ...
+    # /proc/cpuinfo's "cpu family/model", e.g. "26/2" (an AMD Zen 5 EPYC), "" when unknown. No kernel rule reads it:
+    # it tells apart the bundled calibrations of machines that share vendor and instruction sets (the process floor
+    # moved by 6.8 MiB between two such AMD EPYCs, targets/calibrations.py)
+    model_id: str = ""
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -68,6 +72,7 @@ class CpuInfo:
             avx512_fp16=has("avx512_fp16"),
             avx512_vnni=has("avx512_vnni"),
             vendor=_proc_cpuinfo()[1],
+            model_id=_proc_cpuinfo()[2],
         )
 
 
@@ -107,19 +112,22 @@ def _instruction_sets() -> Callable[[str], bool]:
 
 
 @functools.lru_cache(maxsize=1)
-def _proc_cpuinfo() -> tuple[frozenset[str], str]:
-    """The first processor's flags and vendor_id in /proc/cpuinfo (empty and "unknown" where there is none)."""
+def _proc_cpuinfo() -> tuple[frozenset[str], str, str]:
+    """The first processor's flags, vendor_id and "cpu family/model" in /proc/cpuinfo (empty, "unknown" and ""
+    where there is none)."""
     flags: frozenset[str] = frozenset()
-    vendor = "unknown"
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
             for line in cpuinfo:
                 key, _, value = line.partition(":")
-                if key.strip() == "vendor_id" and vendor == "unknown":
-                    vendor = value.strip()
-                elif key.strip() == "flags":
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model"):
+                    fields.setdefault(key, value.strip())
+                elif key == "flags":
                     flags = frozenset(value.split())
                     break
     except OSError:
         pass
-    return flags, vendor
+    model_id = f"{fields['cpu family']}/{fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    return flags, fields.get("vendor_id", "unknown"), model_id
