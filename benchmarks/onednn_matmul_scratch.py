@@ -8,7 +8,8 @@ MLP under a Lightning Trainer at bf16-mixed).
 
     python benchmarks/onednn_matmul_scratch.py      # prints a table, writes benchmarks/data/onednn_matmul_scratch.jsonl
 
-Each row: one warm-up call, then one profiled call; the allocations inside the op besides its output.
+Each row: one warm-up call, then one profiled call; the allocations inside the op besides its output. The data file
+keeps the rows of every CPU measured: a run replaces only the rows of its own CPU (vendor, model name, ISA path).
 """
 
 from __future__ import annotations
@@ -39,21 +40,41 @@ def inside(m: int, k: int, n: int, dtype: torch.dtype, bias: bool) -> list[int]:
     return sizes[1:]  # the first is the output
 
 
+def cpu_fields(text: str) -> dict:
+    """The first processor's vendor_id, cpu family, model and model name from /proc/cpuinfo's text."""
+    fields: dict = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("vendor_id", "cpu family", "model", "model name") and key not in fields:
+            fields[key] = value.strip()
+    return fields
+
+
 def main() -> None:
     flags = open("/proc/cpuinfo").read() if Path("/proc/cpuinfo").exists() else ""
     isa = "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "other"
+    here = cpu_fields(flags)
+    machine = {"vendor": here.get("vendor_id", ""), "cpu_family": here.get("cpu family", ""),
+               "cpu_model": here.get("model", ""), "model_name": here.get("model name", "")}
     rows = []
     print(f"{'m':>5} {'k':>5} {'n':>5}  {'bf16 addmm':>12} {'bf16 mm':>12} {'fp32 addmm':>12}")
     for m, k, n in SHAPES:
         row = {"m": m, "k": k, "n": n, "bf16_addmm": inside(m, k, n, torch.bfloat16, True),
                "bf16_mm": inside(m, k, n, torch.bfloat16, False), "fp32_addmm": inside(m, k, n, torch.float32, True),
                "isa": isa, "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-               "torch": torch.__version__, "cpu": platform.processor() or "x86_64"}
+               "torch": torch.__version__, "cpu": platform.processor() or "x86_64", **machine}
         rows.append(row)
         print(f"{m:>5} {k:>5} {n:>5}  {sum(row['bf16_addmm']):>12,} {sum(row['bf16_mm']):>12,} "
               f"{sum(row['fp32_addmm']):>12,}")
-    with open(ROOT / "benchmarks" / "data" / "onednn_matmul_scratch.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    path = ROOT / "benchmarks" / "data" / "onednn_matmul_scratch.jsonl"
+    old = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    def key(row: dict) -> tuple:  # rows recorded before the vendor was: Intel's (the first file was measured there)
+        return row.get("vendor", "GenuineIntel"), row.get("model_name", ""), row["isa"]
+    kept = [row for row in old if key(row) != key(rows[0])]
+    with open(path, "w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in kept + rows)
 
 
 if __name__ == "__main__":
