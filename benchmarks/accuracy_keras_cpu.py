@@ -57,6 +57,19 @@ INTRO = (
     "oneDNN off, where every tensor is glibc's.")
 THIS_CPU = ("Sapphire Rapids: /proc/cpuinfo flags avx512_vnni, avx512_bf16, amx_tile, amx_bf16, amx_int8, "
             "so oneDNN is TensorFlow's default here")
+# another machine's section (--machine): its figures speak for themselves; what they show is in the notes of the
+# session that measured them until it is written here
+# how a --machine tag's section names its machine and the state its measured runs found the library files in (the
+# page cache: benchmarks/library_pages.py); a tag not here is named by its CPU alone
+MACHINE_WORDS = {
+    "amd_zen5": "AMD EPYC Zen 5 (family 26 model 2; AVX512-BF16, AVX512-VNNI, no AMX), TensorFlow's files as "
+                "`pip install` had just written them",
+    "amd_zen5_read_back": "AMD EPYC Zen 5 (family 26 model 2), TensorFlow's files evicted and read back "
+                          "(posix_fadvise DONTNEED, then a run), as after a reboot or memory pressure",
+}
+FINDINGS_OTHER_MACHINE = ("Measured on another CPU than the sections above, with the same models, command and estimate "
+                          "code; the bundled TensorFlow calibration (targets/data/tf_cpu_floor.json) was not measured "
+                          "on this machine.")
 FINDINGS_BY_PATH = {  # what each section's table shows, written from its results
     "on": """What the table shows (measured here, not fitted):
 - Before this path was modelled, the estimate on this machine (the AMD EPYC constants, every tensor through
@@ -120,8 +133,16 @@ TARGET, OVER = 0.05, 500 * 10**6  # within 5% where the measured RSS exceeds 500
 MIB = 2**20
 
 
-def data_file(onednn: str) -> Path:
-    return ROOT / "benchmarks" / "data" / f"accuracy_keras_cpu_onednn_{onednn}.jsonl"
+def data_file(onednn: str, machine: str = "") -> Path:
+    """The path's data: the Intel Xeon's (AMX) where the tables began, another machine's under its --machine tag."""
+    return ROOT / "benchmarks" / "data" / f"accuracy_keras_cpu_{machine + '_' if machine else ''}onednn_{onednn}.jsonl"
+
+
+def machine_tags() -> list[str]:
+    """"" (the Intel Xeon's files), then the tags of every other machine with data here, sorted."""
+    found = {path.name.removeprefix("accuracy_keras_cpu_").rsplit("_onednn_", 1)[0]
+             for path in (ROOT / "benchmarks" / "data").glob("accuracy_keras_cpu_*_onednn_*.jsonl")}
+    return ["", *sorted(found)]
 
 
 def estimate_row(name: str, setup: TrainingSetup, onednn: str = "auto") -> dict:
@@ -266,14 +287,15 @@ def _read(path: Path) -> list[dict]:
 def render() -> str:
     """Every section whose data is here: this machine's oneDNN on and off, then the earlier AMD table."""
     out = ["# Keras on TensorFlow, CPU: estimated vs measured peak RSS", "", INTRO, ""]
-    for onednn in ("on", "off"):
-        rows = _read(data_file(onednn))
+    for machine, onednn in ((machine, onednn) for machine in machine_tags() for onednn in ("on", "off")):
+        rows = _read(data_file(onednn, machine))
         if rows:
             cpu = rows[0]["measured"]["environment"]["cpu_model"]
-            out += render_section(rows, f"oneDNN {onednn} (TF_ENABLE_ONEDNN_OPTS={int(onednn == 'on')}), {cpu}"
+            out += render_section(rows, f"oneDNN {onednn} (TF_ENABLE_ONEDNN_OPTS={int(onednn == 'on')}), "
+                                  + MACHINE_WORDS.get(machine, cpu)
                                   + (f" ({THIS_CPU})" if cpu == "Intel(R) Xeon(R) Processor" else ""),
                                   rows[0].get("command", f"python benchmarks/accuracy_keras_cpu.py --onednn {onednn}"),
-                                  FINDINGS_BY_PATH[onednn])
+                                  FINDINGS_BY_PATH[onednn] if not machine else FINDINGS_OTHER_MACHINE)
     earlier = _read(EARLIER)
     if earlier:
         out += render_section(earlier, "Earlier: AMD EPYC, oneDNN off (TensorFlow's default there), as estimated "
@@ -293,6 +315,11 @@ def main() -> None:
     parser.add_argument("--only")
     parser.add_argument("--onednn", choices=("on", "off"), help="TF_ENABLE_ONEDNN_OPTS=1/0 in the measured runs and "
                         "--tf-onednn on/off in the estimate (default: TensorFlow's own choice on this machine)")
+    parser.add_argument("--machine", default="", help="a tag for this machine's data files (another CPU than the "
+                        "Intel Xeon the tables began on), e.g. amd_zen5")
+    parser.add_argument("--as-isa", choices=("amx", "avx512", "avx2", "baseline"),
+                        help="with --re-estimate: estimate as for a CPU of this class (targets/tf/cpu_process.py "
+                        "isa_class), the class of the machine that measured the rows, not this one's")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the .jsonl files, measuring nothing")
     parser.add_argument("--arena-check", action="store_true",
                         help="one more run per row with MALLOC_ARENA_MAX=1 (glibc's single arena), kept in the .jsonl")
@@ -301,11 +328,16 @@ def main() -> None:
     args = parser.parse_args()
     from trainmem.targets.tf.cpu_process import onednn_choice
 
+    if args.as_isa:  # the calibration entry of the measuring machine's class (load_floor reads isa_class)
+        from trainmem.targets.tf import cpu_process
+
+        cpu_process.isa_class = lambda flags=None: args.as_isa
     if args.onednn:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if args.onednn == "on" else "0"
     onednn = "on" if onednn_choice().on else "off"
-    data = data_file(onednn)
-    command = f"python benchmarks/accuracy_keras_cpu.py --onednn {onednn}" + (f" --runs {args.runs}" if args.runs != 3 else "")
+    data = data_file(onednn, args.machine)
+    command = (f"python benchmarks/accuracy_keras_cpu.py --onednn {onednn}" + (f" --runs {args.runs}" if args.runs != 3 else "")
+               + (f" --machine {args.machine}" if args.machine else "") + (f" --as-isa {args.as_isa}" if args.as_isa else ""))
     if args.render:
         RESULT.write_text(render())
         print(RESULT.read_text())
