@@ -337,3 +337,46 @@ def test_keras_callback_in_a_real_fit(caplog):
     assert callback.check.estimate.setup.optimizer == "momentum"
     same_figures(callback.check.estimate, keras_check(model, x, 64).estimate)
     same_figures(callback.check.estimate, trainmem.estimate(model, batch_size=64, optimizer="momentum"))
+
+
+def test_a_fabric_prepared_model_is_estimated_as_fabric_runs_it():
+    """fabric.setup's _FabricModule: the module inside, `--trainer fabric` at the plugin's precision. Before, its
+    forward ran in the trace with Fabric's hook, which refuses a plain backward: the check failed."""
+    lightning = pytest.importorskip("lightning")
+    import integration_models as models
+
+    fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")
+    model = models.mlp()
+    model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), foreach=True))
+    verdict = check(model, optimizer, torch.randn(256, 64))
+    assert verdict.estimate.setup.trainer == "fabric" and str(verdict.estimate.setup.precision) == "bf16-mixed"
+    same_figures(verdict.estimate, trainmem.estimate(factory("mlp_factory"), batch_size=256, optimizer="adam",
+                                                     optimizer_impl="foreach", trainer="fabric",
+                                                     precision="bf16-mixed"))
+
+
+def test_an_accelerate_prepared_model_is_estimated_as_accelerate_runs_it_and_its_wrapper_is_not_doubled():
+    """accelerator.prepare leaves the module with Accelerate's forward (fp32 copies of autocast's outputs): the copy
+    traced is the plain module under `--trainer accelerate`, whose figures it equals; traced with Accelerate's own
+    forward on top, each output would be copied twice. The real model is left as it was."""
+    accelerate = pytest.importorskip("accelerate")
+    import integration_models as models
+
+    accelerator = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+    model = models.mlp()
+    model, optimizer = accelerator.prepare(model, torch.optim.Adam(model.parameters(), foreach=True))
+    verdict = check(model, optimizer, torch.randn(256, 64))
+    assert verdict.estimate.setup.trainer == "accelerate" and str(verdict.estimate.setup.precision) == "bf16-mixed"
+    same_figures(verdict.estimate, trainmem.estimate(factory("mlp_factory"), batch_size=256, optimizer="adam",
+                                                     optimizer_impl="foreach", trainer="accelerate",
+                                                     precision="bf16-mixed"))
+    assert "forward" in model.__dict__ and all(p.grad is None and p.device.type == "cpu" for p in model.parameters())
+
+
+def test_a_fabric_precision_trainmem_does_not_model_is_refused_in_one_line():
+    lightning = pytest.importorskip("lightning")
+    import integration_models as models
+
+    model = lightning.Fabric(accelerator="cpu", devices=1, precision="64-true").setup(models.mlp())
+    with pytest.raises(SetupError, match="expected a Fabric precision trainmem models .*got '64-true'"):
+        check(model, None, torch.randn(8, 64))
