@@ -26,17 +26,17 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from trainmem.targets.tf.calibration import import_resident  # noqa: E402  (the probe trainmem calibrate runs)
 IMPORTS = {"tensorflow": ("import tensorflow, keras", ("tensorflow", "keras", "numpy", "h5py", "ml_dtypes", "google",
                                                        "absl", "grpc", "optree")),
            "torch": ("import torch", ("torch", "numpy", "sympy", "networkx", "jinja2"))}
-PROBE = ("\nfor line in open('/proc/self/status'):\n    if line.startswith(('RssFile:', 'RssAnon:')): "
-         "print(line.split()[0], line.split()[1])")
 
 
 def package_files(packages) -> list[str]:
@@ -58,14 +58,6 @@ def evict(files) -> None:
             os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(handle)
-
-
-def resident(code: str) -> dict:
-    """RssFile and RssAnon of a fresh process after `code`, in bytes."""
-    out = subprocess.run([sys.executable, "-c", code + PROBE], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}).stdout.splitlines()
-    fields = dict(line.split() for line in out if line.startswith(("RssFile:", "RssAnon:")))
-    return {"file": int(fields["RssFile:"]) * 1024, "anon": int(fields["RssAnon:"]) * 1024}
 
 
 def versions(packages) -> dict[str, str]:
@@ -91,9 +83,9 @@ def main() -> None:
     files = package_files(packages)
     newest = max(os.path.getmtime(name) for name in files)
     installed = versions(packages)
-    as_found = [resident(code) for _ in range(args.runs)]
+    as_found = [import_resident(code) for _ in range(args.runs)]
     evict(files)
-    read_back = [resident(code) for _ in range(args.runs)]  # the first reads the files back; the others find them
+    read_back = [import_resident(code) for _ in range(args.runs)]  # the first reads the files back; the others find them
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     row = {"framework": args.framework, "imports": code, "date": datetime.date.today().isoformat(), "cpu": cpu,
            "machine": platform.machine(), "python": platform.python_version(),

@@ -9,9 +9,12 @@ transformers). It records the torch build, the instruction sets and thread count
 machine_of), the runs and the date, and stores the entry in the user's cache directory; an estimate on
 this machine under the same torch then uses it and says "calibrated on this machine, DATE".
 
+Where TensorFlow is installed it also measures what `import tensorflow, keras` keeps resident (targets/tf/calibration.py:
+the one TensorFlow constant that moves between machines), which Keras estimates here then use.
+
 Not measured here: glibc's small-object table (targets/data/cpu_small_objects.json needs an LD_PRELOAD
-malloc log and a compiler: benchmarks/calibrate_small_objects.py) and TensorFlow's floors
-(benchmarks/calibrate_tf_cpu.py); the bundled ones are used, as the estimate's warnings say.
+malloc log and a compiler: benchmarks/calibrate_small_objects.py) and TensorFlow's other constants (fit's machinery,
+the cost per op: benchmarks/calibrate_tf_cpu.py); the bundled ones are used, as the estimate's warnings say.
 """
 
 from __future__ import annotations
@@ -182,4 +185,16 @@ def calibrate(runs: int = 3, store: bool = True, libraries: bool = True,
     started = time.perf_counter()
     entry = measure(runs, libraries, say)
     path = calibrations.store(entry) if store else None
+    if libraries:  # TensorFlow's import floor too, where it is installed (targets/tf/calibration.py)
+        from trainmem.targets.tf import calibration as tf_calibration
+
+        tensorflow = tf_calibration.measure(runs)
+        if tensorflow is None:
+            say("TensorFlow: not installed, not measured")
+        else:
+            say(f"TensorFlow {tensorflow['tensorflow']} import floor: {tensorflow['import_anon_bytes'] / 2**20:.1f} MiB "
+                f"anonymous + {tensorflow['import_file_bytes'] / 2**20:.1f} MiB library pages")
+            entry = {**entry, "tensorflow_floor": tensorflow}
+            if store:
+                tf_calibration.store(tensorflow, calibrations.cache_dir())
     return Calibration(entry, path, time.perf_counter() - started)

@@ -71,8 +71,8 @@ class CpuInfo:
             and (cap in ("", "all") or "amx" in cap),
             avx512_fp16=has("avx512_fp16"),
             avx512_vnni=has("avx512_vnni"),
-            vendor=_proc_cpuinfo()[1],
-            model_id=_proc_cpuinfo()[2],
+            vendor=proc_cpuinfo()[1],
+            model_id=proc_cpuinfo()[2],
         )
 
 
@@ -100,7 +100,7 @@ def _instruction_sets() -> Callable[[str], bool]:
 
     probe = getattr(torch.cpu, "get_capabilities", None)
     capabilities = dict(probe()) if probe is not None else {}
-    flags = _proc_cpuinfo()[0]
+    flags = proc_cpuinfo()[0]
 
     def has(flag: str) -> bool:
         if flag in capabilities:
@@ -112,7 +112,7 @@ def _instruction_sets() -> Callable[[str], bool]:
 
 
 @functools.lru_cache(maxsize=1)
-def _proc_cpuinfo() -> tuple[frozenset[str], str, str]:
+def proc_cpuinfo() -> tuple[frozenset[str], str, str]:
     """The first processor's flags, vendor_id and "cpu family/model" in /proc/cpuinfo (empty, "unknown" and ""
     where there is none)."""
     flags: frozenset[str] = frozenset()

@@ -91,12 +91,26 @@ def load_floor(onednn: bool | None = None, isa: str | None = None) -> dict:
     same path measured on another class (the entry's `matched` says which was taken)."""
     onednn = onednn_choice().on if onednn is None else onednn
     isa = isa or isa_class()
+    return _own_import_floor(_bundled_floor(onednn, isa))
+
+
+def _bundled_floor(onednn: bool, isa: str) -> dict:
     entries = _entries()
     for wanted, why in (((isa, onednn), "this CPU class and path"), ((None, onednn), "same path, another CPU class")):
         found = [e for e in entries if (wanted[0] is None or e["isa"] == wanted[0]) and bool(e["onednn"]) == onednn]
         if found:
             return {**found[0], "matched": why}
     return {**entries[0], "matched": "no entry for this path: the first entry"}
+
+
+def _own_import_floor(floor: dict) -> dict:
+    """The import floor `trainmem calibrate` measured on this machine under the installed TensorFlow, in place of the
+    bundled entry's (targets/tf/calibration.py); the bundled entry as it is where there is none."""
+    from trainmem.targets.calibrations import cache_dir
+    from trainmem.targets.tf import calibration
+
+    versions = calibration.installed_versions() or {}
+    return calibration.with_own_floor(floor, cache_dir(), versions.get("tensorflow"))
 
 
 def device_events(trace: Trace) -> list[DeviceEvent]:
@@ -329,7 +343,9 @@ def _warnings(floor: dict, step_ops: int, steps: int, heap: _Heap, parts: dict[s
             f"{parts['tf_import_file'] / mib:.0f} MiB library pages (file-backed, {floor['import_file_min'] / mib:.0f}"
             f"–{floor['import_file_max'] / mib:.0f} MiB measured), TensorFlow {floor['tensorflow']}, Keras "
             f"{floor['keras']}, {floor['cpu_model']} ({floor.get('isa', '?')}), {floor['nproc']} cores, oneDNN "
-            f"{'on' if floor['onednn'] else 'off'} (targets/data/tf_cpu_floor.json: {floor.get('matched', 'given')})",
+            f"{'on' if floor['onednn'] else 'off'} (targets/data/tf_cpu_floor.json: {floor.get('matched', 'given')})"
+            + (f"; the import floor calibrated on this machine, {floor['own_import_floor']} (trainmem calibrate)"
+               if floor.get("own_import_floor") else ""),
             f"fit's machinery {parts['fit_machinery'] / mib:.0f} MiB and {floor['per_op_bytes'] / 1024:.1f} KiB per op "
             f"of the train step's {step_ops:,} ops, measured on synthetic Dense stacks",
             f"the dataset is assumed to be {steps} steps × the batch, as numpy arrays passed to model.fit: RSS holds "
