@@ -339,6 +339,15 @@ def test_keras_callback_in_a_real_fit(caplog):
     same_figures(callback.check.estimate, trainmem.estimate(model, batch_size=64, optimizer="momentum"))
 
 
+def _checked_as_trainer(model, optimizer, trainer: str) -> None:
+    """check() of a trainer-prepared MLP at bf16-mixed equals the factory estimate with that --trainer."""
+    verdict = check(model, optimizer, torch.randn(256, 64))
+    assert verdict.estimate.setup.trainer == trainer and str(verdict.estimate.setup.precision) == "bf16-mixed"
+    same_figures(verdict.estimate, trainmem.estimate(factory("mlp_factory"), batch_size=256, optimizer="adam",
+                                                     optimizer_impl="foreach", trainer=trainer,
+                                                     precision="bf16-mixed"))
+
+
 def test_a_fabric_prepared_model_is_estimated_as_fabric_runs_it():
     """fabric.setup's _FabricModule: the module inside, `--trainer fabric` at the plugin's precision. Before, its
     forward ran in the trace with Fabric's hook, which refuses a plain backward: the check failed."""
@@ -348,11 +357,7 @@ def test_a_fabric_prepared_model_is_estimated_as_fabric_runs_it():
     fabric = lightning.Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")
     model = models.mlp()
     model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), foreach=True))
-    verdict = check(model, optimizer, torch.randn(256, 64))
-    assert verdict.estimate.setup.trainer == "fabric" and str(verdict.estimate.setup.precision) == "bf16-mixed"
-    same_figures(verdict.estimate, trainmem.estimate(factory("mlp_factory"), batch_size=256, optimizer="adam",
-                                                     optimizer_impl="foreach", trainer="fabric",
-                                                     precision="bf16-mixed"))
+    _checked_as_trainer(model, optimizer, "fabric")
 
 
 def test_an_accelerate_prepared_model_is_estimated_as_accelerate_runs_it_and_its_wrapper_is_not_doubled():
@@ -365,11 +370,7 @@ def test_an_accelerate_prepared_model_is_estimated_as_accelerate_runs_it_and_its
     accelerator = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
     model = models.mlp()
     model, optimizer = accelerator.prepare(model, torch.optim.Adam(model.parameters(), foreach=True))
-    verdict = check(model, optimizer, torch.randn(256, 64))
-    assert verdict.estimate.setup.trainer == "accelerate" and str(verdict.estimate.setup.precision) == "bf16-mixed"
-    same_figures(verdict.estimate, trainmem.estimate(factory("mlp_factory"), batch_size=256, optimizer="adam",
-                                                     optimizer_impl="foreach", trainer="accelerate",
-                                                     precision="bf16-mixed"))
+    _checked_as_trainer(model, optimizer, "accelerate")
     assert "forward" in model.__dict__ and all(p.grad is None and p.device.type == "cpu" for p in model.parameters())
 
 
