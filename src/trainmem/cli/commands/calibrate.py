@@ -20,7 +20,8 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
                            help="fresh processes for the floor; N-1 for each kernel family, N-2 (at least 1) for each library set "
                                 "(default: 3)")
     calibrate.add_argument("--no-libraries", action="store_true",
-                           help="skip the increments of transformers and peft (default: measured when installed)")
+                           help="skip the increments of transformers and peft and TensorFlow's import floor (default: "
+                                "measured when installed)")
     calibrate.add_argument("--format", choices=["text", "json"], default="text", help="(default: text)")
 
 
