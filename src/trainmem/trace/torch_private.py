@@ -1,27 +1,26 @@
-"""Every private PyTorch API trainmem uses, imported here and nowhere else, so that a torch upgrade that
-moves one breaks in one place.
+"""Every private PyTorch API trainmem uses, imported here and nowhere else, so that a torch upgrade that moves one breaks
+in one place.
 
-Checked against the sources of torch 2.6.0, 2.7.0, 2.8.0, 2.9.0, 2.10.0, 2.11.0, 2.12.0, 2.13.0 and 2.15.0:
-every name imported at the top of this module is in all of them (FakeStore moved to C++ in 2.15 and is
-re-exported where it was). Three internals moved within that range; each is probed once, on first use
-(importing torch.distributed.tensor costs seconds, so not at trainmem's import), and served by the first way
-this torch has, named in `private_api_ways()`:
+Checked against the sources of torch 2.6.0, 2.7.0, 2.8.0, 2.9.0, 2.10.0, 2.11.0, 2.12.0, 2.13.0 and 2.15.0: every name
+imported at the top of this module is in all of them (FakeStore moved to C++ in 2.15 and is re-exported where it was).
+Three internals moved within that range; each is probed once, on first use (importing torch.distributed.tensor costs
+seconds, so not at trainmem's import), and served by the first way this torch has, named in `private_api_ways()`:
 
 - clearing DTensor's sharding-decision cache (`clear_dtensor_caches`): torch.distributed.tensor.debug.
   _clear_sharding_prop_cache from 2.11; before it (2.6-2.10) the propagator's own lru cache,
-  `DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding` (`.cache_clear()` from 2.10,
-  `.cache.cache_clear()` of its thread-local LocalLRUCache before), and the C++ fast path's cache where
-  torch._C has `_clear_DTensor_sharding_propagator_cache` (2.10 on); and on every torch the redistribute
-  plans' cache, which none of those clears (`_clear_redistribute_plans`);
-- muting DTensor's global-shape fake ops (`dtensor_shape_propagation_muted`): `ShardingPropagator.
-  _fake_mode_lock` from 2.12; before it (2.6-2.11) `_propagate_tensor_meta_non_cached` itself is wrapped;
-- counting a pipeline stage's micro-batches in flight (`pipeline_chunks_in_flight`): PipelineStage.fwd_cache
-  up to 2.14, `_forward_chunk_states` from 2.15 (probed on the first stage, where the attribute lives, so
-  neither in `private_api_ways()` nor refused before the trace).
+  `DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding` (`.cache_clear()` from 2.10, `.cache.cache_clear()`
+  of its thread-local LocalLRUCache before), and the C++ fast path's cache where torch._C has
+  `_clear_DTensor_sharding_propagator_cache` (2.10 on); and on every torch the redistribute plans' cache, which none of
+  those clears (`_clear_redistribute_plans`);
+- muting DTensor's global-shape fake ops (`dtensor_shape_propagation_muted`): `ShardingPropagator._fake_mode_lock` from
+  2.12; before it (2.6-2.11) `_propagate_tensor_meta_non_cached` itself is wrapped;
+- counting a pipeline stage's micro-batches in flight (`pipeline_chunks_in_flight`): PipelineStage.fwd_cache up to 2.14,
+  `_forward_chunk_states` from 2.15 (probed on the first stage, where the attribute lives, so neither in
+  `private_api_ways()` nor refused before the trace).
 
-A torch with neither way refuses in one line (TorchVersionError), before any rank is traced; so does a layout
-this torch cannot trace for other reasons (require_torch_for: FSDP, ZeRO, DDP and pipelines need torch 2.7, HSDP
-2.8, found by tracing each strategy on 2.6.0, 2.7.0, 2.8.0 and 2.13.0)."""
+A torch with neither way refuses in one line (TorchVersionError), before any rank is traced; so does a layout this torch
+cannot trace for other reasons (require_torch_for: FSDP, ZeRO, DDP and pipelines need torch 2.7, HSDP 2.8, found by
+tracing each strategy on 2.6.0, 2.7.0, 2.8.0 and 2.13.0)."""
 
 from __future__ import annotations
 
@@ -45,10 +44,16 @@ FAKE_TENSOR_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 FAKE_LIMITATIONS = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
 
-def torch_function_modes_off() -> contextlib.AbstractContextManager:
-    """No TorchFunctionMode (the meta device's, MetaEverywhere) sees what runs inside: torch._dynamo's import
-    makes tensors and reads them (torch 2.6's populate_builtin_to_tensor_fn_map), which fails on meta."""
-    return torch._C.DisableTorchFunction()
+@contextlib.contextmanager
+def torch_function_modes_off():
+    """No TorchFunctionMode (the meta device's, MetaEverywhere) sees what runs inside: torch._dynamo's import makes and
+    reads tensors, which fails on meta. Popped, not disabled: torch 2.8's import asserts a mode of its own saw calls."""
+    popped = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        yield
+    finally:
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)
 
 
 def module_tensor_tables(module: torch.nn.Module) -> tuple[dict, dict]:
@@ -87,18 +92,16 @@ def sequence_nr(node) -> int:
     return node._sequence_nr()
 
 
-def profiler_memory_events(prof) -> list[tuple[int, int]]:
-    """(start_ns, signed nbytes) of every CPU [memory] event a torch.profiler run recorded. The kineto
-    results object is not a public API; the events include allocations made inside kernels."""
-    return [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-            if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
-
-
 def profiler_memory_events_threads(prof) -> list[tuple[int, int, int]]:
-    """The same with the profiler's id of the thread that made each event (measure/dist_child.py: gloo
-    allocates on its worker threads)."""
+    """(start_ns, signed nbytes, thread id) of every CPU [memory] event a torch.profiler run recorded (gloo allocates
+    on its worker threads). The kineto results object is not a public API; the events include kernels' own."""
     return [(e.start_ns(), e.nbytes(), e.start_thread_id()) for e in prof.profiler.kineto_results.events()
             if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+
+
+def profiler_memory_events(prof) -> list[tuple[int, int]]:
+    """profiler_memory_events_threads without the thread."""
+    return [(start, nbytes) for start, nbytes, _ in profiler_memory_events_threads(prof)]
 
 
 # ---- dispatcher internals for CUDA autocast on a CPU trace (trace/cuda_autocast.py) ----
@@ -201,10 +204,9 @@ def storage_resizes_reported(callback):
 
 @contextlib.contextmanager
 def dtensor_shape_propagation_muted(recorder):
-    """DTensor works out an op's global output shape by running the op on throw-away fake tensors of the
-    global shapes (torch/distributed/tensor/_sharding_prop.py _propagate_tensor_meta_non_cached). Those
-    tensors are no rank's memory: the recorder is muted while that runs (the way this torch allows,
-    _shape_propagation_muting). Undone at exit."""
+    """DTensor works out an op's global output shape by running the op on throw-away fake tensors of the global shapes
+    (torch/distributed/tensor/_sharding_prop.py _propagate_tensor_meta_non_cached). Those tensors are no rank's memory:
+    the recorder is muted while that runs (the way this torch allows, _shape_propagation_muting). Undone at exit."""
     _, mute = _shape_propagation_muting()
     with mute(recorder):
         yield
@@ -303,9 +305,8 @@ def _clear_propagator_cache() -> None:
 
 
 def pipeline_chunks_in_flight(stage) -> int:
-    """Micro-batches whose forward ran on this PipelineStage and whose backward has not: the entries of the
-    stage's forward cache (outputs and inputs kept for backward), named as this torch names it
-    (_pipeline_forward_cache)."""
+    """Micro-batches whose forward ran on this PipelineStage and whose backward has not: the entries of the stage's
+    forward cache (outputs and inputs kept for backward), named as this torch names it (_pipeline_forward_cache)."""
     return len(getattr(stage, _pipeline_forward_cache(stage)))
 
 
