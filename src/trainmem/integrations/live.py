@@ -74,11 +74,11 @@ COMPILED_NOTE = ("the model is torch.compile'd: on {device} it is estimated as t
 
 
 def _compiled(values: dict[str, Any], source: Any, device: str) -> tuple[dict[str, Any], Any]:
-    from trainmem.trace.compiled import traceable_here
+    from trainmem.trace.compiled import MIN_TORCH, traceable_here
 
     if device == "cpu" and traceable_here():
         return {**values, "compile": True}, source
-    why = "Inductor's CUDA plan is Triton's" if device != "cpu" else "--compile needs torch >= 2.9"
+    why = "Inductor's CUDA plan is Triton's" if device != "cpu" else f"--compile needs torch >= {MIN_TORCH}"
     return values, dataclasses.replace(source, notes=(*source.notes, COMPILED_NOTE.format(device=device, why=why)))
 
 

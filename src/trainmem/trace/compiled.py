@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +35,10 @@ import torch
 
 from trainmem.errors import SetupError, TraceError, TorchVersionError
 
-MIN_TORCH = "2.9"  # the first release after TorchDispatchMode.ignore_compile_internals was added (August 2025)
+# TorchDispatchMode.ignore_compile_internals came in 2.9 (August 2025), but on torch 2.10.0 dynamo still ran the traced
+# forward eagerly under the trace's modes (make compat, 2026-12-06); 2.11.0, 2.12.1, 2.13.0 and 2.15.0 compile it.
+# 2.9 was not run, so 2.11 is the first release known to work
+MIN_TORCH = "2.11"
 _ACTIVE = [False]  # whether a --compile trace is running: the dispatch modes' ignore_compile_internals
 
 NOTE = ("--compile: the forward traced as torch.compile (Inductor) compiles it on the CPU: the tensors its "
@@ -48,18 +52,21 @@ def compiled_trace_active() -> bool:
 
 def traceable_here() -> bool:
     """Whether this torch lets the trace see compiled code run: TorchDispatchMode.ignore_compile_internals (torch
-    2.9, pytorch/pytorch PR 161648); before it, dynamo runs nothing compiled while a dispatch mode is active."""
+    2.9, pytorch/pytorch PR 161648; before it, dynamo runs nothing compiled while a dispatch mode is active), on a
+    release at least MIN_TORCH."""
     from trainmem.trace.torch_private import TorchDispatchMode
 
-    return hasattr(TorchDispatchMode, "ignore_compile_internals")
+    release = tuple(int(part) for part in re.findall(r"\d+", torch.__version__.split("+")[0])[:2])
+    minimum = tuple(int(part) for part in MIN_TORCH.split("."))
+    return hasattr(TorchDispatchMode, "ignore_compile_internals") and release >= minimum
 
 
 def check_traceable(setup: Any, cuda_target: bool) -> None:
     """Refuse, in one line, a --compile run the trace does not make (the CLI's flag rules say the same earlier, naming
     where each option came from; this holds for the Python API and the integrations). Called before the model is traced."""
     if not traceable_here():
-        raise TorchVersionError(f"--compile needs torch >= {MIN_TORCH} (this is torch {torch.__version__}; the trace "
-                                "sees compiled code run from TorchDispatchMode.ignore_compile_internals on)")
+        raise TorchVersionError(f"--compile needs torch >= {MIN_TORCH} (this is torch {torch.__version__}; compiled code "
+                                f"runs inside the trace from torch {MIN_TORCH} on)")
     if cuda_target:
         raise SetupError("expected --device cpu with --compile (the trace makes the plan Inductor makes for the CPU; "
                          "a GPU run's Triton plan is not modelled yet), got a GPU target", where="--compile")
