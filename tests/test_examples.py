@@ -92,7 +92,7 @@ def test_a_documented_example_command_runs(args):
 
 
 TRAINING_SCRIPTS = {"train_guard.py": None, "train_hf.py": "transformers", "train_lightning.py": "lightning",
-                    "train_keras.py": "keras"}
+                    "train_keras.py": "tensorflow"}  # Keras on its TensorFlow backend
 
 
 def test_every_training_script_example_is_documented_and_run_here():

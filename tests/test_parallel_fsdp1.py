@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from conftest import skip_where_torch_refuses
 from trainmem import estimate
 from trainmem.errors import SetupError
 from trainmem.parallel import fsdp
@@ -115,6 +116,7 @@ def test_the_layout_reports_fsdp1_knobs_only_for_fsdp1():
 
 @pytest.mark.heavy
 def test_the_cli_takes_the_flags_and_refuses_a_bad_value_in_one_line():
+    skip_where_torch_refuses("fsdp1")
     command = [sys.executable, "-m", "trainmem", "estimate", MLP, "--batch-size", "8", "--strategy", "fsdp1",
                "--world-size", "2", "--fsdp1-sharding", "shard-grad-op", "--fsdp1-use-orig-params", "--format", "json",
                "--no-cache"]
