@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainmem.targets.tf.calibration import import_resident  # noqa: E402  (the probe trainmem calibrate runs)
+from trainmem.targets.tf.calibration import distribution_version, import_resident  # noqa: E402  (trainmem calibrate's)
 IMPORTS = {"tensorflow": ("import tensorflow, keras", ("tensorflow", "keras", "numpy", "h5py", "ml_dtypes", "google",
                                                        "absl", "grpc", "optree")),
            "torch": ("import torch", ("torch", "numpy", "sympy", "networkx", "jinja2"))}
@@ -61,17 +61,7 @@ def evict(files) -> None:
 
 
 def versions(packages) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in packages[:2]:
-        for distribution in (package, f"{package}-cpu"):  # tensorflow installs as tensorflow-cpu here
-            try:
-                found[package] = version(distribution)
-                break
-            except PackageNotFoundError:
-                continue
-    return found
+    return {package: number for package in packages[:2] if (number := distribution_version(package))}
 
 
 def main() -> None:

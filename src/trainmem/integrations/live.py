@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainmem.errors import SetupError
-from trainmem.integrations.trainer_wrappers import is_accelerate_prepared, trainer_of, without_accelerate_forward
+from trainmem.integrations.trainer_wrappers import trainer_of, without_accelerate_forward
 
 # torch.optim class → trainmem's optimizer; bitsandbytes' and lion-pytorch's by class name (never imported here)
 _TORCH_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop", "Adagrad": "adagrad",
@@ -49,7 +49,6 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
     if not isinstance(model, torch.nn.Module):
         raise SetupError(f"expected a torch.nn.Module as the model, got {type(model).__name__}", where="model")
     # a model Fabric or Accelerate prepared: the module it wraps, run as that trainer runs it (trainer_wrappers.py)
-    prepared = model
     model, trainer = trainer_of(model)
     compiled = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule around the user's module
     model = compiled if isinstance(compiled, torch.nn.Module) else model
@@ -58,7 +57,7 @@ def live_run(model: Any, optimizer: Any, batch: Any, loss_fn: Callable | None = 
               **trainer}
     # the model's own libraries are found by the trace (frontends/libraries.py); a framework's are given here
     source = dataclasses.replace(source_of(model, batch, loss_fn), libraries=tuple(libraries))
-    if is_accelerate_prepared(prepared):
+    if trainer.get("trainer") == "accelerate":
         build = source.build
         source = dataclasses.replace(source, build=lambda: without_accelerate_forward(build()))
     device = device_of(model)

@@ -98,7 +98,7 @@ def _library_parts(libraries: frozenset[str], data: dict, bundled: list[dict]) -
     otherwise count 0 B on every other machine; library pages are the libraries' files as mapped, which move little
     between CPUs, so another machine's figure is taken (the largest, never low) and the report says whose it is."""
     key = import_set_key(libraries)
-    others = [entry for entry in bundled if entry is not data and entry != data]
+    others = [entry for entry in bundled if entry != data]
 
     def measured(section: str, name: str) -> tuple[int, dict] | None:
         if name in data.get(section, {}):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,11 +53,9 @@ def traceable_here() -> bool:
     """Whether this torch lets the trace see compiled code run: TorchDispatchMode.ignore_compile_internals (torch
     2.9, pytorch/pytorch PR 161648; before it, dynamo runs nothing compiled while a dispatch mode is active), on a
     release at least MIN_TORCH."""
-    from trainmem.trace.torch_private import TorchDispatchMode
+    from trainmem.trace.torch_private import TorchDispatchMode, torch_release
 
-    release = tuple(int(part) for part in re.findall(r"\d+", torch.__version__.split("+")[0])[:2])
-    minimum = tuple(int(part) for part in MIN_TORCH.split("."))
-    return hasattr(TorchDispatchMode, "ignore_compile_internals") and release >= minimum
+    return hasattr(TorchDispatchMode, "ignore_compile_internals") and torch_release() >= torch_release(MIN_TORCH)
 
 
 def check_traceable(setup: Any, cuda_target: bool) -> None:

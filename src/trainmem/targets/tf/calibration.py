@@ -37,16 +37,20 @@ def import_resident(code: str, timeout: float = 300) -> dict[str, int]:
     return {"file": int(fields["RssFile:"]) * 1024, "anon": int(fields["RssAnon:"]) * 1024}
 
 
+def distribution_version(package: str) -> str | None:
+    """The installed version of `package`, or of `package`-cpu (tensorflow installs as tensorflow-cpu); None where
+    neither is installed."""
+    for distribution in (package, f"{package}-cpu"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
 def installed_versions() -> dict[str, str] | None:
-    """{tensorflow, keras} versions, None where TensorFlow is not installed (tensorflow-cpu counts)."""
-    found = {}
-    for package, distributions in (("tensorflow", ("tensorflow", "tensorflow-cpu")), ("keras", ("keras",))):
-        for distribution in distributions:
-            try:
-                found[package] = version(distribution)
-                break
-            except PackageNotFoundError:
-                continue
+    """{tensorflow, keras} versions, None where TensorFlow is not installed."""
+    found = {package: number for package in ("tensorflow", "keras") if (number := distribution_version(package))}
     return found if "tensorflow" in found else None
 
 
