@@ -106,9 +106,10 @@ def choose_machine(entries: list[dict], cpu: CpuInfo, torch_text: str,
 
     def distance(entry: dict) -> tuple[int, ...]:
         facts = entry.get("machine_facts", {})
-        # last, among machines alike in all of those: the one of this CPU model (family/model), where known
+        # then, among machines alike in all of those: the one of this CPU model (family/model), where known; and
+        # among those still alike, the largest floor: another machine's figure stands in, and it must not be low
         return (*(int(facts.get(key) != here[key]) for key in ("vendor", "amx", "avx512_bf16", "capability", "threads")),
-                int(bool(model_id) and entry.get("cpu_model_id") != model_id))
+                int(bool(model_id) and entry.get("cpu_model_id") != model_id), -int(entry.get("floor_bytes", 0)))
 
     chosen = min(same_build, key=distance)
     spread, seen_on = spread
