@@ -3,7 +3,8 @@ trainmem code at all (not imported, not shared), so that a wrong assumption in t
 cannot hide here. One fresh process per measurement; prints one JSON line.
 
     python benchmarks/truth_loops.py MODEL --batch-size N [--optimizer adam] [--loop inline]
-                                     [--steps 2] [--mode tensors|rss]
+                                     [--steps 2] [--mode tensors|rss] [--load CKPT]
+    python benchmarks/truth_loops.py MODEL --write-checkpoint CKPT [--resume] [--checkpoint-dtype bf16]
 
 MODEL: `mlp:1000-100-10` (Linear + ReLU, none after the last) or `path/models.py:factory` returning
 (model, make_batch[, loss_fn]) as tests/models.py does; make_batch(n) gives the input tuple, called as
@@ -304,9 +305,49 @@ def profiled_peak(prof):
     return peak
 
 
+CHECKPOINT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def write_checkpoint(args):
+    """--write-checkpoint PATH: what an earlier run saved, made in a process of its own (its memory is not measured):
+    the model's state dict (floating tensors in --checkpoint-dtype) and, with --resume, the optimizer's state after
+    one step."""
+    model, make_batch, own_loss = build(args.model)
+    freeze(model, args.freeze or [])
+    optimizer = make_optimizer(args.optimizer, [p for p in model.parameters() if p.requires_grad])
+    if args.resume:
+        for param in model.parameters():
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+        optimizer.step()
+    dtype = CHECKPOINT_DTYPES.get(args.checkpoint_dtype)
+    state = {name: t.to(dtype) if dtype is not None and t.is_floating_point() else t
+             for name, t in model.state_dict().items()}
+    torch.save({"model": state, **({"optimizer": optimizer.state_dict()} if args.resume else {})}, args.write_checkpoint)
+
+
+def load_checkpoint(model, optimizer, path):
+    """The load as a user writes it (the model trains on the CPU: map_location="cpu")."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(checkpoint["model"])
+    if "optimizer" in checkpoint:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    del checkpoint
+
+
+def freeze(model, patterns):
+    """--freeze PATTERN: parameters whose names match (fnmatch) are not trained, as a fine-tuning script sets them."""
+    import fnmatch
+
+    for name, param in model.named_parameters():
+        if any(fnmatch.fnmatch(name, pattern) for pattern in patterns):
+            param.requires_grad_(False)
+
+
 def build_and_train(args):
     model, make_batch, own_loss = build(args.model)
     model.train()
+    freeze(model, args.freeze or [])
     if args.checkpoint_blocks:
         checkpoint_each(getattr(model, args.checkpoint_blocks))
     make_target = None if own_loss is not None else target_maker(model, make_batch)
@@ -314,6 +355,8 @@ def build_and_train(args):
         model = torch.compile(model)
     loss_fn = own_loss or cross_entropy
     optimizer = make_optimizer(args.optimizer, [p for p in model.parameters() if p.requires_grad])
+    if args.load:
+        load_checkpoint(model, optimizer, args.load)
     LOOPS[args.loop](model, optimizer, loss_fn, Loader(make_batch, make_target, args.batch_size,
                                                        args.steps * args.grad_accum), args.grad_accum)
 
@@ -331,7 +374,17 @@ def main():
     parser.add_argument("--compile", action="store_true", help="train torch.compile(model) (Inductor)")
     parser.add_argument("--mode", default="tensors", choices=["tensors", "rss"])
     parser.add_argument("--precision", default="fp32", choices=sorted(FABRIC_PRECISION))
+    parser.add_argument("--freeze", action="append", metavar="PATTERN", help="parameters not trained (fnmatch)")
+    parser.add_argument("--write-checkpoint", metavar="PATH", help="save the checkpoint a later run --load's, and exit")
+    parser.add_argument("--load", metavar="PATH", help="torch.load PATH and load_state_dict it before training")
+    parser.add_argument("--resume", action="store_true", help="--write-checkpoint: the optimizer's state too")
+    parser.add_argument("--checkpoint-dtype", choices=sorted(CHECKPOINT_DTYPES), help="--write-checkpoint: the "
+                        "dtype of its floating tensors (default: the model's)")
     args = parser.parse_args()
+    if args.write_checkpoint:
+        torch.manual_seed(0)
+        write_checkpoint(args)
+        return
     if args.precision != "fp32" and args.loop not in ("inline", "lightning", "fabric", "accelerate"):
         parser.error(f"--precision {args.precision} is written for the inline, lightning, fabric and accelerate loops")
     global PRECISION

@@ -145,6 +145,9 @@ def _differences(breakdown: dict[str, int], saved_by_op: Counter, setup: Trainin
         notes.append(f"optimizer scalars: {breakdown['optimizer_scalars']:,} B (step counters, GradScaler scale)")
     if breakdown.get("runtime"):
         notes.append(f"runtime: {breakdown['runtime']:,} B ({runtime_words})")
+    if breakdown.get("checkpoint"):
+        notes.append(f"checkpoint: {breakdown['checkpoint']:,} B (the loaded checkpoint's copies, --load {setup.load}: "
+                     "alive beside the parameters until `del checkpoint`)")
     if "relu" in saved_by_op or "threshold_backward" in saved_by_op:
         notes.append("ReLU keeps its output; the next Linear keeps the same tensor as its input (one storage)")
     if "_log_softmax" in saved_by_op:

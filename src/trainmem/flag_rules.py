@@ -168,6 +168,11 @@ RULES: tuple[FlagRule, ...] = (
              "(--compile with a --strategy, --tp, --pp or --world-size layout is not traced yet)",
              lambda run: run.command if _layout_key(run) is None else given_as(run, _layout_key(run),
                                                                                 run.values[_layout_key(run)])),
+    FlagRule("load", lambda run: not keras_run(run), REFUSE, "a PyTorch model (--load traces torch.load and "
+             "load_state_dict)", lambda run: f"the Keras model {quote(run.model)}"),
+    FlagRule("load", lambda run: run.command in ("estimate", "fit", "compare"), REFUSE, "trainmem estimate, fit or "
+             "compare (--load is traced by the estimate; measure and plan do not load a checkpoint)",
+             lambda run: f"trainmem {run.command}"),
     FlagRule("batch_size", lambda run: run.command != "fit" or bool(run.values.get("max_seq")), REFUSE,
              "no --batch-size with fit (fit searches the batch size; --batch-size fixes it for the sequence "
              "search, --max-seq)", lambda run: quote(run.values["batch_size"])),

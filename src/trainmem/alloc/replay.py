@@ -266,8 +266,9 @@ def glibc_heap(events: Sequence[DeviceEvent], after_steps: Sequence[int] = ()) -
 def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:
     """Bytes at the allocated peak by category: each live block as the allocator charges its request
     (`Allocator.charged`); what the allocator holds beyond that (alignment, blocks kept whole) is `runtime`."""
-    breakdown = {str(c): 0 for c in Category}
+    # "checkpoint" (a loaded checkpoint's copies, --load) is a key only where a run loads one
+    breakdown = {str(c): 0 for c in Category if c != Category.CHECKPOINT}
     for event in replayed.live.values():
-        breakdown[str(event.category)] += charged(event.nbytes)
+        breakdown[str(event.category)] = breakdown.get(str(event.category), 0) + charged(event.nbytes)
     breakdown[str(Category.RUNTIME)] += replayed.allocated - sum(breakdown.values())
     return breakdown

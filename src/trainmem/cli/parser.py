@@ -142,6 +142,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
                         "step; none: no clipping, also with --hf-trainer (its 1.0)" + d("max_grad_norm", "no clipping"))
     parser.add_argument("--torch-version", metavar="X.Y", help=TORCH_VERSION_HELP + d("torch_version", "installed"))
     add_qlora_detail_flags(parser)
+    add_load_flags(parser)
     parser.add_argument("--seq-lengths", metavar="N,N,…", help=SEQ_LENGTHS_HELP + d("seq_lengths", "the padded length"))
     parser.add_argument("--loop", metavar="LOOP", help="inline (names live until the next iteration) | step-fn | trainer | lean | lightning | lightning-iterable"
                         + d("loop"))
@@ -169,6 +170,19 @@ def add_qlora_detail_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--qlora-layers", metavar="transformers|all", help="--qlora: the linear layers transformers' "
                         "quantizer converts, or all of them with the output layer (Lightning Fabric, LitGPT)"
                         + d("qlora_layers", "transformers"))
+
+
+def add_load_flags(parser: argparse.ArgumentParser) -> None:
+    """How the weights arrive before training (setup/loading.py, trace/checkpoint_load.py)."""
+    d = setup_default
+    parser.add_argument("--load", metavar="none|state-dict|state-dict-cpu", help="the checkpoint read before "
+                        "training: state-dict is torch.load(path, map_location=<the device>) then load_state_dict "
+                        "(the checkpoint's copy beside the model's until it is deleted); state-dict-cpu reads it "
+                        "into host RAM and copies it in" + d("load", "none: the model is built where it trains"))
+    parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None, help="--load: the "
+                        "checkpoint holds the optimizer's state too (optimizer.load_state_dict)" + d("resume"))
+    parser.add_argument("--checkpoint-dtype", metavar="fp32|bf16|fp16", help="--load: the dtype the checkpoint "
+                        "stores floating tensors in" + d("checkpoint_dtype", "the model's own"))
 
 
 def add_target_flags(parser: argparse.ArgumentParser) -> None:

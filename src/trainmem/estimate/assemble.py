@@ -9,6 +9,7 @@ from typing import Any
 from trainmem.alloc.replay import ReplayResult, breakdown_at_peak
 from trainmem.baselines import baselines
 from trainmem.devices import Device
+from trainmem.estimate.load_report import load_section
 from trainmem.estimate.result import AllocatorSummary, Estimate, ModuleRow, ReplayInput
 from trainmem.explain import explain
 from trainmem.setup import TrainingSetup
@@ -26,6 +27,7 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
     peak_event = stream.events[replayed.peak_index]
     settings = target.allocator_settings()
     own = process.framework  # a target of another framework reports some rows in its own terms
+    load, load_lines = load_section(setup, stream.events, allocator, target.allocated_name)
     return Estimate(
         model_name=source.name, setup=setup, device=device,
         # the model's own parameter count, LoRA's adapters beside it (as a model card counts)
@@ -36,7 +38,7 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
         modules=own.modules if own else module_table(traced, replayed.live, depth, target.module_rounding),
         warnings=tuple(process.leading_warnings + list(traced.warnings) + process.warnings
                        + _checkpointing(traced.checkpointed, target.checkpoint_lists_blocks)
-                       + torch_version_said(setup)),
+                       + torch_version_said(setup) + load_lines),
         explanation=own.explanation if own else explain(traced, setup, breakdown, target.runtime_words),
         process_parts=process.parts,
         coverage=own.coverage if own else {"ops": dict(sorted(traced.op_counts.items())), "kernel_rules": stream.rules,
@@ -50,7 +52,7 @@ def assemble(source: Any, setup: TrainingSetup, device: Device, target: Target, 
         adapter_parameters=traced.adapter_parameters, quantized_storage_bytes=traced.quantized_storage_bytes,
         resolved=traced.resolved,
         replay_input=ReplayInput(tuple(stream.events), allocator, device.capacity_bytes),
-        framework=own.section if own else None, trace_cache=getattr(traced, "cache_use", None))
+        framework=own.section if own else None, trace_cache=getattr(traced, "cache_use", None), load=load)
 
 
 def allocator_summary(replayed: ReplayResult, settings: str) -> AllocatorSummary:

@@ -160,6 +160,7 @@ class Estimate:
     # what the trace cache did (trace/cache_store.py CacheUse: reused, stored, off, not cached): not part of the
     # answer, which is the same bytes however it was reached (the command says a reuse on stderr)
     trace_cache: Any = dataclasses.field(default=None, compare=False)
+    load: dict[str, Any] | None = None  # --load: the load's and training's peaks (estimate/load_report.py)
 
     def __post_init__(self) -> None:
         # frozen: the two defaults are settled once, here (dataclasses.replace passes the settled values on,
@@ -184,6 +185,7 @@ class Estimate:
                       "quantized_storage_bytes": self.quantized_storage_bytes},
             "setup": {**self.setup.to_dict(), "resolved": self.resolved},
             **({"lean_loop": dataclasses.asdict(self.lean_loop)} if self.lean_loop else {}),
+            **({"load": self.load} if self.load else {}),
             "device": self.device.to_dict(),
             "peak": {"tensor_bytes": self.tensor_bytes, "allocated_bytes": self.allocated_bytes,
                      "reserved_bytes": self.reserved_bytes, "process_bytes": self.process_bytes,

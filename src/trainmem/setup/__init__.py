@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,8 +14,10 @@ from trainmem.errors import SetupError, expected, one_line, unknown_key
 from trainmem.files import regular_file
 # the bounds stay importable from here (trace/step.py, cli/ and tests read them as trainmem.setup's)
 from trainmem.setup.count_limits import MAX_ELEMENTS as MAX_ELEMENTS, MAX_GRAD_ACCUM as MAX_GRAD_ACCUM, check_counts
+from trainmem.setup.count_limits import positive_finite
 from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS, sequence_lengths
 from trainmem.setup.layout import ParallelLayout
+from trainmem.setup.loading import Load as Load, check_loading
 from trainmem.setup import presets
 from trainmem.setup.trainers import Trainer as Trainer
 from trainmem.setup.presets import HF_TRAINER_DEFAULTS as HF_TRAINER_DEFAULTS, QLORA_DEFAULTS as QLORA_DEFAULTS
@@ -189,6 +190,9 @@ class TrainingSetup:
     loop: Loop = Loop.INLINE  # the user's training loop: what stays referenced (trace/loops.py)
     compile: bool = False  # model = torch.compile(model): the forward as Inductor compiles it (trace/compiled.py)
     parallel: ParallelLayout = ParallelLayout()  # ranks, strategy and knobs (setup/layout.py); resolved here
+    load: Load = Load.NONE  # how the weights arrive before training (setup/loading.py), with the two below
+    resume: bool = False  # the checkpoint holds the optimizer's state too
+    checkpoint_dtype: str | None = None  # the checkpoint's floating dtype (fp32|bf16|fp16); None: the model's
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelLayout):
@@ -201,7 +205,7 @@ class TrainingSetup:
             object.__setattr__(self, "target_shape", parse_shape(self.target_shape, "--target-shape", allow_scalar=True))
         if not 0.0 <= float(self.dropout) < 1.0:
             raise expected("a dropout probability in [0, 1)", self.dropout, "--dropout")
-        if self.max_grad_norm is not None and not _positive_finite(self.max_grad_norm):
+        if self.max_grad_norm is not None and not positive_finite(self.max_grad_norm):
             # clip_grad_norm_ scales by max_norm / total_norm: a norm of 0 or less zeroes or flips every gradient
             raise expected("a positive gradient norm such as 1.0", self.max_grad_norm, "--max-grad-norm")
         presets.check_library_settings(self)
@@ -210,6 +214,7 @@ class TrainingSetup:
             if getattr(self, name) is None and name in ("loss", "trainer"):
                 continue
             object.__setattr__(self, name, _to_enum(enum_type, getattr(self, name), name))
+        check_loading(self)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "setup",
@@ -234,7 +239,7 @@ class TrainingSetup:
         kwargs = {k: v for k, v in values.items() if k in names}
         kwargs.update(_parallel_kwargs(values))
         kwargs = presets.apply(kwargs)
-        for flag in ("checkpointing", "qlora", "hf_trainer", "trust_remote_code", "compile"):
+        for flag in ("checkpointing", "qlora", "hf_trainer", "trust_remote_code", "compile", "resume"):
             if flag in kwargs and not isinstance(kwargs[flag], bool):
                 raise expected("true or false", kwargs[flag], f"--{flag.replace('_', '-')}")
         if "inputs" not in kwargs and "input_shape" in values:
@@ -250,7 +255,8 @@ class TrainingSetup:
             if not isinstance(freeze, Sequence) or not all(isinstance(p, str) for p in freeze):
                 raise expected("parameter name patterns (text)", kwargs["freeze"], "--freeze")
             kwargs["freeze"] = tuple(freeze)
-        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop", "task", "lora", "trainer"):
+        for name in ("loss", "optimizer", "optimizer_impl", "precision", "zero_grad", "activation", "loop", "task", "lora", "trainer",
+                     "load", "checkpoint_dtype"):
             if kwargs.get(name) is not None and not isinstance(kwargs[name], (str, enum.Enum)):
                 raise expected("text", kwargs[name], f"--{name.replace('_', '-')}")
         for name in ("dropout", "max_grad_norm"):
@@ -286,8 +292,9 @@ class TrainingSetup:
             out[name] = None if value is None else str(value)
         out["freeze"] = list(self.freeze)
         out.pop("parallel")  # one process: the keys a single-process run always had, unchanged
-        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths", "compile", "trainer"):  # absent unless given: the keys other runs had, unchanged
-            if out[key] is None or out[key] is False:
+        for key in ("torch_version", "bnb_version", "bnb_quant", "qlora_layers", "bnb_compute_dtype", "seq_lengths", "compile", "trainer",
+                    "load", "resume", "checkpoint_dtype"):  # absent unless given: the keys other runs had, unchanged
+            if out[key] is None or out[key] is False or out[key] == Load.NONE:
                 out.pop(key)
         if self.parallel.distributed:
             out["parallel"] = self.parallel.to_dict()
@@ -368,7 +375,7 @@ def _input_spec(item: Any, where: str) -> InputSpec:
 
 _ENUM_FIELDS: dict[str, type[enum.StrEnum]] = {
     "loss": Loss, "optimizer": Optimizer, "optimizer_impl": OptimizerImpl,
-    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad, "loop": Loop, "trainer": Trainer}
+    "precision": Precision, "activation": Activation, "zero_grad": ZeroGrad, "loop": Loop, "trainer": Trainer, "load": Load}
 
 
 def _to_enum(enum_type: type[enum.StrEnum], value: Any, name: str) -> enum.StrEnum:
@@ -377,14 +384,6 @@ def _to_enum(enum_type: type[enum.StrEnum], value: Any, name: str) -> enum.StrEn
     except ValueError:
         choices = "|".join(member.value for member in enum_type)
         raise expected(f"{choices}", value, f"--{name.replace('_', '-')}") from None
-
-
-def _positive_finite(value: Any) -> bool:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return False
-    return number > 0 and math.isfinite(number)
 
 
 def parse_shape(text: str | int | Sequence[int], where: str = "--input-shape",

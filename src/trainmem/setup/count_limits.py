@@ -4,6 +4,7 @@ length), checked as a TrainingSetup is built, so that a typo fails on one line b
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainmem.errors import SetupError, expected, one_line
@@ -92,3 +93,11 @@ def sequence_lengths(value: Any) -> tuple[int, ...] | None:
             raise expected("positive whole sequence lengths such as 12,40,60", item, "--seq-lengths")
         lengths.append(number)
     return tuple(lengths)
+
+
+def positive_finite(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return number > 0 and math.isfinite(number)

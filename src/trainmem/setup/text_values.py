@@ -60,7 +60,7 @@ TEXT_VALUES: dict[str, Callable[[str], Any]] = {
     # the training setup
     "batch_size": int, "grad_accum": int, "seq_len": int, "run_steps": int, "input_max": int,
     "dropout": float, "max_grad_norm": norm_or_none,
-    "checkpointing": on_off, "compile": on_off, "hf_trainer": on_off, "qlora": on_off, "trust_remote_code": on_off,
+    "checkpointing": on_off, "resume": on_off, "compile": on_off, "hf_trainer": on_off, "qlora": on_off, "trust_remote_code": on_off,
     # the run on a GPU
     "cudnn_benchmark": on_off, "module_loading": MODULE_LOADING,
     # the parallel layout

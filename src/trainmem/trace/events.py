@@ -23,10 +23,12 @@ class Category(enum.StrEnum):
     INPUTS = "inputs"
     RUNTIME = "runtime"  # allocations below the dispatcher: kernel scratch, workspaces
     COMMUNICATION = "communication"  # collective buffers: all-gather / reduce-scatter staging, DDP buckets
+    CHECKPOINT = "checkpoint"  # a loaded checkpoint's tensors until they are copied in and dropped (--load)
 
 
 class Phase(enum.StrEnum):
     INIT = "init"
+    LOAD = "load"  # the checkpoint loaded before training (--load; trace/checkpoint_load.py)
     INPUTS = "inputs"
     FORWARD = "forward"
     LOSS = "loss"

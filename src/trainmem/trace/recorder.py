@@ -23,7 +23,7 @@ from trainmem.trace.rules import DataDependentRules
 from trainmem.trace.torch_private import FakeTensor, TorchDispatchMode, schema_arguments, storage_tensors, tree_leaves
 
 _PROVISIONAL = {
-    Phase.INIT: Category.PARAMETERS, Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.INIT: Category.PARAMETERS, Phase.LOAD: Category.CHECKPOINT, Phase.INPUTS: Category.INPUTS, Phase.FORWARD: Category.ACTIVATIONS,
     Phase.LOSS: Category.ACTIVATIONS, Phase.BACKWARD: Category.TEMPORARIES,
     Phase.OPTIMIZER: Category.TEMPORARIES, Phase.ZERO_GRAD: Category.TEMPORARIES,
 }
@@ -158,9 +158,10 @@ class TraceRecorder(TorchDispatchMode):
             self.modules.resolve_pending()
             return args[0].device
         kwargs = kwargs or {}
-        if self.distributed and (self.muted or _wrapper_types(types)):
+        if self.muted or (self.distributed and _wrapper_types(types)):
             # a DTensor op: returning NotImplemented lets DTensor run it on its local tensors, whose ops come
-            # back to this mode and are recorded as the memory they are (the DTensor itself holds none)
+            # back to this mode and are recorded as the memory they are (the DTensor itself holds none); muted:
+            # throw-away work that is not part of the run (DTensor's shape propagation, checkpoint_load.py)
             return func(*args, **kwargs) if self.muted else NotImplemented
         facts = self._facts.get(func)
         if facts is None:

@@ -234,6 +234,7 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
                  semantics: TraceSemantics | None, recorder: TraceRecorder, observer: RecordingObserver):
     """A torch model's steps, inside the fake mode and recorder: fake parameters, torch.optim, the loop."""
     from trainmem.trace import finetune
+    from trainmem.trace.checkpoint_load import load_checkpoint
     from trainmem.trace.resolved import BatchProbe, resolved_setup
 
     materialize_fake(model, torch.bfloat16 if setup.precision == Precision.BF16 else None)
@@ -244,6 +245,7 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
     recorder.set_category(recorder.storage_ids_of(list(model.buffers())), Category.BUFFERS)
     recorder.set_owner(dict((n, [t]) for n, t in [*model.named_parameters(), *model.named_buffers()]))
     recorder.rules.sequence_lengths = setup.seq_lengths
+    load_checkpoint(prepared, setup, recorder)  # --load: phase "load", before the first step
     with compiled_on_fake() if setup.compile else contextlib.nullcontext():
         training.run_steps(prepared, setup, observer)
     facts = traced_model_facts(model)
