@@ -229,9 +229,10 @@ def main() -> None:
                         "this checkout and keep their measurements (the run length must not change)")
     parser.add_argument("--remeasure", action="store_true", help="with --re-estimate: rows whose run length "
                         "moved are measured again at the new length (RSS runs only; on this machine)")
-    parser.add_argument("--as-cpu", metavar="VENDOR,CAPABILITY,THREADS",
+    parser.add_argument("--as-cpu", metavar="VENDOR,CAPABILITY,THREADS[,bf16][,vnni][,amx][,model=F/M]",
                         help="with --re-estimate: estimate as for the CPU the rows were measured on (another "
-                        "machine's recorded rows), e.g. AuthenticAMD,AVX2,2; writes accuracy_cpu_TAG_here.md")
+                        "machine's recorded rows), e.g. AuthenticAMD,AVX2,2 or GenuineIntel,AVX512,2,bf16,vnni,amx; "
+                        "writes accuracy_cpu_TAG_estimated_here.md")
     parser.add_argument("--tag", default="", help="results and data under accuracy_cpu_TAG.md/.jsonl (another "
                         "machine's table is kept)")
     parser.add_argument("--load", action="store_true", help="re-render from benchmarks/data/accuracy_cpu.jsonl")
@@ -242,10 +243,12 @@ def main() -> None:
     if args.load or args.re_estimate:
         rows = [json.loads(line) for line in data.read_text().splitlines()]
         if args.re_estimate and args.as_cpu:  # another machine's rows: estimated as for that CPU, results apart
-            vendor, capability, threads = args.as_cpu.split(",")
+            vendor, capability, threads, *facts = args.as_cpu.split(",")
             from trainmem.targets.cpu_info import CpuInfo
 
-            other = CpuInfo(capability, int(threads), avx512_bf16=False, amx=False, avx512_vnni=False, vendor=vendor)
+            model_id = next((fact.removeprefix("model=") for fact in facts if fact.startswith("model=")), "")
+            other = CpuInfo(capability, int(threads), avx512_bf16="bf16" in facts, amx="amx" in facts,
+                            avx512_vnni="vnni" in facts, vendor=vendor, model_id=model_id)
             CpuInfo.this_machine = classmethod(lambda cls: other)
             rows = [re_estimate(row) for row in rows]
             (ROOT / f"benchmarks/results/{name}_estimated_here.md").write_text(

@@ -117,6 +117,21 @@ def test_fractional_rate_places_one_object_per_two_allocations_and_lifetimes_fol
     assert result.defaulted_ops == {"bw|backward": 1}  # no row, no phase average: nothing placed, and said so
 
 
+def test_an_object_whose_phase_has_no_event_in_its_step_dies_as_the_step_ends():
+    """SGD with momentum allocates nothing in its optimizer step after the first: an object the table frees in
+    the optimizer phase dies where that phase runs, at the end of its step, never 'never' (which leaked the
+    objects of every step of a long run)."""
+    table = {"ops": {"op|forward|later": {"allocs": 1, "objects": [[64, 0, ["phase", "optimizer", 0, 3], 1.0]]}},
+             "phases": {}}
+    stream = [pev("alloc", 64, 0, Phase.FORWARD, step=0),  # the first step: the table has no first-step row
+              pev("alloc", 64, 1, Phase.FORWARD, step=1), pev("alloc", 64, 2, Phase.BACKWARD, "bw", step=1),
+              pev("free", 64, 1, Phase.BACKWARD, "bw", step=1), pev("alloc", 64, 3, Phase.FORWARD, step=2)]
+    order = [(a.action, a.key) for a in interleave(stream, table).actions]
+    freed = order.index(("free", ("object", 1)))
+    assert order.index(("free", 1)) < freed < order.index(("alloc", 3))  # after step 1's last event, before step 2
+    assert ("free", ("object", 2)) not in order  # step 2 has no event after it: alive at the end of the run
+
+
 def test_a_small_object_above_a_freed_heap_tensor_keeps_the_heap_from_shrinking():
     """The pinning mechanism: once the threshold has risen, a 1 MiB chunk comes from the heap. Freed
     alone, it merges into the top and a later 1.5 MiB chunk reuses it; with a live object above it,
