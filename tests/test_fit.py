@@ -287,12 +287,49 @@ def factory():
 """
 
 
-def test_the_sequence_search_traces_every_candidate(tmp_factory):
+def test_the_sequence_search_predicts_from_three_traces_and_confirms_the_answer(tmp_factory):
     setup = TrainingSetup.from_mapping({"input_shape": "8", "input_dtype": "int64", "input_max": 100})
-    result = fit(tmp_factory(POOLED), setup, SMALL_GPU, sequence=True, limit=64, margin=0.2)
-    assert result.best == 64 and result.first_miss is None
-    assert result.search["how"] == "traced, each one" and not result.search["predicted"]
-    assert result.search["traced"] == sorted(v for v, *_ in result.tried)
+    result = fit(tmp_factory(POOLED), setup, SMALL_GPU, sequence=True, limit=1024, margin=0.2)
+    assert result.best == 1024 and result.first_miss is None
+    assert result.search["traced"] == [1, 2, 4, 8, 16, 32, 64, 128, 1024] and result.search["predicted"] == [256, 512]
+    assert result.search["how"] == ("predicted from the traces at sequence lengths 32, 64, 128, confirmed by real "
+                                    "traces at 1024")
+    exhaustive = fit(tmp_factory(POOLED), setup, SMALL_GPU, sequence=True, limit=1024, margin=0.2, exhaustive=True)
+    assert result.tried == exhaustive.tried and exhaustive.search["how"] == "traced, each one"
+
+
+ATTENTION = """
+class Attention(nn.Module):
+    # scores as length x length, materialized: sizes quadratic in the sequence length
+    def __init__(self, dim=64):
+        super().__init__()
+        self.embed, self.qkv, self.head = nn.Embedding(100, dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, 4)
+    def forward(self, ids):
+        q, k, v = self.qkv(self.embed(ids)).chunk(3, dim=-1)
+        scores = torch.softmax(q @ k.transpose(-2, -1) / 8.0, dim=-1)
+        return self.head((scores @ v).mean(dim=1))
+
+def factory():
+    return Attention()
+"""
+
+
+@pytest.mark.heavy
+def test_sequence_answer_from_predictions_is_the_exhaustive_one(fresh, tmp_factory):
+    """Attention's scores are quadratic in the length: predicted from lengths 2, 4 and 8, the search gives the
+    exhaustive search's candidates, figures and answer, with the longest that fits and the first that does not
+    traced for real."""
+    setup = TrainingSetup.from_mapping({"input_shape": "8", "input_dtype": "int64", "input_max": 100, "batch_size": 4})
+    model, device = tmp_factory(ATTENTION), "custom:capacity=420MiB,cc=8.0,context=287MB"
+    new = fresh(model, setup, device, sequence=True, limit=8192, margin=0.0)
+    old = fresh(model, setup, device, sequence=True, limit=8192, margin=0.0, exhaustive=True)
+    _same_answer(new, old)
+    assert 128 < new.best < 8192 and len(old.search["traced"]) == len(old.tried)
+    # traced: below the three points and the points, the bisection's last lengths (not multiples of 32), the answer
+    traced = new.search["traced"]
+    assert {1, 2, 4, 8, 16, 32, 64, 128, new.best, new.first_miss} <= set(traced)
+    assert all(v % 32 for v in set(traced) - {1, 2, 4, 8, 16, 32, 64, 128, new.best, new.first_miss})
+    assert new.search["predicted"] and all(v % 32 == 0 for v in new.search["predicted"])
 
 
 def test_the_pair_is_traced_only_as_far_as_the_search_goes():

@@ -51,7 +51,6 @@ LONG_FUNCTIONS = {
     "targets/onednn/conv_weights_plan.py:backward_weights_plan": 41,
     "targets/onednn/rnn_transients.py:lstm_backward_transients": 56,
     "targets/onednn/rnn_transients.py:lstm_scratchpad_bytes": 55,
-    "trace/batch_scaling.py:_pair": 54,
     "trace/run.py:_traced": 49,
 }
 

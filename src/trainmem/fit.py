@@ -16,7 +16,7 @@ candidate's trace from those two (trace/batch_scaling.py) and replays only the a
 answer's batch is then traced for real and must equal its prediction, else every candidate is traced
 as before (`exhaustive=True` asks for that from the start). The answer is the exhaustive search's:
 the same candidates in the same order, each with the estimate its real trace gives. The sequence
-search traces every candidate (attention makes sizes quadratic in the sequence length).
+search predicts from three traces, sizes quadratic in the length (fit_sequences.py).
 
 A candidate whose estimate fails (a trace error, a feature this torch lacks) is no verdict: the search stops
 there and answers with what it evaluated, listing the failure (FitResult.failed); when even the first
@@ -166,11 +166,13 @@ class FitResult:
                 "failed": [{"value": value, "error": why} for value, why in self.failed]}
 
 
-def _is_hf(model: Any) -> bool:
-    return isinstance(model, str) and model.startswith("hf:")
+def _scaled_sequences(*args: Any) -> Candidates:
+    from trainmem.fit_sequences import ScaledSequences  # here, not at the top: it builds on this module
+
+    return ScaledSequences(*args)
 
 
-def _with_value(setup: TrainingSetup, value: int, sequence: bool, hf: bool = False) -> TrainingSetup:
+def with_value(setup: TrainingSetup, value: int, sequence: bool, hf: bool = False) -> TrainingSetup:
     if not sequence:
         return dataclasses.replace(setup, batch_size=value)
     if hf:
@@ -198,8 +200,8 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
     with `setup=TrainingSetup(...)`, or both (the one reader, estimate.orchestrate.setup_of); `device`, `cache` and
     `target_options` are estimate()'s (a name, a torch.device or a Device; a TargetOptions of its CUDA keys). The
     older positional form `fit(model, setup, device)` still works. The batch search searches batch_size, so a
-    batch_size keyword is refused there (it is the batch of the sequence search). The batch search traces twice
-    and predicts the other candidates (module docstring); `exhaustive` traces every one, as the sequence search does."""
+    batch_size keyword is refused there (it is the batch of the sequence search). The searches trace two or three
+    candidates and predict the others (module docstring); `exhaustive` traces every one."""
     from trainmem.devices import get_device
 
     if not sequence and "batch_size" in setup_values:
@@ -209,8 +211,7 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
     refuse_loose_options(setup_values, "fit()")
     setup = setup_of(setup, setup_values, "fit()")
     options = dict(depth=depth, **TargetOptions.of(target_options, "fit()").cuda_only("fit()"))
-    hf = _is_hf(model)
-    target = get_device(device)  # once: "cuda" identifies this machine's GPU (devices.py)
+    hf, target = isinstance(model, str) and model.startswith("hf:"), get_device(device)  # once: "cuda" is this GPU
     kept = resolve_margin(margin, target)
     if sequence and hf:
         from trainmem.frontends.hf import max_sequence_length
@@ -220,10 +221,10 @@ def fit(model: Any, setup: TrainingSetup | None = None, device: DeviceRef = "cpu
         raise SetupError("expected --input-shape whose first dimension is the sequence length with --max-seq, "
                          "got none", where="--max-seq")
     budget = budget_of(target.capacity_bytes, kept)
-    if sequence or exhaustive or setup.parallel.distributed:  # many ranks: each candidate a per-rank estimate
-        candidates: _Candidates = _EveryCandidateTraced(model, setup, target, sequence, hf, options)
-    else:
-        candidates = ScaledBatches(model, setup, target, options, limit)
+    if exhaustive or setup.parallel.distributed:  # many ranks: each candidate a per-rank estimate
+        candidates: Candidates = _EveryCandidateTraced(model, setup, target, sequence, hf, options)
+    else:  # the sequence search from three traces (fit_sequences.py), the batch search from two
+        candidates = (_scaled_sequences if sequence else ScaledBatches)(model, setup, target, options, limit, hf)
     with Progress(f"fit: the largest {'sequence length' if sequence else 'batch size'}", unit="candidate") as bar:
         bar.total(None)  # doubling, then bisecting: the count is known only at the end
         found = search(candidates, limit, budget, bar)
@@ -255,7 +256,7 @@ class Found:
                                    "candidate", "candidates", where=where)
 
 
-def search(candidates: _Candidates, limit: int, budget: int, progress: Any = None) -> Found:
+def search(candidates: Candidates, limit: int, budget: int, progress: Any = None) -> Found:
     """fit's search with its confirmation: when an estimate the answer rests on proves wrong (a predicted
     trace), the search runs again on the candidates' real traces. `progress` (progress.Progress) advances once
     per candidate estimated. trainmem compare --devices runs the same search per device (sweep.py)."""
@@ -308,7 +309,7 @@ def _search(estimate_at: Callable[[int], Estimate], limit: int, budget: int) -> 
     return Found(good, bad, estimates, failed)
 
 
-class _Candidates:
+class Candidates:
     """Where the search's estimates come from."""
 
     def estimate(self, value: int) -> Estimate:
@@ -322,7 +323,7 @@ class _Candidates:
         raise NotImplementedError
 
 
-class _EveryCandidateTraced(_Candidates):
+class _EveryCandidateTraced(Candidates):
     """Today's search: a whole estimate (trace and replay) per candidate."""
 
     def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, sequence: bool, hf: bool,
@@ -333,14 +334,14 @@ class _EveryCandidateTraced(_Candidates):
 
     def estimate(self, value: int) -> Estimate:
         self.traced.append(value)
-        return _estimate_with(self.model, _with_value(self.setup, value, self.sequence, self.hf), self.device,
+        return _estimate_with(self.model, with_value(self.setup, value, self.sequence, self.hf), self.device,
                               self.options)
 
     def summary(self) -> dict[str, Any]:
         return {"traced": sorted(self.traced), "predicted": [], "how": "traced, each one"}
 
 
-class ScaledBatches(_Candidates):
+class ScaledBatches(Candidates):
     """Batch sizes from two real traces: trace the training step at two batch sizes, match the two traces
     value by value (trace/batch_scaling.py), and give any other batch its predicted trace, which the
     allocator replays as it would a real one. The pair is (1, 2), both candidates the search tries first
@@ -353,9 +354,9 @@ class ScaledBatches(_Candidates):
     a real trace's); different, or streams that do not match at all, and every candidate is traced."""
 
     def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any],
-                 limit: int) -> None:
+                 limit: int, hf: bool = False) -> None:  # hf: as ScaledSequences takes it (a batch's search ignores it)
         self.setup, self.limit = setup, limit
-        self.prepared = prepare(model, setup, device, options.get("depth", 2), **_cuda_options(options))
+        self.prepared = prepare(model, setup, device, options.get("depth", 2), **cuda_options(options))
         self.real: dict[int, Any] = {}  # batch -> its real TraceResult
         self.assembled: dict[int, Estimate] = {}  # batch -> the estimate of its real trace
         self.predicted: dict[int, Estimate] = {}  # batch -> the estimate of its predicted trace
@@ -457,8 +458,7 @@ def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate
     return out
 
 
-
-def _cuda_options(options: dict[str, Any]) -> dict[str, Any]:
+def cuda_options(options: dict[str, Any]) -> dict[str, Any]:
     """The CUDA target's options among fit's (the others: the report depth)."""
     return {key: value for key, value in options.items() if key in TargetOptions.CUDA_KEYS}
 
@@ -466,7 +466,7 @@ def _cuda_options(options: dict[str, Any]) -> dict[str, Any]:
 def _estimate_with(model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any]) -> Estimate:
     """estimate() with fit's options: the report depth and the CUDA target's options."""
     return estimate(model, setup=setup, device=device, depth=options.get("depth", 2),
-                    target_options=_cuda_options(options))
+                    target_options=cuda_options(options))
 
 
 def _traced_again(what: str, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict) -> Remedy:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from fractions import Fraction
 from typing import Any
 
 from trainmem.trace.events import KernelCall, TensorMeta
@@ -78,6 +79,27 @@ class _Line(_Node):
         if value < 0:
             raise Unpredictable(f"{self.first} + {self.slope}·{offset} < 0")
         return value
+
+
+class _Quadratic(_Node):
+    """Through three points (offsets 0 < o₁ < o₂): the quadratic in the offset, in exact fractions (Lagrange's
+    form); a value it gives that is not a whole number, or below 0, is Unpredictable."""
+    __slots__ = ("points",)
+
+    def __init__(self, values: list[int], offsets: list[int]) -> None:
+        self.points = list(zip(offsets, values))
+
+    def at(self, offset: int) -> int:
+        total = Fraction(0)
+        for i, (x_i, y_i) in enumerate(self.points):
+            term = Fraction(y_i)
+            for j, (x_j, _) in enumerate(self.points):
+                if j != i:
+                    term *= Fraction(offset - x_j, x_i - x_j)
+            total += term
+        if total.denominator != 1 or total < 0:
+            raise Unpredictable(f"the quadratic through {self.points} gives {total} at {offset}")
+        return int(total)
 
 
 class _Sequence(_Node):
@@ -141,57 +163,63 @@ def _immutable(value: Any) -> bool:
 def _pair(first: Any, second: Any, span: int, flags_from_second: bool = False) -> _Node:
     """The node that gives `first` at offset 0 and `second` at offset `span`; with `flags_from_second`, a
     bool that differs is taken from `second` for every batch (see BatchScaling)."""
-    kind = type(first)
-    if kind is not type(second):
-        raise StreamsDiffer(f"{kind.__name__} {first!r} against {type(second).__name__} {second!r}")
-    if kind is bool and flags_from_second:
-        return _Same(second)
-    if kind is int:
-        if first == second:
-            return _Same(first)
-        slope, rest = divmod(second - first, span)
+    return _fit([first, second], [0, span], flags_from_second)
+
+
+def _integers(values: list, offsets: list[int]) -> _Node:
+    """Whole numbers at the offsets as one node: equal, a line (two points, a whole slope), or through three
+    points the quadratic (SequenceScaling), which must give whole numbers where it is asked."""
+    if all(value == values[0] for value in values):
+        return _Same(values[0])
+    if len(values) == 2:
+        slope, rest = divmod(values[1] - values[0], offsets[1])
         if rest:
-            raise StreamsDiffer(f"{first} → {second} over {span} batch sizes is not a whole number per sample")
-        return _Line(first, slope)
-    if first == second and _immutable(first):
+            raise StreamsDiffer(f"{values[0]} → {values[1]} over {offsets[1]} batch sizes is not a whole number per "
+                                "sample")
+        return _Line(values[0], slope)
+    return _Quadratic(values, offsets)
+
+
+def _fit(values: list, offsets: list[int], flags_from_last: bool = False) -> _Node:
+    """The node that gives values[i] at offsets[i] (offsets[0] = 0): _pair's walk for two or three points."""
+    first, kind = values[0], type(values[0])
+    for other in values[1:]:
+        if type(other) is not kind:
+            raise StreamsDiffer(f"{kind.__name__} {first!r} against {type(other).__name__} {other!r}")
+    if kind is bool and flags_from_last:
+        return _Same(values[-1])
+    if kind is int:
+        return _integers(values, offsets)
+    if all(other == first for other in values[1:]) and _immutable(first):
         return _Same(first)
     if isinstance(first, (list, tuple)) and not hasattr(first, "_fields"):  # torch.Size too; not namedtuples
-        if len(first) != len(second):
-            raise StreamsDiffer(f"{len(first)} items against {len(second)}")
-        items = []
-        for index, (a, b) in enumerate(zip(first, second)):
-            try:
-                items.append(_pair(a, b, span, flags_from_second))
-            except StreamsDiffer as differ:
-                raise differ.inside(f"[{index}]") from None
-        return _Sequence(kind, items)
+        if any(len(other) != len(first) for other in values[1:]):
+            raise StreamsDiffer(f"{len(first)} items against {' and '.join(str(len(o)) for o in values[1:])}")
+        return _Sequence(kind, [_within(f"[{index}]", list(items), offsets, flags_from_last)
+                                for index, items in enumerate(zip(*values))])
     if isinstance(first, dict):
-        if list(first) != list(second):
-            missing = sorted(set(first) ^ set(second), key=str)[:3]
+        if any(list(other) != list(first) for other in values[1:]):
+            missing = sorted(set(first) ^ set(values[-1]), key=str)[:3]
             raise StreamsDiffer(f"other keys ({', '.join(map(str, missing)) or 'another order'})")
-        values = []
-        for key in first:
-            try:
-                values.append(_pair(first[key], second[key], span, flags_from_second))
-            except StreamsDiffer as differ:
-                raise differ.inside(f"[{key!r}]") from None
-        return _Mapping(kind, list(first), values)
+        return _Mapping(kind, list(first), [_within(f"[{key!r}]", [v[key] for v in values], offsets, flags_from_last)
+                                            for key in first])
     if kind is set:
-        if first != second:
+        if any(other != first for other in values[1:]):
             raise StreamsDiffer("other members")
         return _Set(first)
-    if dataclasses.is_dataclass(first):
-        fields = []
-        for field in dataclasses.fields(first):  # a field outside the value (TraceResult.cache_use): None predicted
-            try:
-                fields.append(_pair(getattr(first, field.name), getattr(second, field.name), span,
-                                    flags_from_second) if field.compare else _Same(None))
-            except StreamsDiffer as differ:
-                raise differ.inside(field.name) from None
-        return _Record(kind, fields)
-    if first == second:
+    if dataclasses.is_dataclass(first):  # a field outside the value (TraceResult.cache_use): None predicted
+        return _Record(kind, [_within(field.name, [getattr(v, field.name) for v in values], offsets, flags_from_last)
+                              if field.compare else _Same(None) for field in dataclasses.fields(first)])
+    if all(other == first for other in values[1:]):
         return _Same(first)
-    raise StreamsDiffer(f"{first!r} against {second!r}")
+    raise StreamsDiffer(f"{first!r} against {values[-1]!r}")
+
+
+def _within(step: str, values: list, offsets: list[int], flags_from_last: bool) -> _Node:
+    try:
+        return _fit(values, offsets, flags_from_last)
+    except StreamsDiffer as differ:
+        raise differ.inside(step) from None
 
 
 def canonical(traced: Any) -> Any:
@@ -245,3 +273,44 @@ class BatchScaling:
         except Unpredictable:
             return False
 
+
+_LENGTH = "sequence length \x00"  # where a warning names the traced length (an hf: model's "built ... sequence length 8")
+
+
+def _worded(traced: Any, old: str, new: str) -> Any:
+    """The TraceResult with `old` written as `new` in its warnings: the words that name the length, the one value
+    of a trace that is neither a size nor the same at every length."""
+    return dataclasses.replace(traced, warnings=[warning.replace(old, new) for warning in traced.warnings])
+
+
+class SequenceScaling:
+    """Traces at any sequence length from traces at three (`lengths`, increasing, none of them 1) of the same
+    setup: each size a quadratic in the length (attention's scores are length × length; everything else that
+    holds the sequence is a multiple of it), where the traced lengths and the one asked for are multiples of any
+    padding a kernel makes (fit_sequences.py). Three points fit any quadratic, so fit.py traces the answer and the
+    first length past it for real and compares both with their predictions before it trusts them."""
+
+    def __init__(self, points: list[tuple[int, Any]]) -> None:
+        lengths = [length for length, _ in points]
+        if len(points) != 3 or not 1 < lengths[0] < lengths[1] < lengths[2]:
+            raise ValueError(f"expected three sequence lengths 1 < s₁ < s₂ < s₃, got {lengths}")
+        self.lengths = lengths
+        try:
+            self._root = _fit([_worded(canonical(traced), f"sequence length {n}", _LENGTH) for n, traced in points],
+                              [n - lengths[0] for n in lengths])
+        except StreamsDiffer as differ:
+            raise differ.inside(f"sequence lengths {', '.join(map(str, lengths))}") from None
+
+    def at(self, length: int) -> Any:
+        """The TraceResult predicted for `length` (Unpredictable below the first length, or where a size is not
+        a whole number or is negative)."""
+        if length < self.lengths[0]:
+            raise Unpredictable(f"sequence length {length} is below the traced {self.lengths[0]}")
+        return _worded(self._root.at(length - self.lengths[0]), _LENGTH, f"sequence length {length}")
+
+    def matches(self, length: int, traced: Any) -> bool:
+        """Whether a real trace at `length` is exactly the prediction, value for value."""
+        try:
+            return canonical(traced) == self.at(length)
+        except Unpredictable:
+            return False
