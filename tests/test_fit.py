@@ -136,14 +136,15 @@ def test_fit_keeps_the_margin():
 def _estimates_with_spread(monkeypatch, spread: int) -> None:
     """fit's estimates, each with a high figure `spread` above the expected one: whole estimates (the
     exhaustive search, the remedies) and replays of a traced or predicted run (the batch search)."""
-    for name in ("estimate", "assemble_traced"):
-        real = getattr(fitmod, name)
+    predicted = importlib.import_module("trainmem.fit_predicted")
+    for module, name in ((fitmod, "estimate"), (predicted, "assemble_traced")):
+        real = getattr(module, name)
 
         def with_spread(*args, _real=real, **kwargs):
             est = _real(*args, **kwargs)
             return dataclasses.replace(est, process_bytes_high=est.process_bytes + spread)
 
-        monkeypatch.setattr(fitmod, name, with_spread)
+        monkeypatch.setattr(module, name, with_spread)
 
 
 def test_fit_compares_the_high_estimate(monkeypatch):

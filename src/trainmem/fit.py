@@ -31,11 +31,11 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 from trainmem.errors import NothingEvaluated, SetupError, TorchVersionError, failure_reason
-from trainmem.estimate import Estimate, assemble_traced, cache_keyword, estimate, prepare, trace
+from trainmem.estimate import Estimate, cache_keyword, estimate
 from trainmem.devices import Device, DeviceRef
 from trainmem.progress import Progress
 from trainmem.estimate.orchestrate import setup_of
-from trainmem.trace.batch_scaling import BatchScaling, StreamsDiffer, Unpredictable
+from trainmem.fit_predicted import Candidates, ScaledBatches as ScaledBatches, cuda_options
 from trainmem.setup import ADAM_FAMILY, InputSpec, Precision, TrainingSetup
 from trainmem.setup.target_options import TargetOptions, refuse_loose_options
 from trainmem.targets import fit_margin, report_words
@@ -309,20 +309,6 @@ def _search(estimate_at: Callable[[int], Estimate], limit: int, budget: int) -> 
     return Found(good, bad, estimates, failed)
 
 
-class Candidates:
-    """Where the search's estimates come from."""
-
-    def estimate(self, value: int) -> Estimate:
-        raise NotImplementedError
-
-    def confirm(self, best: int | None, first_miss: int | None) -> bool:
-        """False when an estimate the answer rests on proved wrong: the search must run again."""
-        return True
-
-    def summary(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-
 class _EveryCandidateTraced(Candidates):
     """Today's search: a whole estimate (trace and replay) per candidate."""
 
@@ -339,94 +325,6 @@ class _EveryCandidateTraced(Candidates):
 
     def summary(self) -> dict[str, Any]:
         return {"traced": sorted(self.traced), "predicted": [], "how": "traced, each one"}
-
-
-class ScaledBatches(Candidates):
-    """Batch sizes from two real traces: trace the training step at two batch sizes, match the two traces
-    value by value (trace/batch_scaling.py), and give any other batch its predicted trace, which the
-    allocator replays as it would a real one. The pair is (1, 2), both candidates the search tries first
-    (a contiguity flag batch 1 sets alone is batch 2's for the rest: BatchScaling); when batch 1 traces
-    another stream (an op skipped because a size-1 dimension needs no copy, an RNN kernel's other path),
-    (2, 4). Batch 1 always keeps its own real trace.
-
-    Two traces fit any line: `confirm` traces the answer for real and compares it with its prediction,
-    value for value. Equal, the answer stands (three traces on one line, and the answer's estimate is
-    a real trace's); different, or streams that do not match at all, and every candidate is traced."""
-
-    def __init__(self, model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any],
-                 limit: int, hf: bool = False) -> None:  # hf: as ScaledSequences takes it (a batch's search ignores it)
-        self.setup, self.limit = setup, limit
-        self.prepared = prepare(model, setup, device, options.get("depth", 2), **cuda_options(options))
-        self.real: dict[int, Any] = {}  # batch -> its real TraceResult
-        self.assembled: dict[int, Estimate] = {}  # batch -> the estimate of its real trace
-        self.predicted: dict[int, Estimate] = {}  # batch -> the estimate of its predicted trace
-        self.scaling: BatchScaling | None = None
-        self.why_traced: str | None = None  # why predictions stopped (None: they are in use)
-        self.confirmed_at: int | None = None
-
-    def _setup_at(self, batch: int) -> TrainingSetup:
-        return dataclasses.replace(self.setup, batch_size=batch)
-
-    def _real(self, batch: int) -> Any:
-        if batch not in self.real:
-            self.real[batch] = trace(self.prepared, self._setup_at(batch))
-        return self.real[batch]
-
-    def _scaling(self) -> BatchScaling | None:
-        if self.scaling is None and self.why_traced is None:
-            pairs = [(first, second) for first, second in ((1, 2), (2, 4)) if second <= self.limit]
-            why = [f"the limit {self.limit} leaves no two batch sizes to match"]
-            for first, second in pairs:
-                try:
-                    self.scaling = BatchScaling(first, self._real(first), second, self._real(second))
-                    break
-                except StreamsDiffer as differ:
-                    why.append(f"traces at batch {first} and {second} differ ({differ})")
-            if self.scaling is None:
-                self.why_traced = "; ".join(why[1:] or why)
-        return self.scaling
-
-    def estimate(self, batch: int) -> Estimate:
-        # 1 and 2 are traced whatever the pair; the pair is matched when a batch above them is asked for,
-        # so that (2, 4) traces 4 only when the search reaches it
-        scaling = self._scaling() if batch > 2 else None
-        if batch not in self.real and scaling is not None:
-            try:
-                predicted = scaling.at(batch)
-            except Unpredictable:
-                predicted = None
-            if predicted is not None:
-                self.predicted[batch] = assemble_traced(self.prepared, self._setup_at(batch), predicted)
-                return self.predicted[batch]
-        if batch not in self.assembled:
-            self.assembled[batch] = assemble_traced(self.prepared, self._setup_at(batch), self._real(batch))
-        return self.assembled[batch]
-
-    def confirm(self, best: int | None, first_miss: int | None) -> bool:
-        """Trace the answer's batch (the first miss when the best was traced already) and compare."""
-        point = next((value for value in (best, first_miss) if value in self.predicted), None)
-        if point is None:
-            return True
-        try:
-            real = self._real(point)
-        except Exception:  # noqa: BLE001 - the search runs again on real traces, where this failure is listed
-            real = None
-        if real is not None and self.scaling.matches(point, real):
-            self.confirmed_at = point  # its estimate is the prediction's: the same trace, replayed alike
-            self.assembled[point] = self.predicted.pop(point)
-            return True
-        self.why_traced = f"the real trace at batch {point} {'failed' if real is None else 'differs from its prediction'}"
-        self.scaling, self.predicted = None, {}
-        return False
-
-    def summary(self) -> dict[str, Any]:
-        if self.scaling is not None:
-            how = (f"predicted from the traces at batch {self.scaling.first_batch} and {self.scaling.second_batch}"
-                   + (f", confirmed by a real trace at batch {self.confirmed_at}" if self.confirmed_at else ""))
-        else:
-            how = (f"traced, each one: {self.why_traced}" if self.why_traced else
-                   f"traced, each one (batch {', '.join(map(str, sorted(self.real)))}): nothing left to predict")
-        return {"traced": sorted(self.real), "predicted": sorted(self.predicted), "how": how}
 
 
 def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate, options: dict) -> list[Remedy]:
@@ -456,11 +354,6 @@ def remedies(model: Any, setup: TrainingSetup, device: DeviceRef, base: Estimate
                           f"by rule: parameters, gradients and optimizer state at the peak ÷ {SHARDING_WORLD}; "
                           "gathered layers and communication buffers not counted", base.process_bytes_high - saved))
     return out
-
-
-def cuda_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The CUDA target's options among fit's (the others: the report depth)."""
-    return {key: value for key, value in options.items() if key in TargetOptions.CUDA_KEYS}
 
 
 def _estimate_with(model: Any, setup: TrainingSetup, device: DeviceRef, options: dict[str, Any]) -> Estimate:

@@ -22,28 +22,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainmem.estimate import Estimate, assemble_traced, prepare, trace
-from trainmem.fit import Candidates, cuda_options, with_value
+from trainmem.estimate import prepare
+from trainmem.fit import with_value
+from trainmem.fit_predicted import PredictedCandidates, cuda_options
 from trainmem.setup import TrainingSetup
-from trainmem.trace.batch_scaling import SequenceScaling, StreamsDiffer, Unpredictable
+from trainmem.trace.batch_scaling import SequenceScaling, StreamsDiffer
 
 POINTS = (32, 64, 128)  # the traced lengths the quadratic goes through
 MULTIPLE = 32  # only lengths that are multiples of this are predicted (the module docstring says why)
 
 
-class ScaledSequences(Candidates):
+class ScaledSequences(PredictedCandidates):
     """Sequence lengths predicted from the traces at POINTS, the answer confirmed by two real traces."""
+
+    unit = "length"
 
     def __init__(self, model: Any, setup: TrainingSetup, device: Any, options: dict[str, Any], limit: int,
                  hf: bool) -> None:
+        super().__init__()
         self.model, self.setup, self.device, self.options, self.limit, self.hf = model, setup, device, options, limit, hf
         self.prepared: dict[int, Any] = {}  # length -> its prepared run (an hf: model's batch follows its length)
-        self.real: dict[int, Any] = {}  # length -> its real TraceResult
-        self.assembled: dict[int, Estimate] = {}
-        self.predicted: dict[int, Estimate] = {}
-        self.scaling: SequenceScaling | None = None
-        self.why_traced: str | None = None  # why predictions stopped (None: in use, or not needed yet)
-        self.confirmed: list[int] = []
 
     def _setup_at(self, length: int) -> TrainingSetup:
         return with_value(self.setup, length, True, self.hf)
@@ -54,10 +52,8 @@ class ScaledSequences(Candidates):
                                             self.options.get("depth", 2), **cuda_options(self.options))
         return self.prepared[length]
 
-    def _real(self, length: int) -> Any:
-        if length not in self.real:
-            self.real[length] = trace(self._prepared(length), self._setup_at(length))
-        return self.real[length]
+    def _predictable(self, length: int) -> bool:
+        return length > POINTS[-1] and length % MULTIPLE == 0
 
     def _scaling(self) -> SequenceScaling | None:
         if self.scaling is None and self.why_traced is None:
@@ -70,41 +66,10 @@ class ScaledSequences(Candidates):
                 self.why_traced = f"the traces at lengths {', '.join(map(str, POINTS))} differ ({differ})"
         return self.scaling
 
-    def estimate(self, length: int) -> Estimate:
-        scaling = self._scaling() if length > POINTS[-1] and length % MULTIPLE == 0 else None
-        if length not in self.real and scaling is not None:
-            try:
-                predicted = scaling.at(length)
-            except Unpredictable:
-                predicted = None
-            if predicted is not None:
-                self.predicted[length] = assemble_traced(self._prepared(length), self._setup_at(length), predicted)
-                return self.predicted[length]
-        if length not in self.assembled:
-            self.assembled[length] = assemble_traced(self._prepared(length), self._setup_at(length), self._real(length))
-        return self.assembled[length]
+    def _to_confirm(self, best: int | None, first_miss: int | None) -> list[int]:
+        """The longest that fits and the first that does not, where they were predicted."""
+        return [value for value in (best, first_miss) if value in self.predicted]
 
-    def confirm(self, best: int | None, first_miss: int | None) -> bool:
-        """Trace the longest that fits and the first that does not, where they were predicted, and compare."""
-        for point in (value for value in (best, first_miss) if value in self.predicted):
-            try:
-                real = self._real(point)
-            except Exception:  # noqa: BLE001 - the search runs again on real traces, where this failure is listed
-                real = None
-            if real is None or not self.scaling.matches(point, real):
-                self.why_traced = (f"the real trace at length {point} "
-                                   f"{'failed' if real is None else 'differs from its prediction'}")
-                self.scaling, self.predicted = None, {}
-                return False
-            self.assembled[point] = self.predicted.pop(point)  # the same trace, replayed alike
-            self.confirmed.append(point)
-        return True
-
-    def summary(self) -> dict[str, Any]:
-        if self.scaling is not None:
-            how = (f"predicted from the traces at sequence lengths {', '.join(map(str, POINTS))}"
-                   + (f", confirmed by real traces at {' and '.join(map(str, self.confirmed))}" if self.confirmed else ""))
-        else:
-            how = (f"traced, each one: {self.why_traced}" if self.why_traced else
-                   f"traced, each one (lengths {', '.join(map(str, sorted(self.real)))}): nothing left to predict")
-        return {"traced": sorted(self.real), "predicted": sorted(self.predicted), "how": how}
+    def _how(self) -> str:
+        return (f"predicted from the traces at sequence lengths {', '.join(map(str, POINTS))}"
+                + (f", confirmed by real traces at {' and '.join(map(str, self.confirmed))}" if self.confirmed else ""))
