@@ -26,7 +26,7 @@ def load_section(setup: TrainingSetup, events: list, allocator: Any, allocated_n
             section["load_" + name] = max((v for v, load in zip(values, in_load) if load), default=0)
             section["training_" + name] = max((v for v, load in zip(values, in_load) if not load), default=0)
     section["peak_in"] = "load" if section["load_peak_bytes"] > section["training_peak_bytes"] else "training"
-    line = (f"load (--load {setup.load}): {load_words(setup)}. {allocated_name}: "
+    line = (f"load (--load {setup.load}): {section['code']}. {allocated_name}: "
             f"{format_bytes(section['load_peak_bytes'])} at most while loading, "
             f"{format_bytes(section['training_peak_bytes'])} in training; the run's peak is in "
             f"{'the load' if section['peak_in'] == 'load' else 'training'} (the load is traced as phase 'load', "

@@ -32,6 +32,7 @@ import torch
 
 from trainmem.setup import Load, TrainingSetup
 from trainmem.trace.events import Phase
+from trainmem.trace.torch_private import tree_leaves
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,7 +49,8 @@ def load_checkpoint(prepared: Any, setup: TrainingSetup, recorder: Any) -> None:
     if saved_state is not None:
         checkpoint["optimizer"] = _loaded(saved_state, None)
     if on_host:
-        recorder.trace.host_storages.update(recorder.storage_ids_of(_tensors(checkpoint)))
+        tensors = [leaf for leaf in tree_leaves(checkpoint) if isinstance(leaf, torch.Tensor)]
+        recorder.trace.host_storages.update(recorder.storage_ids_of(tensors))
     model.load_state_dict(checkpoint["model"])
     if saved_state is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -91,16 +93,6 @@ def _loaded(value: Any, dtype: torch.dtype | None, seen: dict | None = None) -> 
     if isinstance(value, (list, tuple)):
         return type(value)(_loaded(v, dtype, seen) for v in value)
     return value
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 def _copied_to_device(optimizer: torch.optim.Optimizer) -> None:
