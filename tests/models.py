@@ -484,3 +484,51 @@ def packed_lstm_fixed_lengths():
     """The LSTM tagger over packed sequences, the batch's sentences of TAGGER_LENGTHS (up to 16 per batch)."""
     return (_PackedTagger(nn.LSTM, batch_first=True),
             lambda batch: (torch.randint(0, 2000, (batch, 60)), torch.tensor(TAGGER_LENGTHS[:batch])), _tag_loss)
+
+
+# ---- repeated blocks (trace/block_reuse.py composes a trace from a few of them) ---------------------------
+
+def gpt_deep():
+    """TinyGPT with 6 blocks: a stack deep enough to compose (block_reuse.MIN_BLOCKS lowered by the tests)."""
+    return TinyGPT(vocab=500, d_model=64, heads=4, layers=6, seq=32), _tokens(500, 32)
+
+
+def _features(width: int):
+    return lambda batch: (torch.randn(batch, width),)
+
+
+class _CountedBlock(nn.Module):
+    """A block whose forward reads its own index: from the fourth (index 3) on it keeps an extra tensor."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.layer_idx = index  # an index under an index's name: not a setting (block_variants.INDEX_NAMES)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y * torch.sigmoid(y) if self.layer_idx >= 3 else y
+
+
+class _BlockStack(nn.Module):
+    def __init__(self, blocks) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def index_dependent_stack():
+    return _BlockStack(_CountedBlock(i) for i in range(6)), _features(32)
+
+
+def windowed_stack():
+    """Blocks alike in parameters whose settings differ (a sliding window on every other block)."""
+    blocks = [nn.Linear(32, 32) for _ in range(6)]
+    for index, block in enumerate(blocks):
+        block.window = 8 if index % 2 else None
+    return _BlockStack(blocks), _features(32)

@@ -103,3 +103,6 @@ class Trace:
     # the lean loop's trace only: where its names were bound and dropped (trace/loop_twin.py derives the inline
     # loop's trace from them); plain lists, [kind, position in events, phase, module, step, sids]
     loop_marks: list[list] = dataclasses.field(default_factory=list)
+    # sid -> the module an allocation made outside every module was computed from (an optimizer temporary from
+    # its parameter's state): what trace/block_compose.py attributes it to a repeated block by. Not cached.
+    owner_hints: dict[int, str] = dataclasses.field(default_factory=dict, compare=False)

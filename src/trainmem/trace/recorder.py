@@ -178,6 +178,8 @@ class TraceRecorder(TorchDispatchMode):
         sids = [self._track(leaf, op_name) if isinstance(leaf, torch.Tensor) else None for leaf in _tensor_leaves(out)]
         if facts.communication:
             self._label_communication(facts, args, kwargs, sids)
+        if not self.modules.current() and any(sid is not None for sid in sids):
+            self._hint_owners(args, sids)
         if facts.recorded_call:
             self.trace.kernel_calls.append(KernelCall(op_name, at_seq, len(self.trace.events) - at_seq,
                                                       _meta_of(args), _meta_of(_tensor_leaves(out)), tuple(sids)))
@@ -207,6 +209,26 @@ class TraceRecorder(TorchDispatchMode):
         # its registry), kept until it fires
         self._deaths[sid] = weakref.ref(storage, lambda _, key=key, sid=sid: self._died(key, sid))
         return sid
+
+    def _owner_of(self, value: Any) -> str:
+        known = self._live.get(id(value.untyped_storage())) if isinstance(value, torch.Tensor) else None
+        if known is None:
+            return ""
+        return self.trace.storages[known[0]].module or self.trace.owner_hints.get(known[0], "")
+
+    def _hint_owners(self, args: tuple, sids: list[int | None]) -> None:
+        """New storages made outside every module (the optimizer's temporaries) are hinted with the module of
+        what they were computed from: a foreach op's output i from element i of its first list argument of the
+        same length, any other op's outputs from its first argument with an owner."""
+        lists = [arg for arg in args if isinstance(arg, (list, tuple)) and len(arg) == len(sids)]
+        if lists:
+            owners = [self._owner_of(value) for value in lists[0]]
+        else:
+            flat = [v for arg in args for v in (arg if isinstance(arg, (list, tuple)) else (arg,))]
+            owners = [next((o for o in map(self._owner_of, flat) if o), "")] * len(sids)
+        for sid, owner in zip(sids, owners):
+            if sid is not None and owner:
+                self.trace.owner_hints[sid] = owner
 
     def _stream(self) -> int:
         """The stream an allocation is made on now: 0 for the default one, else the n-th other stream seen. The trace

@@ -276,10 +276,48 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     if hit is not None:  # the same run traced before (trace/cache_store.py): its trace, not a second one
         traced, use = hit
         return dataclasses.replace(traced, cache_use=use)
-    traced = _traced(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras, finetune_notes)
+    traced = _by_blocks(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, finetune_notes) \
+        if not keras else None
+    if traced is None:
+        traced = _traced(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras, finetune_notes)
     if key is not None:
         use = cache_store.store(key, traced)
     return dataclasses.replace(traced, cache_use=use)
+
+
+def _by_blocks(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: ModelSource, setup: TrainingSetup,
+               kernel_ops: frozenset[str], semantics: TraceSemantics | None,
+               finetune_notes: list[str]) -> TraceResult | None:
+    """The trace composed from a few of the model's repeated blocks (trace/block_reuse.py), with the whole model's
+    own facts; None to trace it whole (a note says why, when it has such blocks)."""
+    from trainmem.trace.block_reuse import traced_by_blocks
+
+    reuse = traced_by_blocks(model, setup, lambda variant: _traced(variant, make_batch, loss_fn, source, setup,
+                                                                    kernel_ops, semantics, False, finetune_notes))
+    if reuse.traced is None:
+        finetune_notes.extend([reuse.note] if reuse.note else [])
+        return None
+    return dataclasses.replace(reuse.traced, **_whole_model_facts(model))
+
+
+def _whole_model_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """What a composed trace takes from the whole model (on meta) rather than from the variant it was traced as."""
+    from trainmem.trace import finetune
+
+    parameters, trainable, per_module, trainable_shapes = traced_model_facts(model)
+    owners, leaves = _module_sets(model)
+    return {"parameters": parameters, "trainable_parameters": trainable, "module_parameters": per_module,
+            "trainable_shapes": trainable_shapes, "parameter_modules": owners, "leaf_modules": leaves,
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+            "adapter_parameters": finetune.adapter_parameters(model),
+            "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model)}
+
+
+def _module_sets(model: torch.nn.Module) -> tuple[set[str], set[str]]:
+    """(modules that own parameters, modules without children)."""
+    owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
+    return owners, leaves
 
 
 def _cache_key(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: ModelSource, setup: TrainingSetup,
@@ -332,8 +370,7 @@ def _traced(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: Model
     if keras:
         owners, leaves = keras_torch_step.layer_sets(model, per_module)
     else:
-        owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
-        leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
+        owners, leaves = _module_sets(model)
     return TraceResult(
         trace=recorder.trace, parameters=parameters, trainable_parameters=trainable, module_parameters=per_module,
         op_counts=recorder.op_counts,

@@ -1,0 +1,344 @@
+"""The trace of a model with L identical blocks, composed from the trace of the same model cut to k blocks.
+
+A transformer's layers run the same ops on the same shapes in every layer, so the trace of layer 40 is the
+trace of layer 1 with other storage ids and module names. Tracing three layers and composing the other 77 costs
+a fraction of tracing 80 (trace/block_reuse.py decides when, and checks each use).
+
+How the k-block trace (blocks 0 … k-1 of the list at `path`) becomes the L-block one. The template is block 1:
+neither the first block (which takes the embedding's output) nor the last (which feeds the head).
+
+1. Every event belongs to a block or to none. An event inside a module belongs to that module's block (none for
+   the embedding, the head, the loss). An event outside every module is the optimizer's or zero_grad's work,
+   or a free as Python or autograd drops a reference: an allocation belongs to the block of its storage's
+   module, or of the module it was computed from (Trace.owner_hints: an optimizer temporary from its parameter's
+   state); a free to the block that last ran or allocated in this phase when its storage is that block's or a
+   neighbour's (a block drops the previous block's output, the optimizer's loop the previous parameter's
+   temporary), else to its storage's block (zero_grad, a foreach optimizer dropping its lists at the end). An
+   allocation that ends a block's run and is freed in the next block's run of that phase is the next block's.
+2. Each run of the template's consecutive events is repeated L - k + 1 times in the direction the blocks around
+   it go: ascending where the previous block comes before it (forward, the optimizer, zero_grad), descending
+   where the next block does (backward). Blocks after the template move up by L - k.
+3. A storage belongs to the block whose event allocated it. An event of block b that refers to a storage of
+   block o refers, in the composed trace, to the storage at the same place (the same kind — phase, step, op and
+   size — and the same rank among the block's storages of that kind) of the block at the same distance b - o:
+   a block frees its own saved tensors, the previous block's output, the next one's gradient, wherever it sits.
+4. Storage ids are renumbered in allocation order, as the recorder numbers them, and so is every event's `seq`:
+   the composed trace is, event for event, the one the recorder gives the whole model (checked, block_reuse.py).
+Kernel calls go with the event their first output allocated (or the event before them, when they allocated
+none); the sets of host, managed and offloaded storages, the checkpointed modules and the output sizes per
+module are copied the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+
+from trainmem.trace.events import Event, KernelCall, Phase, Trace
+
+TEMPLATE = 1  # the block that is repeated: the first middle block
+COUNT_MARKS = ("zero_grad probed", "end")  # lean-loop marks that hold op counts, not storages (trace/run.py)
+
+
+class NotComposable(Exception):
+    """The traced blocks do not compose (said why); the model is traced whole."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """A list of blocks at `path`, traced with `traced` of them, composed to `total`."""
+
+    path: str
+    traced: int
+    total: int
+
+    @property
+    def extra(self) -> int:
+        return self.total - self.traced
+
+    def block_of(self, module: str) -> int | None:
+        prefix = self.path + "."
+        if not module.startswith(prefix):
+            return None
+        head = module[len(prefix):].split(".", 1)[0]
+        return int(head) if head.isdigit() else None
+
+    def moved(self, block: int, copy: int) -> int:
+        """Where old `block` lands: the template's copy `copy`, the ones before it unmoved, the rest moved up."""
+        if block == TEMPLATE:
+            return TEMPLATE + copy
+        return block if block < TEMPLATE else block + self.extra
+
+    def renamed(self, module: str, copy: int) -> str:
+        block = self.block_of(module)
+        if block is None:
+            return module
+        old, new = f"{self.path}.{block}", f"{self.path}.{self.moved(block, copy)}"
+        return new + module[len(old):]
+
+
+def attribution(trace: Trace, stack: Stack) -> list[int | None]:
+    """Each event's block (module docstring, 1.)."""
+    out: list[int | None] = []
+    last: dict[tuple[Phase, int], int | None] = {}  # (phase, step) -> the block of its last module event or allocation
+    for event in trace.events:
+        where = (event.phase, event.step)
+        owner = stack.block_of(trace.storages[event.sid].module or trace.owner_hints.get(event.sid, ""))
+        if event.module:
+            block = last[where] = stack.block_of(event.module)
+        elif event.action == "alloc":
+            block = last[where] = owner
+        else:
+            running = last.get(where)
+            near = running is not None and owner is not None and abs(owner - running) <= 1
+            block = running if near else owner
+        out.append(block)
+    _joined_to_next(trace.events, out)
+    return out
+
+
+def _joined_to_next(events: list[Event], blocks: list[int | None]) -> None:
+    """Allocations that end one block's run and are freed in the next block's run of the same phase belong to the
+    next block: they
+    are made as it starts, while the previous module is still the current one (the RNG state a checkpointed
+    block restores before recomputing its forward in backward). Walked backwards, so that several join."""
+    freed_at = {event.sid: index for index, event in enumerate(events) if event.action == "free"}
+    for index in range(len(events) - 2, -1, -1):
+        event, mine, following = events[index], blocks[index], blocks[index + 1]
+        if event.action != "alloc" or mine is None or following is None or following == mine:
+            continue
+        end = freed_at.get(event.sid)
+        if end is not None and blocks[end] == following and (events[end].phase, events[end].step) == \
+                (event.phase, event.step):
+            blocks[index] = following
+
+
+class _Composer:
+    def __init__(self, trace: Trace, stack: Stack) -> None:
+        self.trace, self.stack = trace, stack
+        self.blocks = attribution(trace, stack)
+        self.owner: dict[int, int | None] = {}
+        # (block, kind) -> the block's storages of that kind (phase, step, op, bytes) in allocation order: a storage's
+        # counterpart in another block is the one of its kind at its place (the first block may allocate fewer in
+        # all: no gradient for the model's input)
+        self.allocated: dict[tuple, list[int]] = {}
+        self.kind: dict[int, tuple] = {}
+        self.position: dict[int, int] = {}
+        for event, block in zip(trace.events, self.blocks):
+            if event.action == "alloc":
+                self.owner[event.sid] = block
+                self.kind[event.sid] = (event.phase, event.step, event.op, event.nbytes)
+                mine = self.allocated.setdefault((block, self.kind[event.sid]), [])
+                self.position[event.sid] = len(mine)
+                mine.append(event.sid)
+        if set(self.owner) != set(trace.storages):
+            raise NotComposable("a storage without an allocation event")
+        if TEMPLATE not in self.owner.values():
+            raise NotComposable(f"block {TEMPLATE} allocated nothing")
+
+    def storage(self, sid: int, block: int | None, copy: int) -> tuple[int, int]:
+        """(old sid, copy) that an event of old `block`, in the template's copy `copy`, refers to by `sid`."""
+        owner = self.owner[sid]
+        if owner is None:
+            return sid, 0
+        if block is None:
+            if owner == TEMPLATE and self.stack.extra:
+                raise NotComposable(f"an event outside the blocks refers to block {TEMPLATE}'s storage {sid}")
+            return sid, 0
+        at = self.stack.moved(block, copy) - (block - owner)  # the owner's place in the composed stack
+        extra = self.stack.extra
+        if TEMPLATE <= at <= TEMPLATE + extra:
+            old, copy_of = TEMPLATE, at - TEMPLATE
+        else:
+            old, copy_of = (at if at < TEMPLATE else at - extra), 0
+        mine = self.allocated.get((old, self.kind[sid]), [])
+        if at < 0 or self.position[sid] >= len(mine):
+            raise NotComposable(f"block {block}'s storage {sid} has no counterpart in block {old}")
+        return mine[self.position[sid]], copy_of
+
+    def runs(self) -> list[tuple[int, int, range]]:
+        """(start, stop, copies in order) for each part of the event list: runs of the template repeated."""
+        events, blocks, parts, i = self.trace.events, self.blocks, [], 0
+        while i < len(events):
+            j = i + 1
+            while j < len(events) and (blocks[j] == TEMPLATE) == (blocks[i] == TEMPLATE):
+                j += 1
+            if blocks[i] != TEMPLATE:
+                parts.append((i, j, range(1)))
+            else:
+                descending = self._descending(i, j)
+                copies = range(self.stack.extra + 1)
+                parts.append((i, j, copies[::-1] if descending else copies))
+            i = j
+        return parts
+
+    def _descending(self, start: int, stop: int) -> bool:
+        before = next((b for b in reversed(self.blocks[:start]) if b is not None and b != TEMPLATE), None)
+        after = next((b for b in self.blocks[stop:] if b is not None and b != TEMPLATE), None)
+        return before == TEMPLATE + 1 or (before is None and after == TEMPLATE - 1)
+
+
+def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements: dict[str, int]):
+    """(trace, checkpointed, output_elements) of the model with stack.total blocks (module docstring)."""
+    composer = _Composer(trace, stack)
+    calls = _anchored_calls(trace.kernel_calls)
+    ids: dict[tuple[int, int], int] = {}
+    events, kernel_calls = [], []
+    before = [call for call, _ in calls.get(-1, [])]
+    kernel_calls += [dataclasses.replace(call, at_seq=0) for call in before]
+    starts: dict[int, int] = {}  # old index -> its place in the composed list (a template run: its first event's)
+    for start, stop, copies in composer.runs():
+        starts[start] = len(events)
+        if len(copies) == 1:
+            starts.update((index, len(events) + index - start) for index in range(start, stop))
+        for copy in copies:
+            for index in range(start, stop):
+                event, block = trace.events[index], composer.blocks[index]
+                key = composer.storage(event.sid, block, copy)
+                if event.action == "alloc":
+                    if key in ids:
+                        raise NotComposable(f"storage {event.sid} allocated twice in copy {copy}")
+                    ids[key] = len(ids)
+                elif key not in ids:
+                    raise NotComposable(f"storage {event.sid} freed before it is allocated in copy {copy}")
+                for call, after in calls.get(index, []):
+                    sids = tuple(None if s is None else ids.get(composer.storage(s, block, copy)) for s in
+                                 call.output_sids)
+                    kernel_calls.append(dataclasses.replace(call, at_seq=len(events) + after, output_sids=sids))
+                events.append(Event(len(events), event.action, event.nbytes, ids[key], event.phase,
+                                    stack.renamed(event.module, copy), event.op, event.step))
+    storages, copies_of = _storages(trace, ids, stack)
+    sets = {name: {new for old in getattr(trace, name) for new in copies_of.get(old, [])}
+            for name in ("host_storages", "managed_storages", "offloaded_storages")}
+    marks = [_mark(mark, starts, len(trace.events), len(events), copies_of, composer, stack)
+             for mark in trace.loop_marks]
+    composed = Trace(events, storages, kernel_calls, **sets, loop_marks=marks)
+    return composed, _names(checkpointed, stack), dict(zip(_names(list(output_elements), stack),
+                                                           _values(output_elements, stack)))
+
+
+def _anchored_calls(kernel_calls: list[KernelCall]) -> dict[int, list[tuple[KernelCall, bool]]]:
+    """Event index -> the kernel calls that go with it, and whether each is placed after it (a call that allocated
+    nothing goes with the event before it)."""
+    calls: dict[int, list[tuple[KernelCall, bool]]] = {}
+    for call in kernel_calls:
+        after = call.outputs_allocated == 0
+        calls.setdefault(call.at_seq - 1 if after else call.at_seq, []).append((call, after))
+    return calls
+
+
+def _storages(trace: Trace, ids: dict[tuple[int, int], int], stack: Stack):
+    """(the composed storage records by new sid, old sid -> its new sids)."""
+    storages, copies_of = {}, {}
+    for (old, copy), new in ids.items():
+        record = trace.storages[old]
+        storages[new] = dataclasses.replace(record, sid=new, module=stack.renamed(record.module, copy))
+        copies_of.setdefault(old, []).append(new)
+    return dict(sorted(storages.items())), copies_of
+
+
+def _mark(mark: list, starts: dict[int, int], old_length: int, length: int, copies_of: dict[int, list[int]],
+          composer: _Composer, stack: Stack) -> list:
+    """A lean loop's mark (trace/loop_twin.py) in the composed trace: at the same place between parts, its storages
+    with every copy of the template's. Op counts ("zero_grad probed", "end") are block_reuse.py's to extrapolate."""
+    kind, position, phase, module, step, held = mark
+    if position == old_length:
+        at = length
+    elif position in starts:
+        at = starts[position]
+    else:
+        raise NotComposable(f"a loop mark ({kind}) inside block {TEMPLATE}'s events")
+    if kind not in COUNT_MARKS:
+        held = sorted(new for sid in held for new in copies_of.get(sid, []))
+    return [kind, at, phase, stack.renamed(module, 0), step, held]
+
+
+def _copies(name: str, stack: Stack) -> range:
+    return range(stack.extra + 1) if stack.block_of(name) == TEMPLATE else range(1)
+
+
+def _names(names: list[str], stack: Stack) -> list[str]:
+    return [stack.renamed(name, copy) for name in names for copy in _copies(name, stack)]
+
+
+def _values(table: dict[str, int], stack: Stack) -> list[int]:
+    return [value for name, value in table.items() for _ in _copies(name, stack)]
+
+
+def extrapolated_counts(fewer: Counter, more: Counter, steps: int) -> Counter:
+    """Op counts `steps` blocks beyond `more` (one block beyond `fewer`): each op's count per block repeated."""
+    return Counter({op: more[op] + steps * (more[op] - fewer[op]) for op in set(fewer) | set(more)})
+
+
+def first_difference(composed: Trace, traced: Trace) -> str | None:
+    """Where a composed trace differs from the traced one (None: identical, event for event)."""
+    if len(composed.events) != len(traced.events):
+        return f"{len(composed.events):,} events composed, {len(traced.events):,} traced"
+    for mine, theirs in zip(composed.events, traced.events):
+        if mine != theirs:
+            return f"event {theirs.seq}: composed {mine}, traced {theirs}"
+    if composed.storages != traced.storages:
+        sid = next(s for s in traced.storages if composed.storages.get(s) != traced.storages[s])
+        return f"storage {sid}: composed {composed.storages.get(sid)}, traced {traced.storages[sid]}"
+    if [_call_key(c) for c in composed.kernel_calls] != [_call_key(c) for c in traced.kernel_calls]:
+        return "kernel calls differ"
+    for name in ("host_storages", "managed_storages", "offloaded_storages"):
+        if getattr(composed, name) != getattr(traced, name):
+            return f"{name} differ"
+    plain = lambda marks: [m if m[0] not in COUNT_MARKS else m[:5] for m in marks]  # noqa: E731
+    if plain(composed.loop_marks) != plain(traced.loop_marks):
+        return "loop marks differ"
+    return None
+
+
+def extrapolated_marks(composed: list[list], fewer: list[list], more: list[list], steps: int) -> list[list]:
+    """The composed marks with the op counts of COUNT_MARKS extrapolated like the op counts (`steps` beyond `more`)."""
+    out = []
+    for mark, few, many in zip(composed, fewer, more, strict=True):
+        if mark[0] in COUNT_MARKS:
+            counts = extrapolated_counts(Counter(dict(few[5])), Counter(dict(many[5])), steps)
+            mark = mark[:5] + [sorted([op, n] for op, n in counts.items() if n)]
+        out.append(mark)
+    return out
+
+
+def _call_key(call: KernelCall) -> tuple:
+    """A kernel call with its storage keys (ids of the storages during the call) numbered within the call."""
+    numbers: dict[int, int] = {}
+
+    def plain(value):
+        if dataclasses.is_dataclass(value) and hasattr(value, "storage_key"):
+            return dataclasses.replace(value, storage_key=numbers.setdefault(value.storage_key, len(numbers)))
+        if isinstance(value, (tuple, list)):
+            return tuple(plain(v) for v in value)
+        return value
+
+    return call.op, call.at_seq, call.outputs_allocated, plain(call.args), plain(call.outputs), call.output_sids
+
+
+_NUMBER = re.compile(r"\d[\d,]*")
+
+
+def extrapolated_notes(fewer: list[str], more: list[str], steps: int) -> list[str]:
+    """The notes of the composed trace: a note that counts something per block ("scaled_dot_product_attention ×8")
+    reads, in the 3- and 4-block traces, the same but for its numbers; each number that differs is extrapolated
+    `steps` blocks beyond `more`. Notes that differ otherwise do not compose."""
+    if len(fewer) != len(more):
+        raise NotComposable("the traces' notes differ")
+    out = []
+    for few, many in zip(fewer, more):
+        if _NUMBER.split(few) != _NUMBER.split(many):
+            raise NotComposable(f"the note {many!r} is not the 3-block trace's")
+        grown = [_grown(a, b, steps) for a, b in zip(_NUMBER.findall(few), _NUMBER.findall(many))]
+        pieces = _NUMBER.split(many)
+        out.append("".join(piece + number for piece, number in zip(pieces, grown + [""])))
+    return out
+
+
+def _grown(few: str, many: str, steps: int) -> str:
+    if few == many:
+        return many
+    a, b = int(few.replace(",", "")), int(many.replace(",", ""))
+    value = b + steps * (b - a)
+    return f"{value:,}" if "," in many or "," in few else str(value)

@@ -1,0 +1,85 @@
+"""When a model's repeated blocks are traced a few and the rest composed (trace/block_compose.py), and the check
+made on every use.
+
+A PyTorch model with at least MIN_BLOCKS repeated blocks (trace/block_variants.py: alike in type, parameter
+shapes and every plain setting, and no per-block list in its config) is traced cut to 3 blocks and to 4. The
+3-block trace composed to 4 blocks must equal the 4-block trace event for event, storage for storage and kernel
+call for kernel call (block_compose.first_difference); then the 3-block trace composed to all L blocks is the
+model's trace. Anything else — a difference, a trace the composition refuses — and the model is traced whole,
+which the report says with the reason. What the check cannot see is a block that behaves differently only
+beyond the fourth because of its index (a forward that reads `self.layer_idx` to pick its attention); the
+settings check refuses the models where that index reaches a setting or a per-block list of the config.
+
+Op counts are the 4-block counts plus each op's count per block (4 minus 3) for every further block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from trainmem.trace.block_compose import (NotComposable, Stack, compose, extrapolated_counts, extrapolated_marks,
+                                          extrapolated_notes,                                           first_difference)
+from trainmem.trace.traced import TraceResult
+
+MIN_BLOCKS = 8  # below, tracing 3 and 4 blocks costs about as much as tracing the model whole
+TRACED = (3, 4)  # block counts traced: 3 has a middle block (block_compose.TEMPLATE) before the last
+_state = {"on": True}
+
+
+@contextlib.contextmanager
+def whole_models() -> Iterator[None]:
+    """Every model traced whole inside (the tests and benchmarks that hold composed traces to whole ones)."""
+    before, _state["on"] = _state["on"], False
+    try:
+        yield
+    finally:
+        _state["on"] = before
+
+
+@dataclasses.dataclass(frozen=True)
+class Reuse:
+    traced: TraceResult | None  # the composed trace (None: trace the model whole)
+    note: str = ""  # what the report says about it ("" when the model has no stack of blocks to compose)
+
+
+def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceResult]) -> Reuse:
+    """The model's trace composed from its 3- and 4-block variants, or why it is traced whole."""
+    from trainmem.trace.block_variants import differing_settings, repeated_blocks, with_blocks
+
+    found = repeated_blocks(model)
+    if not _state["on"] or found is None or found.count < MIN_BLOCKS or setup.compile:
+        return Reuse(None)
+    whole = f"{found.count} blocks of {found.path} traced whole"
+    why = differing_settings(model, found)
+    if why is not None:
+        return Reuse(None, f"{whole}: {why}")
+    few, more = (trace_model(with_blocks(model, found.path, k)) for k in TRACED)
+    if few.quantized_parameters:
+        return Reuse(None, f"{whole}: 4-bit weights are not composed")
+    try:
+        trace, _, _ = compose(few.trace, Stack(found.path, TRACED[0], TRACED[1]), few.checkpointed,
+                              few.output_elements)
+        difference = first_difference(trace, more.trace)
+        if difference is not None:
+            return Reuse(None, f"{whole}: {TRACED[0]} blocks composed to {TRACED[1]} differ from {TRACED[1]} traced "
+                               f"({difference})")
+        trace, checkpointed, outputs = compose(few.trace, Stack(found.path, TRACED[0], found.count),
+                                               few.checkpointed, few.output_elements)
+    except NotComposable as error:
+        return Reuse(None, f"{whole}: {error}")
+    steps = found.count - TRACED[1]
+    counts = extrapolated_counts(few.op_counts, more.op_counts, steps)
+    trace.loop_marks = extrapolated_marks(trace.loop_marks, few.trace.loop_marks, more.trace.loop_marks, steps)
+    note = (f"{found.count} blocks of {found.path}: the model traced with {TRACED[0]} and {TRACED[1]} of them, the "
+            f"other {found.count - TRACED[0]} composed from block 1's events (checked: {TRACED[0]} composed to "
+            f"{TRACED[1]} equal {TRACED[1]} traced, event for event)")
+    try:
+        notes = extrapolated_notes(few.warnings, more.warnings, steps)
+    except NotComposable as error:
+        return Reuse(None, f"{whole}: {error}")
+    composed = dataclasses.replace(more, trace=trace, checkpointed=checkpointed, output_elements=outputs,
+                                   op_counts=counts, warnings=notes + [note])
+    return Reuse(composed, note)
