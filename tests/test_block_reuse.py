@@ -19,6 +19,7 @@ from trainmem.trace.cache_store import switched
 CASES = {
     "inline adamw": {"optimizer": "adamw"},
     "lean momentum": {"optimizer": "momentum", "loop": "lean"},
+    "lean adam checkpointing": {"optimizer": "adam", "loop": "lean", "checkpointing": True},
     "inline bf16-mixed accumulation": {"optimizer": "adamw", "precision": "bf16-mixed", "grad_accum": 2},
     "lean foreach adamw": {"optimizer": "adamw", "loop": "lean", "optimizer_impl": "foreach"},
 }
@@ -61,15 +62,19 @@ def test_composed_trace_is_the_whole_trace(monkeypatch, case):
     _same_result(composed, whole)
 
 
-@pytest.mark.heavy
-def test_checkpointed_blocks_are_traced_whole(monkeypatch):
-    """trace/checkpointing.py calls a checkpointed block's forward without its module hooks, so in backward the
-    recomputed ops outside its submodules keep the module that ran before (the next block's): the check refuses
-    the composition and the model is traced whole (a known gap: the recompute's module attribution)."""
-    composed, whole = _both(monkeypatch, zoo("gpt_deep"), {"optimizer": "adam", "loop": "lean",
-                                                            "checkpointing": True})
-    assert any("6 blocks of blocks traced whole" in w for w in composed.warnings)
-    assert first_difference(composed.trace, whole.trace) is None
+def test_a_recomputed_block_is_attributed_to_itself():
+    """checkpoint() recomputes a block with its forward, not its call, and stops once backward has what it needs:
+    the recomputed ops are the block's (trace/checkpointing.py), and no module it was in stays current after it
+    (the next step's backward starts in the loss and the head, not in a block)."""
+    with switched(False):
+        traced = _traced(zoo("gpt_deep"), {"optimizer": "adam", "checkpointing": True})
+    events = traced.trace.events
+    recomputed = [e for e in events if e.phase.value == "backward" and e.op == "scaled_dot_product_attention"
+                  or e.phase.value == "backward" and e.op.startswith("_scaled_dot_product_flash_attention")]
+    assert recomputed and all(e.module.startswith("blocks.") for e in recomputed)
+    for step in (0, 1):
+        first = next(e for e in events if e.phase.value == "backward" and e.step == step and e.module)
+        assert not first.module.startswith("blocks."), first
 
 
 @pytest.mark.heavy

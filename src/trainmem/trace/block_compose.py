@@ -11,9 +11,11 @@ neither the first block (which takes the embedding's output) nor the last (which
    the embedding, the head, the loss). An event outside every module is the optimizer's or zero_grad's work,
    or a free as Python or autograd drops a reference: an allocation belongs to the block of its storage's
    module, or of the module it was computed from (Trace.owner_hints: an optimizer temporary from its parameter's
-   state); a free to the block that last ran or allocated in this phase when its storage is that block's or a
-   neighbour's (a block drops the previous block's output, the optimizer's loop the previous parameter's
-   temporary), else to its storage's block (zero_grad, a foreach optimizer dropping its lists at the end). An
+   state). A free outside every module, or in the module whose loop runs the blocks, belongs to the block that
+   last ran or allocated when its storage is that block's or a neighbour's: in forward and backward (the loop
+   drops the previous block's output between two blocks), and in the optimizer when that block goes on after it
+   (its loop drops the previous parameter's temporary); else to its storage's block (zero_grad, a foreach
+   optimizer dropping its lists at the end). An
    allocation that ends a block's run and is freed in the next block's run of that phase is the next block's.
 2. Each run of the template's consecutive events is repeated L - k + 1 times in the direction the blocks around
    it go: ascending where the previous block comes before it (forward, the optimizer, zero_grad), descending
@@ -38,6 +40,8 @@ from collections import Counter
 from trainmem.trace.events import Event, KernelCall, Phase, Trace
 
 TEMPLATE = 1  # the block that is repeated: the first middle block
+# phases in which an event outside every module runs in the model's own forward (or its backward): the root module's
+_MODULE_PHASES = frozenset({Phase.FORWARD, Phase.LOSS, Phase.BACKWARD})
 COUNT_MARKS = ("zero_grad probed", "end")  # lean-loop marks that hold op counts, not storages (trace/run.py)
 
 
@@ -80,21 +84,33 @@ class Stack:
 
 def attribution(trace: Trace, stack: Stack) -> list[int | None]:
     """Each event's block (module docstring, 1.)."""
-    out: list[int | None] = []
-    last: dict[tuple[Phase, int], int | None] = {}  # (phase, step) -> the block of its last module event or allocation
-    for event in trace.events:
+    events = trace.events
+    owners = [stack.block_of(trace.storages[e.sid].module or trace.owner_hints.get(e.sid, "")) for e in events]
+    out: list[int | None] = [None] * len(events)
+    # frees outside every module, or in the module whose loop runs the blocks (and its ancestors): settled below
+    loops = {stack.path.rsplit(".", k)[0] for k in range(1, stack.path.count(".") + 1)}
+    loose = [e.action == "free" and (not e.module or e.module in loops) for e in events]
+    running: list[int | None] = [None] * len(events)  # the block that last ran or allocated, in this phase and step
+    last: dict[tuple[Phase, int], int | None] = {}
+    for index, event in enumerate(events):
         where = (event.phase, event.step)
-        owner = stack.block_of(trace.storages[event.sid].module or trace.owner_hints.get(event.sid, ""))
-        if event.module:
-            block = last[where] = stack.block_of(event.module)
-        elif event.action == "alloc":
-            block = last[where] = owner
-        else:
-            running = last.get(where)
-            near = running is not None and owner is not None and abs(owner - running) <= 1
-            block = running if near else owner
-        out.append(block)
-    _joined_to_next(trace.events, out)
+        if not loose[index]:
+            out[index] = last[where] = stack.block_of(event.module) if event.module else owners[index]
+        running[index] = last.get(where)
+    following: dict[tuple[Phase, int], int | None] = {}  # the block of the next event that is not a loose free
+    for index in range(len(events) - 1, -1, -1):
+        where = (events[index].phase, events[index].step)
+        if not loose[index]:
+            following[where] = out[index]
+            continue
+        block, owner, event = running[index], owners[index], events[index]
+        if block is None or (owner is not None and abs(owner - block) > 1):
+            out[index] = owner
+        elif event.phase in _MODULE_PHASES:  # the loop over the blocks drops a name between two of them
+            out[index] = block
+        else:  # the optimizer's loop: a temporary of the parameter before, while the running block goes on after it
+            out[index] = block if owner is not None and following.get(where) == block else owner
+    _joined_to_next(events, out)
     return out
 
 
@@ -119,6 +135,7 @@ class _Composer:
         self.trace, self.stack = trace, stack
         self.blocks = attribution(trace, stack)
         self.owner: dict[int, int | None] = {}
+        self.latest = 0  # the template's copy emitted last (compose)
         # (block, kind) -> the block's storages of that kind (phase, step, op, bytes) in allocation order: a storage's
         # counterpart in another block is the one of its kind at its place (the first block may allocate fewer in
         # all: no gradient for the model's input)
@@ -142,10 +159,8 @@ class _Composer:
         owner = self.owner[sid]
         if owner is None:
             return sid, 0
-        if block is None:
-            if owner == TEMPLATE and self.stack.extra:
-                raise NotComposable(f"an event outside the blocks refers to block {TEMPLATE}'s storage {sid}")
-            return sid, 0
+        if block is None:  # outside the blocks: a template storage is the copy that ran last (the encoder's end
+            return sid, self.latest if owner == TEMPLATE else 0  # drops the last blocks' outputs)
         at = self.stack.moved(block, copy) - (block - owner)  # the owner's place in the composed stack
         extra = self.stack.extra
         if TEMPLATE <= at <= TEMPLATE + extra:
@@ -184,7 +199,7 @@ def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements
     composer = _Composer(trace, stack)
     calls = _anchored_calls(trace.kernel_calls)
     ids: dict[tuple[int, int], int] = {}
-    events, kernel_calls = [], []
+    events, kernel_calls, pending = [], [], []
     before = [call for call, _ in calls.get(-1, [])]
     kernel_calls += [dataclasses.replace(call, at_seq=0) for call in before]
     starts: dict[int, int] = {}  # old index -> its place in the composed list (a template run: its first event's)
@@ -193,6 +208,7 @@ def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements
         if len(copies) == 1:
             starts.update((index, len(events) + index - start) for index in range(start, stop))
         for copy in copies:
+            composer.latest = copy
             for index in range(start, stop):
                 event, block = trace.events[index], composer.blocks[index]
                 key = composer.storage(event.sid, block, copy)
@@ -202,12 +218,12 @@ def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements
                     ids[key] = len(ids)
                 elif key not in ids:
                     raise NotComposable(f"storage {event.sid} freed before it is allocated in copy {copy}")
-                for call, after in calls.get(index, []):
-                    sids = tuple(None if s is None else ids.get(composer.storage(s, block, copy)) for s in
-                                 call.output_sids)
-                    kernel_calls.append(dataclasses.replace(call, at_seq=len(events) + after, output_sids=sids))
+                pending += [(call, len(events) + after, block, copy) for call, after in calls.get(index, [])]
                 events.append(Event(len(events), event.action, event.nbytes, ids[key], event.phase,
                                     stack.renamed(event.module, copy), event.op, event.step))
+    for call, at, block, copy in pending:  # its outputs' ids once all are allocated
+        sids = tuple(None if s is None else ids.get(composer.storage(s, block, copy)) for s in call.output_sids)
+        kernel_calls.append(dataclasses.replace(call, at_seq=at, output_sids=sids))
     storages, copies_of = _storages(trace, ids, stack)
     sets = {name: {new for old in getattr(trace, name) for new in copies_of.get(old, [])}
             for name in ("host_storages", "managed_storages", "offloaded_storages")}

@@ -24,7 +24,8 @@ from trainmem.trace.block_compose import (NotComposable, Stack, compose, extrapo
                                           extrapolated_notes,                                           first_difference)
 from trainmem.trace.traced import TraceResult
 
-MIN_BLOCKS = 8  # below, tracing 3 and 4 blocks costs about as much as tracing the model whole
+MIN_BLOCKS = 16  # below, tracing 3 and 4 blocks costs about what tracing the whole model does: 12-block GPT-2
+# and BERT-base estimates took 0.99x and 1.03x as long composed (benchmarks/results/block_reuse.md, MIN_BLOCKS lowered)
 TRACED = (3, 4)  # block counts traced: 3 has a middle block (block_compose.TEMPLATE) before the last
 _state = {"on": True}
 

@@ -13,6 +13,7 @@ saved and its inside is recomputed in backward.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -48,13 +49,23 @@ def _blocks_within(name: str, module: torch.nn.Module) -> list[tuple[str, torch.
             for block in _blocks_within(f"{name}.{child_name}", child)]
 
 
-def _checkpointed_forward(original, *args, **kwargs):
-    return checkpoint(original, *args, use_reentrant=False, **kwargs)
+def _checkpointed_forward(block, original, *args, **kwargs):
+    return checkpoint(original, *args, use_reentrant=False, context_fn=functools.partial(_contexts, block), **kwargs)
+
+
+def _contexts(block: torch.nn.Module):
+    """(forward, recomputation) contexts: checkpoint() recomputes with the block's forward itself, not through
+    the module's call, so the trace's module tracker is told the block runs (else the recomputed ops outside its
+    submodules would keep the module that ran before: the next block's)."""
+    from trainmem.trace.modules import ModuleTracker
+
+    tracker = ModuleTracker.active
+    return contextlib.nullcontext(), (tracker.running(block) if tracker is not None else contextlib.nullcontext())
 
 
 def checkpoint_blocks(model: torch.nn.Module) -> list[str]:
     names = []
     for name, block in find_blocks(model):
-        block.forward = functools.partial(_checkpointed_forward, block.forward)
+        block.forward = functools.partial(_checkpointed_forward, block, block.forward)
         names.append(name)
     return names

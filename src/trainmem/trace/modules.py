@@ -23,8 +23,10 @@ such a rescan and counts the work, benchmarks/speed.py measures the recorder's c
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import torch
 from trainmem.trace.compiled import compiled_trace_active
@@ -36,6 +38,8 @@ _Noted = tuple[int, weakref.ref, str, bool, int]
 
 
 class ModuleTracker:
+    active: ClassVar[ModuleTracker | None] = None  # the tracker entered now (checkpointing.py's recomputation asks)
+
     def __init__(self, model: torch.nn.Module) -> None:
         self._names = {id(m): name for name, m in model.named_modules()}
         self._by_name = {name: m for name, m in model.named_modules()}
@@ -53,12 +57,28 @@ class ModuleTracker:
         hooks = torch.nn.modules.module
         self._handles = [hooks.register_module_forward_pre_hook(self._pre),
                          hooks.register_module_forward_hook(self._post)]
+        ModuleTracker.active = self
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        ModuleTracker.active = None
+
+    @contextlib.contextmanager
+    def running(self, module: torch.nn.Module) -> Iterator[None]:
+        """`module`'s forward run by a caller that bypasses its hooks (torch.utils.checkpoint recomputing a block in
+        backward, trace/checkpointing.py): its ops are attributed to it, as when it is called. The recomputation
+        stops as soon as it has remade the tensors backward needs (non-reentrant checkpoint raises inside the
+        forward): the submodules it was in never return, so their entries are dropped here with the block's."""
+        depth = len(self._stack)
+        self._pre(module, ())
+        try:
+            yield
+        finally:
+            del self._stack[depth + 1:]
+            self._post(module, (), None)
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if compiled_trace_active() and torch.compiler.is_compiling():  # dynamo traces the hooks of a --compile
