@@ -25,7 +25,7 @@ import torch
 from trainmem.errors import SetupError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
 from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake, apply_on_meta
-from trainmem.setup.layout import Offload
+from trainmem.setup.layout import Offload, Strategy
 from trainmem.parallel.world import fake_world
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.trace import keras_torch_step
@@ -77,19 +77,40 @@ def trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops:
 
 def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops: frozenset[str],
                 semantics: TraceSemantics | None, cuda: bool) -> TraceResult:
+    from trainmem.trace.block_reuse import traced_by_blocks
+
     with fake_world(setup.parallel, role.rank) as world:
         model, make_batch, loss_fn, notes = build_on_meta(source, setup)
         facts = traced_model_facts(model)  # the whole model's counts, as its card gives them
-        ctx = ParallelContext(setup.parallel, world, role, setup, cuda_semantics=cuda)
-        checkpointed: list[str] = []
 
-        def checkpoint(module: Any) -> None:
-            if setup.checkpointing:
-                checkpointed.extend(checkpoint_blocks(module))
+        def traced(variant: Any, more_notes: tuple[str, ...] = ()) -> TraceResult:
+            ctx = ParallelContext(setup.parallel, world, role, setup, cuda_semantics=cuda)
+            checkpointed: list[str] = []
 
-        model = apply_on_meta(model, ctx, before_data_parallel=checkpoint)
-        return _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
-                       notes, kernel_ops, semantics)
+            def checkpoint(module: Any) -> None:
+                if setup.checkpointing:
+                    checkpointed.extend(checkpoint_blocks(module))
+
+            wrapped = apply_on_meta(variant, ctx, before_data_parallel=checkpoint)
+            return _traced(source, setup, wrapped, make_batch, loss_fn, ctx, checkpointed, facts,
+                           notes + list(more_notes), kernel_ops, semantics)
+
+        reuse = traced_by_blocks(model, setup, traced) if composable(setup.parallel) else None
+        if reuse is not None and reuse.traced is not None:
+            return reuse.traced
+        return traced(model, (reuse.note,) if reuse is not None and reuse.note else ())
+
+
+# The strategies whose ranks' traces compose from 3 and 4 blocks (trace/block_reuse.py), as checked on the zoo's
+# deep GPT (tests/test_block_reuse.py): FSDP2's units are the blocks. Not: DDP and ZeRO-1 (gradient buckets
+# partition all the model's parameters by size), ZeRO-3, FSDP1 and TP, whose 3-block traces composed to 4 differ
+# from the 4-block ones (the check would refuse them after tracing both), and pipelines (the stages split the
+# blocks by their number).
+COMPOSABLE = (Strategy.FSDP, Strategy.ZERO2)
+
+
+def composable(layout: Any) -> bool:
+    return layout.strategy in COMPOSABLE and layout.tp == 1 and layout.pp == 1
 
 
 def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts, notes, kernel_ops, semantics):

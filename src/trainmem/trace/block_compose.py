@@ -230,7 +230,7 @@ def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements
     marks = [_mark(mark, starts, len(trace.events), len(events), copies_of, composer, stack)
              for mark in trace.loop_marks]
     composed = Trace(events, storages, kernel_calls, **sets, loop_marks=marks)
-    return composed, _names(checkpointed, stack), dict(zip(_names(list(output_elements), stack),
+    return composed, composed_names(checkpointed, stack), dict(zip(composed_names(list(output_elements), stack),
                                                            _values(output_elements, stack)))
 
 
@@ -274,7 +274,8 @@ def _copies(name: str, stack: Stack) -> range:
     return range(stack.extra + 1) if stack.block_of(name) == TEMPLATE else range(1)
 
 
-def _names(names: list[str], stack: Stack) -> list[str]:
+def composed_names(names: list[str], stack: Stack) -> list[str]:
+    """Module names of the k-block model as the whole model has them, the template's repeated."""
     return [stack.renamed(name, copy) for name in names for copy in _copies(name, stack)]
 
 
@@ -333,18 +334,19 @@ def _call_key(call: KernelCall) -> tuple:
     return call.op, call.at_seq, call.outputs_allocated, plain(call.args), plain(call.outputs), call.output_sids
 
 
-_NUMBER = re.compile(r"\d[\d,]*")
+_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+|\d+")  # 1,234 or 42
 
 
 def extrapolated_notes(fewer: list[str], more: list[str], steps: int) -> list[str]:
     """The notes of the composed trace: a note that counts something per block ("scaled_dot_product_attention ×8")
-    reads, in the 3- and 4-block traces, the same but for its numbers; each number that differs is extrapolated
-    `steps` blocks beyond `more`. Notes that differ otherwise do not compose."""
+    has, in the 3- and 4-block traces, the same numbers in the same places; each number that differs is
+    extrapolated `steps` blocks beyond `more`, in the 4-block note's words (a list of blocks cut short, "blocks.0,
+    blocks.1, blocks.2, …", reads the same from 4 blocks on). Notes with other numbers do not compose."""
     if len(fewer) != len(more):
         raise NotComposable("the traces' notes differ")
     out = []
     for few, many in zip(fewer, more):
-        if _NUMBER.split(few) != _NUMBER.split(many):
+        if len(_NUMBER.findall(few)) != len(_NUMBER.findall(many)):
             raise NotComposable(f"the note {many!r} is not the 3-block trace's")
         grown = [_grown(a, b, steps) for a, b in zip(_NUMBER.findall(few), _NUMBER.findall(many))]
         pieces = _NUMBER.split(many)

@@ -20,8 +20,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainmem.trace.block_compose import (NotComposable, Stack, compose, extrapolated_counts, extrapolated_marks,
-                                          extrapolated_notes,                                           first_difference)
+from trainmem.trace.block_compose import (NotComposable, Stack, compose, composed_names, extrapolated_counts,
+                                          extrapolated_marks, extrapolated_notes, first_difference)
 from trainmem.trace.traced import TraceResult
 
 MIN_BLOCKS = 16  # below, tracing 3 and 4 blocks costs about what tracing the whole model does: 12-block GPT-2
@@ -79,8 +79,20 @@ def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceR
             f"{TRACED[1]} equal {TRACED[1]} traced, event for event)")
     try:
         notes = extrapolated_notes(few.warnings, more.warnings, steps)
+        extrapolated_notes(few.parallel_notes, more.parallel_notes, steps)
     except NotComposable as error:
         return Reuse(None, f"{whole}: {error}")
-    composed = dataclasses.replace(more, trace=trace, checkpointed=checkpointed, output_elements=outputs,
-                                   op_counts=counts, warnings=notes + [note])
+    stack = Stack(found.path, TRACED[0], found.count)
+    resolved = dict(more.resolved)
+    if resolved.get("lora") is not None:  # the adapters of every block, not of the 4 traced
+        from trainmem.trace.finetune import lora_used
+
+        resolved["lora"] = lora_used(model)
+    composed = dataclasses.replace(
+        more, trace=trace, checkpointed=checkpointed, output_elements=outputs, op_counts=counts,
+        warnings=notes + [note], parallel_notes=extrapolated_notes(few.parallel_notes, more.parallel_notes, steps),
+        # a rank's own modules and buffer shards (one process takes the whole model's, trace/run.py)
+        parameter_modules=set(composed_names(sorted(few.parameter_modules), stack)),
+        leaf_modules=set(composed_names(sorted(few.leaf_modules), stack)),
+        buffer_bytes=more.buffer_bytes + steps * (more.buffer_bytes - few.buffer_bytes), resolved=resolved)
     return Reuse(composed, note)
