@@ -67,32 +67,32 @@ def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceR
         if difference is not None:
             return Reuse(None, f"{whole}: {TRACED[0]} blocks composed to {TRACED[1]} differ from {TRACED[1]} traced "
                                f"({difference})")
-        trace, checkpointed, outputs = compose(few.trace, Stack(found.path, TRACED[0], found.count),
-                                               few.checkpointed, few.output_elements)
+        composed = _composed(model, Stack(found.path, TRACED[0], found.count), few, more)
     except NotComposable as error:
         return Reuse(None, f"{whole}: {error}")
-    steps = found.count - TRACED[1]
-    counts = extrapolated_counts(few.op_counts, more.op_counts, steps)
-    trace.loop_marks = extrapolated_marks(trace.loop_marks, few.trace.loop_marks, more.trace.loop_marks, steps)
     note = (f"{found.count} blocks of {found.path}: the model traced with {TRACED[0]} and {TRACED[1]} of them, the "
             f"other {found.count - TRACED[0]} composed from block 1's events (checked: {TRACED[0]} composed to "
             f"{TRACED[1]} equal {TRACED[1]} traced, event for event)")
-    try:
-        notes = extrapolated_notes(few.warnings, more.warnings, steps)
-        extrapolated_notes(few.parallel_notes, more.parallel_notes, steps)
-    except NotComposable as error:
-        return Reuse(None, f"{whole}: {error}")
-    stack = Stack(found.path, TRACED[0], found.count)
+    return Reuse(dataclasses.replace(composed, warnings=composed.warnings + [note]), note)
+
+
+def _composed(model: Any, stack: Stack, few: TraceResult, more: TraceResult) -> TraceResult:
+    """The whole model's trace from its 3-block (`few`) and 4-block (`more`) traces: the events composed, what is
+    counted extrapolated (op counts, the lean loop's counts, notes), a rank's module sets renamed."""
+    trace, checkpointed, outputs = compose(few.trace, stack, few.checkpointed, few.output_elements)
+    steps = stack.total - TRACED[1]
+    trace.loop_marks = extrapolated_marks(trace.loop_marks, few.trace.loop_marks, more.trace.loop_marks, steps)
     resolved = dict(more.resolved)
     if resolved.get("lora") is not None:  # the adapters of every block, not of the 4 traced
         from trainmem.trace.finetune import lora_used
 
         resolved["lora"] = lora_used(model)
-    composed = dataclasses.replace(
-        more, trace=trace, checkpointed=checkpointed, output_elements=outputs, op_counts=counts,
-        warnings=notes + [note], parallel_notes=extrapolated_notes(few.parallel_notes, more.parallel_notes, steps),
+    return dataclasses.replace(
+        more, trace=trace, checkpointed=checkpointed, output_elements=outputs, resolved=resolved,
+        op_counts=extrapolated_counts(few.op_counts, more.op_counts, steps),
+        warnings=extrapolated_notes(few.warnings, more.warnings, steps),
+        parallel_notes=extrapolated_notes(few.parallel_notes, more.parallel_notes, steps),
         # a rank's own modules and buffer shards (one process takes the whole model's, trace/run.py)
         parameter_modules=set(composed_names(sorted(few.parameter_modules), stack)),
         leaf_modules=set(composed_names(sorted(few.leaf_modules), stack)),
-        buffer_bytes=more.buffer_bytes + steps * (more.buffer_bytes - few.buffer_bytes), resolved=resolved)
-    return Reuse(composed, note)
+        buffer_bytes=more.buffer_bytes + steps * (more.buffer_bytes - few.buffer_bytes))
