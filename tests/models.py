@@ -532,3 +532,30 @@ def windowed_stack():
     for index, block in enumerate(blocks):
         block.window = 8 if index % 2 else None
     return _BlockStack(blocks), _features(32)
+
+
+def _deepened(built, blocks: int = 6):
+    """A zoo factory's model with its outermost ModuleList grown to `blocks` by copies of its last block."""
+    import copy
+
+    model = built[0]
+    lists = [m for _, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    stack = lists[0]
+    while len(stack) < blocks:
+        stack.append(copy.deepcopy(stack[len(stack) - 1]))
+    if hasattr(model, "encoder") and hasattr(model.encoder, "num_layers"):
+        model.encoder.num_layers = blocks  # nn.TransformerEncoder keeps its count
+    return (model, *built[1:])
+
+
+def tied_lm_deep():
+    return _deepened(tied_lm())
+
+
+def transformer_encoder_deep():
+    return _deepened(transformer_encoder())
+
+
+def einsum_attention_deep():
+    """Blocks that alternate einsum attention and SDPA: their settings differ, so they are not composed."""
+    return _deepened(einsum_attention())

@@ -63,6 +63,21 @@ def test_composed_trace_is_the_whole_trace(monkeypatch, case):
     _same_result(composed, whole)
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("model", ["tied_lm_deep", "transformer_encoder_deep"])
+@pytest.mark.parametrize("loop", ["inline", "lean"])
+def test_zoo_stacks_compose(monkeypatch, model, loop):
+    """The zoo's other stacks of blocks (a tied LM with a custom loss, nn.TransformerEncoder), grown to 6 blocks."""
+    composed, whole = _both(monkeypatch, zoo(model), {"optimizer": "adam", "loop": loop})
+    assert any("the model traced with 3 and 4" in w for w in composed.warnings)
+    _same_result(composed, whole)
+
+
+def test_alternating_blocks_are_traced_whole(monkeypatch):
+    composed, whole = _both(monkeypatch, zoo("einsum_attention_deep"), {"optimizer": "sgd"})
+    assert any("traced whole: block 1 differs from block 0" in w for w in composed.warnings)
+
+
 def test_a_recomputed_block_is_attributed_to_itself():
     """checkpoint() recomputes a block with its forward, not its call, and stops once backward has what it needs:
     the recomputed ops are the block's (trace/checkpointing.py), and no module it was in stays current after it
