@@ -301,14 +301,15 @@ def _by_blocks(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: Mo
 
 
 def _whole_model_facts(model: torch.nn.Module) -> dict[str, Any]:
-    """What a composed trace takes from the whole model (on meta) rather than from the variant it was traced as."""
+    """What a composed trace takes from the whole model (on meta) rather than from the variant it was traced as.
+    Not its buffers: counted on meta, a buffer that materializing ties to another counts twice (Llama's rotary
+    frequencies), so they are the traced variants' extrapolated (block_reuse.py)."""
     from trainmem.trace import finetune
 
     parameters, trainable, per_module, trainable_shapes = traced_model_facts(model)
     owners, leaves = _module_sets(model)
     return {"parameters": parameters, "trainable_parameters": trainable, "module_parameters": per_module,
             "trainable_shapes": trainable_shapes, "parameter_modules": owners, "leaf_modules": leaves,
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
             "adapter_parameters": finetune.adapter_parameters(model),
             "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model)}
 
