@@ -150,13 +150,15 @@ def _fake_only_steps(model_ref: str, setup) -> None:
 
 
 def _traced_steps(model_ref: str, setup) -> int:
-    """The same steps as trainmem traces them (never from the trace cache); the number of ops the recorder saw."""
+    """The same steps as trainmem traces them (never from the trace cache, every block traced: a trace composed
+    from a few blocks, trace/block_reuse.py, runs fewer ops than it counts); the number of ops the recorder saw."""
     from trainmem.frontends import resolve
     from trainmem.targets import cpu_kernels
+    from trainmem.trace.block_reuse import whole_models
     from trainmem.trace.cache_store import switched
     from trainmem.trace.run import trace_training
 
-    with switched(False):
+    with switched(False), whole_models():
         traced = trace_training(resolve(model_ref, setup), setup, cpu_kernels.kernel_ops())
     return sum(traced.op_counts.values())
 
