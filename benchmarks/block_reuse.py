@@ -39,7 +39,7 @@ CASES = [
      {"seq_len": 128, "batch_size": 8, "optimizer": "adamw"}),
 ]
 CHILD = """
-import json, sys, time
+import contextlib, json, sys, time
 import trainmem
 from trainmem.trace import block_reuse
 from trainmem.trace.block_reuse import whole_models
@@ -47,10 +47,7 @@ block_reuse.MIN_BLOCKS = 8  # the 12-block rows show the break-even that sets th
 model, values, whole = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "whole"
 device = values.pop("device", "cpu")
 started = time.perf_counter()
-if whole:
-    with whole_models():
-        result = trainmem.estimate(model, device=device, cache=False, compare_loop=True, **values)
-else:
+with whole_models() if whole else contextlib.nullcontext():
     result = trainmem.estimate(model, device=device, cache=False, compare_loop=True, **values)
 seconds = time.perf_counter() - started
 data = result.to_dict()

@@ -37,7 +37,8 @@ from trainmem.trace.fake_cache import tracing_fake_mode
 from trainmem.trace.meta_build import building_on_meta
 from trainmem.trace.modules import ModuleTracker
 from trainmem.trace.recorder import TraceRecorder
-from trainmem.trace.run import TraceSemantics, traced_model_facts, RecordingObserver, materialize_fake
+from trainmem.trace.run import (TraceSemantics, traced_model_facts, RecordingObserver, materialize_fake,
+                                module_sets)
 from trainmem.trace.torch_private import (FAKE_TENSOR_LOG, dtensor_shape_propagation_muted,
                                           is_wrapper_subclass,
                                           storage_resizes_reported, storage_tensors)
@@ -135,8 +136,7 @@ def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
         recorder.closed = True
         FAKE_TENSOR_LOG.setLevel(fake_log_level)
     parameters, trainable, per_module, trainable_shapes = facts
-    owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
-    leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
+    owners, leaves = module_sets(model)
     warnings = (list(source.notes) + notes + ctx.notes + parallel.notes + recorder.rules.warnings()
                 + (target_notes.summary() if target_notes is not None else []))
     return TraceResult(

@@ -15,8 +15,8 @@ neither the first block (which takes the embedding's output) nor the last (which
    last ran or allocated when its storage is that block's or a neighbour's: in forward and backward (the loop
    drops the previous block's output between two blocks), and in the optimizer when that block goes on after it
    (its loop drops the previous parameter's temporary); else to its storage's block (zero_grad, a foreach
-   optimizer dropping its lists at the end). An
-   allocation that ends a block's run and is freed in the next block's run of that phase is the next block's.
+   optimizer dropping its lists at the end). An allocation that ends a block's run and is freed in the next
+   block's run of that phase is the next block's.
 2. Each run of the template's consecutive events is repeated L - k + 1 times in the direction the blocks around
    it go: ascending where the previous block comes before it (forward, the optimizer, zero_grad), descending
    where the next block does (backward). Blocks after the template move up by L - k.
@@ -116,9 +116,9 @@ def attribution(trace: Trace, stack: Stack) -> list[int | None]:
 
 def _joined_to_next(events: list[Event], blocks: list[int | None]) -> None:
     """Allocations that end one block's run and are freed in the next block's run of the same phase belong to the
-    next block: they
-    are made as it starts, while the previous module is still the current one (the RNG state a checkpointed
-    block restores before recomputing its forward in backward). Walked backwards, so that several join."""
+    next block: they are made as it starts, while the previous module is still the current one (the RNG state a
+    checkpointed block restores before recomputing its forward in backward). Walked backwards, so that several
+    join."""
     freed_at = {event.sid: index for index, event in enumerate(events) if event.action == "free"}
     for index in range(len(events) - 2, -1, -1):
         event, mine, following = events[index], blocks[index], blocks[index + 1]
@@ -227,8 +227,7 @@ def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements
     storages, copies_of = _storages(trace, ids, stack)
     sets = {name: {new for old in getattr(trace, name) for new in copies_of.get(old, [])}
             for name in ("host_storages", "managed_storages", "offloaded_storages")}
-    marks = [_mark(mark, starts, len(trace.events), len(events), copies_of, composer, stack)
-             for mark in trace.loop_marks]
+    marks = [_mark(mark, starts, len(trace.events), len(events), copies_of, stack) for mark in trace.loop_marks]
     composed = Trace(events, storages, kernel_calls, **sets, loop_marks=marks)
     return composed, composed_names(checkpointed, stack), dict(zip(composed_names(list(output_elements), stack),
                                                            _values(output_elements, stack)))
@@ -255,7 +254,7 @@ def _storages(trace: Trace, ids: dict[tuple[int, int], int], stack: Stack):
 
 
 def _mark(mark: list, starts: dict[int, int], old_length: int, length: int, copies_of: dict[int, list[int]],
-          composer: _Composer, stack: Stack) -> list:
+          stack: Stack) -> list:
     """A lean loop's mark (trace/loop_twin.py) in the composed trace: at the same place between parts, its storages
     with every copy of the template's. Op counts ("zero_grad probed", "end") are block_reuse.py's to extrapolate."""
     kind, position, phase, module, step, held = mark

@@ -307,14 +307,14 @@ def _whole_model_facts(model: torch.nn.Module) -> dict[str, Any]:
     from trainmem.trace import finetune
 
     parameters, trainable, per_module, trainable_shapes = traced_model_facts(model)
-    owners, leaves = _module_sets(model)
+    owners, leaves = module_sets(model)
     return {"parameters": parameters, "trainable_parameters": trainable, "module_parameters": per_module,
             "trainable_shapes": trainable_shapes, "parameter_modules": owners, "leaf_modules": leaves,
             "adapter_parameters": finetune.adapter_parameters(model),
             "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model)}
 
 
-def _module_sets(model: torch.nn.Module) -> tuple[set[str], set[str]]:
+def module_sets(model: torch.nn.Module) -> tuple[set[str], set[str]]:
     """(modules that own parameters, modules without children)."""
     owners = {name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
     leaves = {name for name, m in model.named_modules() if not any(True for _ in m.children())}
@@ -371,7 +371,7 @@ def _traced(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: Model
     if keras:
         owners, leaves = keras_torch_step.layer_sets(model, per_module)
     else:
-        owners, leaves = _module_sets(model)
+        owners, leaves = module_sets(model)
     return TraceResult(
         trace=recorder.trace, parameters=parameters, trainable_parameters=trainable, module_parameters=per_module,
         op_counts=recorder.op_counts,
