@@ -4,6 +4,8 @@ micro-batch size × activation checkpointing × precision × offload. No torch.
 Rules (each the reason a combination is left out, not a guess about what fits):
 - tp divides the GPUs of one node (a TP group's all-reduces stay on NVLink, torchtitan's advice) and the count;
   pp is at most the model's number of repeated blocks (a stage with no block holds nothing to pipeline).
+- DDP and ZeRO-1 (DDP with a sharded optimizer) never go with tp > 1: DDP replicates plain tensors, not DTensor
+  shards (parallel/ddp.py refuses the layout, as torchtitan does).
 - dp = 1 has no data-parallel kind (and nothing to offload: offload is a sharded kind's, layout.py).
 - HSDP differs from FSDP only where the data-parallel ranks span nodes (shard degree < dp).
 - offload optimizer|params only with the sharded kinds (layout.OFFLOAD_KINDS).
@@ -89,11 +91,15 @@ def degrees(count: int, gpus_per_node: int, blocks: int, tps=None, pps=None) -> 
                 yield count // (tp * pp), tp, pp
 
 
+REPLICATING_KINDS = (Strategy.DDP, Strategy.ZERO1)  # DDP's replicas: no tensor parallelism under them
+
+
 def kinds_for(dp: int, tp: int, gpus_per_node: int, kinds: Iterable[Strategy]) -> list[Strategy]:
     if dp == 1:
         return [Strategy.NONE]
     shard = max(1, min(dp, gpus_per_node // tp))  # layout.hsdp_shard's default
-    return [k for k in kinds if k != Strategy.HSDP or (shard < dp and dp % shard == 0)]
+    return [k for k in kinds if (k != Strategy.HSDP or (shard < dp and dp % shard == 0))
+            and not (tp > 1 and k in REPLICATING_KINDS)]
 
 
 def candidates(count: int, gpus_per_node: int, blocks: int, *, kinds=DEFAULT_KINDS,
