@@ -16,8 +16,8 @@ from trainmem.plan.reuse import MiB, Figures, extrapolate, over_dp
 from trainmem.plan.states import model_state_floor
 from trainmem.setup import TrainingSetup
 
-# A Llama of 8 blocks, small enough that a full estimate takes seconds: the planner traces 2, 3 and 4 of its
-# blocks and extrapolates to 8.
+# A Llama of 8 blocks, small enough that a full estimate takes seconds: the planner traces 3 and 4 of its blocks
+# and extrapolates to 8.
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
               "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
               "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
@@ -53,6 +53,9 @@ def test_enumeration_rules():
     per_layout = len(layouts.DEFAULT_MICRO_BATCHES) * 2 * len(layouts.DEFAULT_PRECISIONS)
     assert len(found) % per_layout == 0
     assert found[0].layout(8).world_size == 16
+    # DDP's replicas (ddp, zero1) hold plain tensors, never tensor-parallel shards: parallel/ddp.py refuses them
+    assert not any(c.kind in (Strategy.DDP, Strategy.ZERO1) and c.tp > 1 for c in found)
+    assert any(c.kind == Strategy.ZERO2 and c.tp > 1 for c in found)
 
 
 def test_model_state_floor_by_hand():
@@ -115,8 +118,8 @@ def tiny_llama(tmp_path_factory):
 @pytest.mark.heavy
 @pytest.mark.parametrize("checkpointing, micro_batches", [("off", (2, 4, 8)), ("on", (2,))])
 def test_planner_never_below_a_full_estimate(tiny_llama, checkpointing, micro_batches):
-    """Blocks 2-4 traced and extrapolated to 8; without checkpointing micro-batch 8 is predicted from the traces
-    at 2 and 4 (batch 1 traces another stream here), checked by a real trace of 1 block."""
+    """Blocks 3 and 4 traced and extrapolated to 8; without checkpointing micro-batch 8 is predicted from the
+    traces at 2 and 4 (batch 1 traces another stream here), checked by a real trace of 3 blocks."""
     from trainmem.estimate import estimate
     from trainmem.plan import plan
 
@@ -124,7 +127,7 @@ def test_planner_never_below_a_full_estimate(tiny_llama, checkpointing, micro_ba
     result = plan(tiny_llama, "1xh100-80gb", micro_batches=micro_batches, precisions="bf16-mixed",
                   checkpointing=checkpointing, **setup)
     assert all(row.status == "fits" for row in result.rows)
-    assert (result.traces, result.predicted) == ((7, 2) if len(micro_batches) == 3 else (3, 0))
+    assert (result.traces, result.predicted) == ((5, 1) if len(micro_batches) == 3 else (2, 0))
     for row in result.rows[::2]:  # micro-batch 2 (traced) and 8 (predicted)
         full = estimate(tiny_llama, device="h100-80gb", batch_size=row.candidate.micro_batch, precision="bf16-mixed",
                         checkpointing=checkpointing == "on", **setup)
@@ -157,7 +160,8 @@ def test_cli_json_and_exit_code():
 @pytest.mark.parametrize("argv, where", [(["--gpus", "eightxh100"], "--gpus"), ([], "--gpus"),
                                          (["--gpus", "8xh100-80gb", "--device", "h100-80gb"], "--device"),
                                          (["--gpus", "8xh100-80gb", "--strategy", "fsdp"], "--strategy"),
-                                         (["--gpus", "8xh100-80gb", "--strategies", "tp"], "--strategies")])
+                                         (["--gpus", "8xh100-80gb", "--strategies", "tp"], "--strategies"),
+                                         (["--gpus", "8xh100-80gb", "--jobs", "0"], "--jobs")])
 def test_cli_refusals_name_the_flag(argv, where):
     with pytest.raises(SetupError) as caught:
         _cli(["mlp:100-10", "--input-shape", "100", *argv])
@@ -189,22 +193,49 @@ def test_progress_only_on_a_terminal(monkeypatch):
         assert plain.getvalue().split("\r")[-1].startswith("planning: 2/3")
 
 
+@pytest.fixture(scope="module")
+def uneven_llama(tmp_path_factory):
+    """TINY_LLAMA with a vocabulary of 500 rows: over 8 ranks FSDP's chunks are 63 rows on ranks 0-6 and 59 on
+    rank 7, so its ranks do not all hold alike shards."""
+    path = tmp_path_factory.mktemp("uneven_llama") / "config.json"
+    path.write_text(json.dumps({**TINY_LLAMA, "vocab_size": 500}))
+    return f"hf:{path}"
+
+
 @pytest.mark.heavy
-def test_planner_data_parallel_degree_from_two_smaller_ones(tiny_llama):
-    """FSDP over 8 ranks from traces at dp 2 and 4 (each with 2-4 blocks), against the engine's full per-rank
-    estimate at dp 8 (estimate/per_rank.py)."""
+@pytest.mark.parametrize("model, traces", [("tiny_llama", 2), ("uneven_llama", 4)])
+def test_planner_data_parallel_degree(model, traces, request):
+    """FSDP over 8 ranks, against the engine's full per-rank estimate at dp 8 (estimate/per_rank.py). Every rank
+    alike (TINY_LLAMA's dimensions divide by 8): traced at dp 8 itself, blocks 3 and 4. Ranks unlike: from traces
+    at dp 2 and at dp 4 (each with blocks 3 and 4), a line in 1/dp plus a padded row per parameter."""
     from trainmem.estimate import estimate
     from trainmem.plan import plan
 
+    model = request.getfixturevalue(model)
     setup = {"seq_len": 64, "optimizer": "adamw"}
-    result = plan(tiny_llama, "8xh100-80gb", micro_batches="2", precisions="bf16-mixed", checkpointing="off",
-                  strategies="fsdp", offloads="none", tps="1", pps="1", **setup)
+    result = plan(model, "8xh100-80gb", micro_batches="2", precisions="bf16-mixed", checkpointing="off",
+                  strategies="fsdp", offloads="none", tps="1", pps="1", jobs=1, **setup)
     (row,) = result.rows
-    assert row.candidate.dp == 8 and result.traces == 6  # blocks 2-4 at dp 2 and at dp 4
-    full = estimate(tiny_llama, device="h100-80gb", batch_size=2, precision="bf16-mixed", strategy="fsdp", dp=8,
+    assert row.candidate.dp == 8 and result.traces == traces
+    full = estimate(model, device="h100-80gb", batch_size=2, precision="bf16-mixed", strategy="fsdp", dp=8,
                     **setup)
     assert row.status == "fits"
     assert full.process_bytes_high <= row.peak_bytes <= full.process_bytes_high * (1 + ABOVE_TOLERANCE)
+
+
+@pytest.mark.heavy
+def test_worker_processes_give_the_rows_one_process_gives():
+    """plan --jobs 2 forks two workers, each evaluating whole groups (plan/workers.py): the same rows, in the same
+    order, and the traces they ran counted."""
+    from trainmem.plan import plan
+
+    asked = {"input_shape": "256", "micro_batches": "1,2", "precisions": "fp32", "checkpointing": "off",
+             "strategies": "ddp,fsdp"}
+    alone = plan("mlp:256-512-512-10", "4xh100-80gb", jobs=1, **asked)
+    forked = plan("mlp:256-512-512-10", "4xh100-80gb", jobs=2, **asked)
+    assert [(r.candidate, r.status, r.peak_bytes) for r in forked.rows] == \
+        [(r.candidate, r.status, r.peak_bytes) for r in alone.rows]
+    assert forked.traces == alone.traces > 0 and forked.predicted == alone.predicted
 
 
 def test_time_limit_lists_the_rest_as_not_evaluated():
@@ -213,3 +244,61 @@ def test_time_limit_lists_the_rest_as_not_evaluated():
     result = plan("mlp:100-10", "1xh100-80gb", input_shape="100", time_limit=1e-9)
     assert result.traces == 0 and {row.status for row in result.rows} == {"not evaluated"}
     assert result.best is None and "not evaluated within the time limit" in str(result)
+
+
+def _probe_order(peak: int, floor: int):
+    from trainmem.plan.offload_order import OffloadOrder
+    from trainmem.plan.plan_result import PlanRow
+
+    assessed = []
+
+    def assess(candidate):
+        assessed.append(candidate)
+        return PlanRow(candidate, "does not fit" if peak > 100 * MiB else "fits", peak)
+
+    return OffloadOrder(100 * MiB, 10 * MiB, lambda c: floor, assess), assessed
+
+
+def _chain(micro_batch: int, checkpointing: bool) -> list:
+    return [layouts.Candidate(Strategy.FSDP, 8, 1, 1, micro_batch, checkpointing, "bf16-mixed", offload)
+            for offload in Offload]
+
+
+def test_offload_probe_rules_out_less_offload_and_larger_batches():
+    order, assessed = _probe_order(peak=200 * MiB, floor=60 * MiB)  # states take 60% of the budget: probe
+    probed = order.probe(_chain(1, False) + _chain(1, True))
+    assert [c.offload for c in assessed] == [Offload.PARAMS, Offload.PARAMS]  # the most offload of each chain
+    assert all(row.status == "does not fit" for row in probed.values())
+    for candidate in _chain(1, False)[:2] + _chain(4, True)[:2]:  # less offload, same or more samples
+        row = order.ruled_out(candidate)
+        assert row.status == "ruled out" and "offload-params needs 200.00 MiB" in row.why
+    assert order.ruled_out(_chain(4, True)[2]) is None  # the probed offload itself is traced at other batches
+
+
+@pytest.mark.parametrize("peak, floor", [(105 * MiB, 60 * MiB), (200 * MiB, 40 * MiB)])
+def test_offload_probe_needs_a_clear_miss_and_heavy_states(peak, floor):
+    """Within the slack (105 MiB against 100 + 10) nothing is ruled out; with states under half the budget the
+    most offload is not assessed ahead at all (a less intrusive knob probably fits)."""
+    order, assessed = _probe_order(peak, floor)
+    order.probe(_chain(1, False))
+    assert len(assessed) == (1 if floor >= 50 * MiB else 0)
+    assert order.ruled_out(_chain(1, False)[0]) is None
+
+
+@pytest.mark.heavy
+def test_a_plan_asked_again_reads_its_traces_from_the_cache(tmp_path, monkeypatch):
+    """Rank traces are kept in the trace cache (parallel/rank_cache.py; one process's as trace/run.py keeps them):
+    the same plan again traces nothing and gives the same rows."""
+    from trainmem.plan import plan
+    from trainmem.trace import cache_store
+
+    monkeypatch.setenv("TRAINMEM_CACHE_DIR", str(tmp_path / "cache"))
+    asked = {"input_shape": "256", "micro_batches": "1,2", "precisions": "fp32", "checkpointing": "off",
+             "strategies": "fsdp", "jobs": 1}
+    with cache_store.switched(True):
+        first = plan("mlp:256-512-512-10", "2xh100-80gb", **asked)
+        again = plan("mlp:256-512-512-10", "2xh100-80gb", **asked)
+    assert first.traces == again.traces > 0 and (first.cached, again.cached) == (0, again.traces)
+    assert [(r.candidate, r.status, r.peak_bytes) for r in again.rows] == \
+        [(r.candidate, r.status, r.peak_bytes) for r in first.rows]
+    assert "from the trace cache" in str(again) and again.to_dict()["cached_traces"] == again.traces

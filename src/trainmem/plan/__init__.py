@@ -20,30 +20,28 @@ __all__ = ["Candidate", "Gpus", "PlanResult", "PlanRow", "parse_gpus", "plan"]
 
 def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, margin: float | None = None,
          strategies: Any = None, micro_batches: Any = None, precisions: Any = None, checkpointing: Any = None,
-         offloads: Any = None, tps: Any = None, pps: Any = None, top: int = 20, time_limit: float | None = None, progress: Any = None, **setup_values: Any) -> PlanResult:
+         offloads: Any = None, tps: Any = None, pps: Any = None, top: int = 20, time_limit: float | None = None,
+         progress: Any = None, jobs: int | None = None, **setup_values: Any) -> PlanResult:
     """Every layout of `gpus` (COUNTxDEVICE) for `model` and the setup (a TrainingSetup, or its values as
     keywords as estimate() takes them; its layout keys are the planner's to choose and are refused here).
     The other keywords narrow what is enumerated (enumerate.py's defaults otherwise); past `time_limit` seconds
-    the layouts not yet reached are listed as not evaluated. A layout that cannot be traced is listed as failed
-    with its reason (PlanResult.failed); when no layout could be evaluated at all, NothingEvaluated is raised
-    with every failure (an error is no answer, and never "no layout fits")."""
-    from trainmem.errors import NothingEvaluated, SetupError
+    the layouts not yet reached are listed as not evaluated. `jobs` worker processes trace at once (workers.py;
+    default: one per CPU, as memory allows). A layout that cannot be traced is listed as failed with its reason
+    (PlanResult.failed); when no layout could be evaluated at all, NothingEvaluated is raised with every failure
+    (an error is no answer, and never "no layout fits")."""
+    from trainmem.errors import NothingEvaluated
     from trainmem.estimate.orchestrate import setup_of
     from trainmem.fit import resolve_margin
     from trainmem.frontends import resolve
     from trainmem.plan import core, enumerate as layouts
     from trainmem.plan.blocks import model_facts
     from trainmem.plan.tracer import Tracer
+    from trainmem.plan.workers import default_jobs
     from trainmem.progress import Progress
 
     started = time.perf_counter()
     chosen = parse_gpus(gpus)
-    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-        raise SetupError(f"expected a whole number of at least 1, got {gpus_per_node!r}", where="--gpus-per-node")
-    setup = setup_of(setup, setup_values, "plan()")
-    if setup.parallel.distributed:
-        raise SetupError("expected no layout with plan (it enumerates them), got --strategy/--dp/--tp/--pp/"
-                         "--world-size", where="--strategy")
+    setup = _checked(setup_of(setup, setup_values, "plan()"), gpus_per_node, jobs)
     kept = resolve_margin(margin, chosen.device)
     budget = int(chosen.device.capacity_bytes * (1 - kept.fraction))
     source = resolve(model, setup)
@@ -56,16 +54,30 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     candidates = layouts.candidates(chosen.count, gpus_per_node, facts.blocks, **options)
     tracer = Tracer(source, facts, setup, chosen.device, gpus_per_node)
     with (progress or Progress("planning")) as bar:
-        rows = core.run(tracer, candidates, budget, bar, time_limit, started)
+        rows = core.run(tracer, candidates, budget, bar, time_limit, started, jobs or default_jobs())
     notes = [] if facts.blocks else ["no repeated blocks found: every layout traced with the whole model"]
     result = PlanResult(source.name, facts.parameters, chosen, gpus_per_node, budget, kept.fraction, kept.source,
                         tuple(rows), core.REUSE_WORDS, tracer.traces, time.perf_counter() - started, tuple(notes), top,
-                        tracer.predicted)
+                        tracer.predicted, tracer.cached)
     if result.failed and not result.evaluated:  # an error is no answer: never "no layout fits"
         waiting = result.counts().get("not evaluated", 0)
         raise NothingEvaluated(result.failures, "layout", "layouts", where="plan",
                                also=f"{waiting:,} not evaluated within the time limit" if waiting else "")
     return result
+
+
+def _checked(setup: Any, gpus_per_node: Any, jobs: Any) -> Any:
+    """The setup, once it names no layout (the planner's to choose) and the counts are whole numbers."""
+    from trainmem.errors import SetupError
+
+    for value, where in ((gpus_per_node, "--gpus-per-node"), (jobs, "--jobs")):
+        if (value is not None or where == "--gpus-per-node") and (isinstance(value, bool)
+                                                                  or not isinstance(value, int) or value < 1):
+            raise SetupError(f"expected a whole number of at least 1, got {value!r}", where=where)
+    if setup.parallel.distributed:
+        raise SetupError("expected no layout with plan (it enumerates them), got --strategy/--dp/--tp/--pp/"
+                         "--world-size", where="--strategy")
+    return setup
 
 
 def fixed_checkpointing(setup_values: Any) -> tuple[str] | None:

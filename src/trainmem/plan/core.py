@@ -12,24 +12,27 @@ from trainmem.errors import failure_reason
 from trainmem.setup.layout import Offload, Strategy
 from trainmem.plan import enumerate as layouts
 from trainmem.plan.blocks import ModelFacts
+from trainmem.plan.offload_order import ROUNDING_SLACK, OffloadOrder
 from trainmem.plan.reuse import PADDING_BYTES_PER_ELEMENT, Figures, extrapolate, over_dp
 from trainmem.plan.plan_result import PlanRow
 from trainmem.plan.states import model_state_floor
 from trainmem.plan.tracer import PastTimeLimit, Tracer
 from trainmem.units import format_bytes
 
-BLOCK_POINTS = (2, 3, 4)  # blocks per pipeline stage traced for the line (reuse.py, 1.: why not from 1)
+BLOCK_POINTS = (3, 4)  # blocks per pipeline stage traced for the line (reuse.py, 1.: why not from 1 or 2)
 DP_POINTS = (2, 4)  # data-parallel degrees traced for the line in 1/dp (reuse.py, 3.)
-REUSE_WORDS = ("each layout's rank roles traced with 2, 3 and 4 blocks per pipeline stage and extrapolated to "
+REUSE_WORDS = ("each layout's rank roles traced with 3 and 4 blocks per pipeline stage and extrapolated to "
                "the model's blocks per (phase, category) maximum; micro-batches above 2 predicted from two traced "
-               "ones (checked once per layout); data-parallel degrees above 4 from traces at 2 and 4 as lines in "
-               "1/dp plus a padded row per parameter; figures rounded up to MiB (trainmem/plan/reuse.py)")
+               "ones (checked once per layout); data-parallel degrees above 4 whose ranks do not all hold alike "
+               "shards from traces at 2 and 4 as lines in 1/dp plus a padded row per parameter; figures rounded up "
+               "to MiB (trainmem/plan/reuse.py)")
 
 
-def dp_points(candidate: layouts.Candidate, gpus_per_node: int) -> tuple[int, ...]:
-    dp = candidate.dp
-    if dp <= DP_POINTS[-1]:
-        return (dp,)
+def dp_points(candidate: layouts.Candidate, tracer: Tracer) -> tuple[int, ...]:
+    """The data-parallel degrees traced for `candidate` (reuse.py, 3.)."""
+    dp, gpus_per_node = candidate.dp, tracer.gpus_per_node
+    if dp <= DP_POINTS[-1] or tracer.ranks_alike(candidate):
+        return (dp,)  # one role traced at the layout's own degree: no more than the two points would cost
     if candidate.kind == Strategy.DDP:
         return (2,)  # full replicas and buckets: the same for every dp ≥ 2
     if candidate.kind == Strategy.HSDP:
@@ -51,7 +54,7 @@ def figures_for(tracer: Tracer, candidate: layouts.Candidate) -> Figures:
     facts, pp = tracer.facts, candidate.pp
     ks, full = block_points(facts, pp)
     per_dp = []
-    for dp in dp_points(candidate, tracer.gpus_per_node):
+    for dp in dp_points(candidate, tracer):
         # traced models hold k blocks per stage; the whole model when it has no repeated blocks
         traced = {k: tracer.stages(candidate, dp, k * pp if facts.blocks else 0) for k in ks}
         stages = [extrapolate([(k, traced[k][s]) for k in ks], full, "blocks") for s in range(len(traced[ks[0]]))]
@@ -100,24 +103,28 @@ def least_first(candidate: layouts.Candidate) -> tuple:
 def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, past=lambda: False) -> list[PlanRow]:
     """Rows for the candidates of one (kind, dp, tp, pp, precision). Per micro-batch, from the smallest, the
     knobs are tried least intrusive first (least_first) and the first that fits is kept: the costlier ones at
-    that micro-batch are skipped (they are not needed). When nothing fits at a micro-batch, the larger ones are
-    skipped (more samples never need less memory); when every one at a micro-batch failed, so are the larger
-    ones (a failure is no verdict, and the same failure would repeat)."""
+    that micro-batch are skipped (they are not needed). A knob with less offload than one found not to fit is
+    ruled out without a trace (offload_order.py, which may assess the most offload first). When nothing fits at a
+    micro-batch, the larger ones are skipped (more samples never need less memory); when every one at a
+    micro-batch failed, so are the larger ones (a failure is no verdict, and the same failure would repeat)."""
     rows: list[PlanRow] = []
     by_batch: dict[int, list[layouts.Candidate]] = {}
     for candidate in candidates:
         by_batch.setdefault(candidate.micro_batch, []).append(candidate)
+    order = offload_order(tracer, budget)
     none_fit = None
     for batch in sorted(by_batch):
         fitted, statuses = None, set()
+        probed = order.probe(by_batch[batch]) if none_fit is None and not past() else {}
         for candidate in sorted(by_batch[batch], key=least_first):
             if none_fit is not None or fitted is not None:
                 rows.append(PlanRow(candidate, "skipped", why=none_fit or f"{fitted} fits with less"))
                 continue
-            if past():
+            row = probed.get(candidate) or order.ruled_out(candidate)
+            if row is None and past():
                 rows.append(PlanRow(candidate, "not evaluated", why="past the time limit"))
                 continue
-            row = assess(tracer, candidate, budget)
+            row = row or assess(tracer, candidate, budget)
             rows.append(row)
             statuses.add(row.status)
             if row.status == "fits":
@@ -127,9 +134,23 @@ def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, p
     return rows
 
 
+def offload_order(tracer: Tracer, budget: int) -> OffloadOrder:
+    """offload_order.py's probes for one group, with the slack of this model's largest block."""
+    facts = tracer.facts
+    block = facts.parameters  # no repeated blocks: the whole model is the unit
+    if facts.blocks:
+        block = max(sum(p.numel() for p in b.parameters()) for b in facts.model.get_submodule(facts.list_path))
+
+    def floor(candidate: layouts.Candidate) -> int:
+        setup = dataclasses.replace(tracer.setup, precision=candidate.precision)
+        return model_state_floor(facts.parameters, candidate.layout(tracer.gpus_per_node), setup)
+
+    return OffloadOrder(budget, ROUNDING_SLACK + 2 * 4 * block, floor, lambda c: assess(tracer, c, budget))
+
+
 def _none_fit(batch: int, statuses: set[str]) -> str | None:
     """Why the larger micro-batches are skipped, from what happened at `batch` (None: they are still tried)."""
-    if "does not fit" in statuses:
+    if "does not fit" in statuses or "ruled out" in statuses:
         failed = " of those evaluated" if "failed" in statuses else ""
         return f"nothing{failed} fits at micro-batch {batch} (more samples never need less memory)"
     if "failed" in statuses:
@@ -165,25 +186,35 @@ def _simplest_first(members: list) -> tuple:
 
 
 def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progress, time_limit: float | None,
-        started: float) -> list[PlanRow]:
-    """Groups of one (kind, dp, tp, pp, precision), the simplest first (_simplest_first); past `time_limit` seconds the rest are listed as not
-    evaluated."""
+        started: float, jobs: int = 1) -> list[PlanRow]:
+    """Groups of one (kind, dp, tp, pp, precision), the simplest first (_simplest_first), in `jobs` worker
+    processes (workers.py); past `time_limit` seconds the rest are listed as not evaluated."""
+    from trainmem.plan.workers import each_group
+
     ruled, left = screen(candidates, tracer.facts, tracer, budget)
     groups: dict[tuple, list] = {}
     for floor, candidate in left:
         key = (candidate.kind, candidate.dp, candidate.tp, candidate.pp, candidate.precision)
         groups.setdefault(key, []).append((floor, candidate))
-    order = sorted(groups.values(), key=_simplest_first)
+    order = [[c for _, c in members] for members in sorted(groups.values(), key=_simplest_first)]
     progress.total(len(left))
-    rows = list(ruled)
     past = lambda: time_limit is not None and time.perf_counter() - started > time_limit  # noqa: E731
     tracer.past = past
-    for members in order:
-        chosen = [c for _, c in members]
+
+    def one_group(chosen: list[layouts.Candidate]) -> tuple[list[PlanRow], dict[str, int]]:
         if past():
-            rows += [PlanRow(c, "not evaluated", why="past the time limit") for c in chosen]
-        else:
-            rows += evaluate(tracer, chosen, budget, past)
-            tracer.forget()
-        progress.advance(len(chosen))
+            return [PlanRow(c, "not evaluated", why="past the time limit") for c in chosen], {}
+        before = tracer.counts()
+        rows = evaluate(tracer, chosen, budget, past)
+        tracer.forget()
+        return rows, {name: value - before[name] for name, value in tracer.counts().items()}
+
+    def done(index: int, counts: dict[str, int], in_worker: bool) -> None:
+        if in_worker:  # counted in the worker's own copy of the tracer
+            tracer.add(counts)
+        progress.advance(len(order[index]))
+
+    rows = list(ruled)
+    for group_rows in each_group(one_group, order, jobs, done):
+        rows += group_rows
     return rows

@@ -50,6 +50,7 @@ class PlanResult:
     notes: tuple[str, ...] = ()
     top: int = 20
     predicted: int = 0  # rank-role traces predicted from two traced micro-batches
+    cached: int = 0  # of `traces`, those read from the trace cache (trace/cache_store.py)
 
     @property
     def fitting(self) -> list[PlanRow]:
@@ -93,7 +94,8 @@ class PlanResult:
                 "margin": self.margin, "margin_source": self.margin_source, "counts": self.counts(),
                 "fits": [row.to_dict(capacity) for row in self.fitting],
                 "not_fitting": [row.to_dict(capacity) for row in self.rows if row.status != "fits"],
-                "failures": failure_groups(self.failures), "reuse": self.reuse, "traces": self.traces, "predicted_traces": self.predicted, "seconds": round(self.seconds, 2),
+                "failures": failure_groups(self.failures), "reuse": self.reuse, "traces": self.traces,
+                "cached_traces": self.cached, "predicted_traces": self.predicted, "seconds": round(self.seconds, 2),
                 "notes": list(self.notes)}
 
     def __str__(self) -> str:
@@ -103,8 +105,9 @@ class PlanResult:
                  f"{self.gpus.device.name} ({format_bytes(capacity)} each, {self.gpus_per_node} per node)",
                  f"  a layout fits when its most loaded rank's high figure ≤ {format_bytes(self.budget)} "
                  f"(a {self.margin:.0%} margin: {self.margin_source})",
-                 f"  {len(self.rows):,} layouts: {counts}; {self.traces:,} rank traces (and "
-                 f"{self.predicted:,} predicted) in {self.seconds:.1f} s",
+                 f"  {len(self.rows):,} layouts: {counts}; {self.traces:,} rank traces ("
+                 + (f"{self.cached:,} of them from the trace cache, " if self.cached else "")
+                 + f"and {self.predicted:,} predicted) in {self.seconds:.1f} s",
                  f"  reuse: {self.reuse}", ""]
         fitting = self.fitting
         waiting = self.counts().get("not evaluated", 0)

@@ -1,47 +1,48 @@
 """How the planner reuses a few small traces for many layouts, and why its figures are never below a full
 estimate's (tests/test_plan.py checks them against full estimates of small models).
 
-1. Blocks. A transformer is a stack of identical blocks; what a rank holds of each block's parameters,
-   gradients, optimizer state and saved activations is the same for every block. So the model is traced with
-   k = 2, 3 and 4 of its repeated blocks (the outermost nn.ModuleList cut short, trace/checkpointing.py's
-   find_blocks; the rest of the model — embeddings, head — whole), and each figure is extrapolated to the
-   model's L blocks as a line through the three points. A figure is not one number: the peak is a maximum
-   over time, and the maximum of lines is not a line (the peak may sit in the optimizer step for 1 block and
-   at the end of forward for 80). So each traced run is reduced to the maximum live bytes of each category
-   (parameters, gradients, optimizer state, activations, temporaries, communication, …) in each phase
-   (forward, backward, optimizer, …), as the allocator charges them; each of those is a maximum over a
-   structurally fixed set of moments and grows by a block's share per block. The extrapolated peak is the
-   largest, over phases, of the sum of its categories' extrapolated maxima — at least the real peak (a sum of
-   maxima bounds the maximum of sums) and close to it, because within one phase the categories peak together.
-   The first blocks are special, so the points start at 2 and the slope used is the last step's (3→4), never
-   below 0: FSDP all-gathers the next block ahead, so a 1-block model holds one unsharded block and every longer
-   one two (measured on Llama-3.1-70B with FSDP and offload: parameters 3.55, 5.51, 5.51 GiB at 1, 2, 3 blocks);
-   and only from 3 blocks is there a middle block, whose backward holds its own reduce-scatter input beside the
-   next block's prefetched all-gather output (FSDP2 keeps one reduce-scatter state, comm_ctx): on the same 70B
-   layout allocated is 13.46, 15.09, 15.23, 15.37 GiB at 2-5 blocks, so a line through 1-3 blocks climbed
-   1.63 GiB a block and put the 80-block model at 171 GB against 38.7 GB fully traced (55.5 GB from 2-4). A
-   series that accelerates has its steepest step last. A series whose two steps differ is named in the result. The
-   allocator's own peak is extrapolated as a line too, and the figure is at least that line plus the overhead:
-   it catches a peak moment whose bytes grow faster than the category maxima (measured on Llama-3.1-70B, FSDP
-   with offloaded parameters, dp 2: communication at the allocated peak 3.19 → 4.78 GiB from 2 to 3 blocks,
-   while the backward's largest communication stayed 7.83 GiB). What the allocator and the runtime add beyond the live
-   bytes (rounding, cached blocks, the CUDA context) is extrapolated the same way.
-2. Micro-batch. Micro-batches 1 and 2 are traced (2 and 4 where batch 1 traces another stream); larger ones
-   are predicted from those two traces value by value (trace/batch_scaling.py, fit's ScaledBatches), once per
-   layout a real trace at the first predicted micro-batch is found equal to its prediction (else all traced).
-3. Data-parallel degree. A rank's sharded states are exact padded shards (ceil(dim0 / dp) rows per
-   parameter), so every figure is U + W/dp plus at most one padded row per parameter tensor. With dp ≤ 4 the
-   layout itself is traced; above, dp = 2 and dp = 4 are traced and each figure is extrapolated in 1/dp, plus
-   PADDING_BYTES_PER_ELEMENT × (one row of every parameter) to cover the padding. DDP's figures do not depend
-   on dp ≥ 2 (full replicas, full buckets): dp = 2 stands for all. HSDP depends on its shard degree only:
+1. Blocks. A transformer is a stack of identical blocks; what a rank holds of each block's parameters, gradients,
+   optimizer state and saved activations is the same for every block. So the model is traced with k = 3 and 4 of its
+   repeated blocks (the outermost nn.ModuleList cut short, trace/checkpointing.py's find_blocks; the rest of the
+   model — embeddings, head — whole), and each figure is extrapolated to the model's L blocks as a line through the
+   two points. A figure is not one number: the peak is a maximum over time, and the maximum of lines is not a line
+   (the peak may sit in the optimizer step for 1 block and at the end of forward for 80). So each traced run is
+   reduced to the maximum live bytes of each category (parameters, gradients, optimizer state, activations,
+   temporaries, communication, …) in each phase (forward, backward, optimizer, …), as the allocator charges them;
+   each of those is a maximum over a structurally fixed set of moments and grows by a block's share per block. The
+   extrapolated peak is the largest, over phases, of the sum of its categories' extrapolated maxima — at least the
+   real peak (a sum of maxima bounds the maximum of sums) and close to it, because within one phase the categories
+   peak together. The first blocks are special, so the points start at 3 and the slope is the step from 3 to 4, never
+   below 0 (a trace at 2 blocks, as before 2026-12-07, only named a series whose 2→3 step differed from its 3→4 one:
+   it never moved a figure, and it cost a third of the traces). FSDP all-gathers the next block ahead, so a 1-block
+   model holds one unsharded block and every longer one two (measured on Llama-3.1-70B with FSDP and offload:
+   parameters 3.55, 5.51, 5.51 GiB at 1, 2, 3 blocks); and only from 3 blocks is there a middle block, whose backward
+   holds its own reduce-scatter input beside the next block's prefetched all-gather output (FSDP2 keeps one reduce-
+   scatter state, comm_ctx): on the same 70B layout allocated is 13.46, 15.09, 15.23, 15.37 GiB at 2-5 blocks, so a
+   line through 1-3 blocks climbed 1.63 GiB a block and put the 80-block model at 171 GB against 38.7 GB fully traced
+   (55.5 GB from 3-4). A series that accelerates has its steepest step last. The allocator's own peak is extrapolated
+   as a line too, and the figure is at least that line plus the overhead: it catches a peak moment whose bytes grow
+   faster than the category maxima (measured on Llama-3.1-70B, FSDP with offloaded parameters, dp 2: communication at
+   the allocated peak 3.19 → 4.78 GiB from 2 to 3 blocks, while the backward's largest communication stayed 7.83
+   GiB). What the allocator and the runtime add beyond the live bytes (rounding, cached blocks, the CUDA context) is
+   extrapolated the same way.
+2. Micro-batch. Micro-batches 1 and 2 are traced (2 and 4 where batch 1 traces another stream); larger ones are
+   predicted from those two traces value by value (trace/batch_scaling.py, fit's ScaledBatches), once per layout a
+   real trace at the first predicted micro-batch is found equal to its prediction (else all traced).
+3. Data-parallel degree. A rank's sharded states are exact padded shards (ceil(dim0 / dp) rows per parameter), so
+   every figure is U + W/dp plus at most one padded row per parameter tensor. With dp ≤ 4, or when every rank's
+   shards have the same sizes (one data-parallel class, parallel/roles.py: one role to trace, as cheap as a trace at
+   dp 2), the layout itself is traced; otherwise dp = 2 and dp = 4 are traced and each figure is extrapolated in
+   1/dp, plus PADDING_BYTES_PER_ELEMENT × (one row of every parameter) to cover the padding. DDP's figures do not
+   depend on dp ≥ 2 (full replicas, full buckets): dp = 2 stands for all. HSDP depends on its shard degree only:
    traced with that shard degree and 2 replicas.
 Every extrapolated figure is rounded up to whole MiB.
 
 What this does not prove: a per-(phase, category) maximum is a maximum over moments, each moment's bytes a line
 in the blocks (or in 1/dp); a maximum of lines bends upwards, so a line through traced points is below it beyond
 them when the moment that holds the maximum changes past the traced sizes (a fixed-size temporary that leads at
-2-4 blocks, overtaken at 80 by one that grows per block). The last step catches a change within the traced
-sizes only; tests/test_plan.py compares the planner with full estimates of small models.
+3-4 blocks, overtaken at 80 by one that grows per block). The step from 3 to 4 catches a change within the
+traced sizes only; tests/test_plan.py compares the planner with full estimates of small models.
 """
 
 from __future__ import annotations

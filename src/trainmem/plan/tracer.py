@@ -104,11 +104,21 @@ class Tracer:
         self.source, self.facts, self.setup, self.device = source, facts, setup, device
         self.gpus_per_node = gpus_per_node
         self.cache: dict[tuple, list[Figures]] = {}
+        self.alike: dict[tuple, bool] = {}
         self.real: dict[tuple, tuple[Any, TrainingSetup, list[RoleTrace]]] = {}
         self.scalable: dict[tuple, Any] = {}  # (structure, dp) -> the confirmed pair of micro-batches, or False
         self.traces = 0  # rank-role traces run
         self.past: Any = lambda: False  # core.run's time limit: checked before each trace
         self.predicted = 0  # rank-role traces predicted from two others
+        self.cached = 0  # rank-role traces read from the trace cache (counted in `traces` too)
+
+    def counts(self) -> dict[str, int]:
+        return {"traces": self.traces, "predicted": self.predicted, "cached": self.cached}
+
+    def add(self, counts: dict[str, int]) -> None:
+        """Counts a worker process made (workers.py)."""
+        for name, value in counts.items():
+            setattr(self, name, getattr(self, name) + value)
 
     def setup_for(self, candidate: Candidate, dp: int) -> TrainingSetup:
         layout = dataclasses.replace(candidate, dp=dp).layout(self.gpus_per_node, self.setup.parallel)
@@ -116,6 +126,20 @@ class Tracer:
             layout = ParallelLayout()
         return dataclasses.replace(self.setup, precision=candidate.precision, checkpointing=candidate.checkpointing,
                                    batch_size=candidate.batch_size, parallel=layout)
+
+    def ranks_alike(self, candidate: Candidate) -> bool:
+        """Whether every data-parallel rank of `candidate` holds shards of the same sizes (parallel/roles.py
+        dp_classes of the whole model): then its layout is one role per stage, traced at its own degree."""
+        from trainmem.parallel.roles import dp_classes
+
+        key = (candidate.kind, candidate.dp, candidate.tp, candidate.pp)
+        if key not in self.alike:
+            layout = candidate.layout(self.gpus_per_node, self.setup.parallel)
+            try:
+                self.alike[key] = len(dp_classes(layout, self.facts.model)) == 1
+            except Exception:  # noqa: BLE001 - a layout dp_classes cannot split is traced at two degrees, as before
+                self.alike[key] = False
+        return self.alike[key]
 
     def stages(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures]:
         key = (candidate.structure(), dp, blocks, candidate.micro_batch)
@@ -200,8 +224,7 @@ class Tracer:
         from trainmem.estimate.orchestrate import trace
 
         if not setup.parallel.distributed:
-            self.traces += 1
-            return [RoleTrace(0, "all ranks", None, trace(chosen, setup))]
+            return [RoleTrace(0, "all ranks", None, self._counted(trace(chosen, setup)))]
         from trainmem.estimate.per_rank import trace_role  # the engine (estimate/per_rank.py)
         from trainmem.parallel.roles import rank_roles
         from trainmem.parallel.rank_trace import build_on_meta
@@ -209,6 +232,10 @@ class Tracer:
         model = build_on_meta(chosen.source, setup)[0]
         out = []
         for role in traced_roles(rank_roles(setup.parallel, model), setup.parallel, model):
-            out.append(RoleTrace(role.pp_index, role.label, role, trace_role(chosen, setup, role)))
-            self.traces += 1
+            out.append(RoleTrace(role.pp_index, role.label, role, self._counted(trace_role(chosen, setup, role))))
         return out
+
+    def _counted(self, traced: Any) -> Any:
+        self.traces += 1
+        self.cached += traced.cache_use is not None and traced.cache_use.used == "reused"
+        return traced

@@ -42,6 +42,8 @@ def add(commands: Any, add_command: Callable[[str, str], argparse.ArgumentParser
     add("--top", type=int, metavar="N", help="layouts shown (default: 20; JSON lists all)")
     add("--time-limit", type=float, metavar="SECONDS", help="stop tracing after this long; the layouts not reached "
         "are listed as not evaluated (default: none)")
+    add("--jobs", type=int, metavar="N", help="worker processes tracing at once (default: one per CPU, as memory "
+        "allows; 1: in this process)")
 
 
 def run(options: Any, setup: Any) -> Outcome:
@@ -66,6 +68,7 @@ def run(options: Any, setup: Any) -> Outcome:
                   micro_batches=values.get("micro_batches") or ((setup.batch_size,) if "batch_size" in given else None),
                   precisions=values.get("precisions") or ((setup.precision,) if "precision" in given else None),
                   checkpointing=values.get("checkpointing_options") or fixed_checkpointing(given),
-                  offloads=values.get("offloads"), tps=values.get("tps"), pps=values.get("pps"), top=top or 20, time_limit=limit)
+                  offloads=values.get("offloads"), tps=values.get("tps"), pps=values.get("pps"), top=top or 20, time_limit=limit,
+                  jobs=values.get("jobs"))
     text = json.dumps(result.to_dict(), indent=2) if values.get("format") == "json" else str(result)
     return Outcome(text, EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT if result.evaluated else EXIT_BAD_INPUT)

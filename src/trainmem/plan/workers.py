@@ -1,0 +1,86 @@
+"""Groups of layouts evaluated side by side in forked worker processes (`plan --jobs N`).
+
+A group is one (data-parallel kind, dp, tp, pp, precision) of the planned GPU count (core.run). Within one plan
+two groups never share a trace: a trace is keyed by the layout's structure (kind, tp, pp, checkpointing,
+precision, offload) and a data-parallel degree (tracer.py), and at a fixed GPU count tp and pp fix dp. So
+groups are independent, and N processes evaluate N groups at once; tracing is CPU-bound Python (FakeTensorMode's
+dispatch), one core per process, so this is where more cores help.
+
+The workers are forked from the planning process after the model is resolved and built on meta, so they start
+with the tracer (tracer.py) and the model as they are, with no import and no pickling of a model or a factory;
+each sends back its group's rows and how many traces it ran. Where fork is not how processes start (macOS and
+Windows default to spawn, which would have to import and resolve the model again) the groups run here, one after
+the other, as with --jobs 1. Each worker holds one group's traces at a time (tracer.forget after each group).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+# Each worker's own peak: a 70B model's rank traces at seq 2048 held about 0.5 GiB of RSS (benchmarks/results/speed.md);
+# one GiB each keeps the workers out of swap on the machine the plan runs on
+WORKER_BYTES = 1 << 30
+MOST_JOBS = 16
+
+_GROUP_JOB: Callable[[Any], tuple[list, Any]] | None = None  # set before the fork, read in the workers
+
+
+def default_jobs() -> int:
+    """One worker per CPU this process may run on, as many as the available memory holds at WORKER_BYTES each,
+    at most MOST_JOBS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MOST_JOBS, _available_bytes() // WORKER_BYTES))
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return MOST_JOBS * WORKER_BYTES
+
+
+def can_fork() -> bool:
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _run_group(item: tuple[int, Any]) -> tuple[int, list, Any]:
+    index, group = item
+    rows, counts = _GROUP_JOB(group)
+    return index, rows, counts
+
+
+def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jobs: int,
+               done: Callable[[int, Any, bool], None]) -> Iterator[list]:
+    """`job(group)` -> (rows, counts) for every group, the rows yielded in the groups' order; `done(index, counts,
+    in_worker)` as each group finishes (in any order). With jobs > 1 (and fork) in that many workers, else in this
+    process."""
+    global _GROUP_JOB
+    jobs = min(jobs, len(groups))
+    if jobs <= 1 or not can_fork():
+        for index, group in enumerate(groups):
+            rows, counts = job(group)
+            done(index, counts, False)
+            yield rows
+        return
+    _GROUP_JOB = job
+    finished: dict[int, list] = {}
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for index, rows, counts in pool.imap_unordered(_run_group, enumerate(groups)):
+                finished[index] = rows
+                done(index, counts, True)
+    finally:
+        _GROUP_JOB = None
+    for index in range(len(groups)):
+        yield finished[index]
