@@ -52,6 +52,25 @@ def test_a_reused_trace_gives_the_fresh_estimate(cache_on, model, setup):
     assert len(traces) == 1
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_reused_rank_trace_gives_the_fresh_estimate(cache_on, strategy):
+    """Each rank role's trace is stored under the single-process key and the role (parallel/rank_cache.py): the
+    same layout asked again reads them, and every figure is the fresh one's."""
+    skip_where_torch_refuses(strategy)
+    setup = dict(batch_size=2, strategy=strategy, world_size=2, device="a100-40gb")
+    fresh = estimate(zoo("tiny_gpt"), cache=False, **setup)
+    stored = estimate(zoo("tiny_gpt"), **setup)
+    roles = sorted(cache_on.glob("*.json.gz"))
+    reused = estimate(zoo("tiny_gpt"), **setup)
+    assert reused == fresh == stored and reused.to_dict() == fresh.to_dict()
+    assert (stored.trace_cache.used, reused.trace_cache.used) == ("stored", "reused")
+    assert roles and sorted(cache_on.glob("*.json.gz")) == roles  # the third estimate stored nothing new
+    other = estimate(zoo("tiny_gpt"), **{**setup, "world_size": 4})  # another layout: its own traces
+    assert other.allocated_bytes != reused.allocated_bytes or strategy == "ddp"
+    assert len(list(cache_on.glob("*.json.gz"))) > len(roles)
+
+
 def test_the_codec_is_exact_type_for_type():
     from trainmem.estimate.orchestrate import prepare, trace
     from trainmem.setup import TrainingSetup

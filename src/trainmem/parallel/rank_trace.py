@@ -28,7 +28,7 @@ from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake
 from trainmem.setup.layout import Offload, Strategy
 from trainmem.parallel.world import fake_world
 from trainmem.setup import Precision, TrainingSetup
-from trainmem.trace import keras_torch_step
+from trainmem.trace import cache_store, keras_torch_step
 from trainmem.trace import step as training
 from trainmem.trace.checkpointing import checkpoint_blocks
 from trainmem.trace.dtype_checks import SameDtypeKernels
@@ -70,18 +70,28 @@ def trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops:
     # the real run's too: kept, once each, as the estimate's warnings rather than printed mid-trace
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
-        traced = _trace_rank(source, setup, role, kernel_ops, semantics, cuda)
+        traced, key = _trace_rank(source, setup, role, kernel_ops, semantics, cuda)
+    if traced.cache_use is not None and traced.cache_use.used == "reused":  # stored with its warnings
+        return traced
     said = dict.fromkeys(f"torch warned while tracing rank {role.rank}: {one_line(w.message)}" for w in caught)
     traced.warnings.extend(said)
+    if key is not None:  # parallel/rank_cache.py
+        traced = dataclasses.replace(traced, cache_use=cache_store.store(key, traced))
     return traced
 
 
 def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops: frozenset[str],
-                semantics: TraceSemantics | None, cuda: bool) -> TraceResult:
+                semantics: TraceSemantics | None, cuda: bool) -> tuple[TraceResult, str | None]:
+    """The rank's trace and its key in the trace cache (None: not cached); a stored trace when there is one."""
+    from trainmem.parallel.rank_cache import rank_key
     from trainmem.trace.block_reuse import traced_by_blocks
 
     with fake_world(setup.parallel, role.rank) as world:
         model, make_batch, loss_fn, notes = build_on_meta(source, setup)
+        key, use = rank_key(model, make_batch, loss_fn, source, setup, role, kernel_ops, semantics)
+        hit = cache_store.lookup(key) if key is not None else None
+        if hit is not None:
+            return dataclasses.replace(hit[0], cache_use=hit[1]), None
         facts = traced_model_facts(model)  # the whole model's counts, as its card gives them
 
         def traced(variant: Any, more_notes: tuple[str, ...] = ()) -> TraceResult:
@@ -98,8 +108,9 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
 
         reuse = traced_by_blocks(model, setup, traced) if composable(setup.parallel) else None
         if reuse is not None and reuse.traced is not None:
-            return reuse.traced
-        return traced(model, (reuse.note,) if reuse is not None and reuse.note else ())
+            return dataclasses.replace(reuse.traced, cache_use=use), key
+        return dataclasses.replace(traced(model, (reuse.note,) if reuse is not None and reuse.note else ()),
+                                   cache_use=use), key
 
 
 # The strategies whose ranks' traces compose from 3 and 4 blocks (trace/block_reuse.py), as checked on the zoo's
