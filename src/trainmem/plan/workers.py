@@ -54,6 +54,14 @@ def can_fork() -> bool:
     return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
+def _one_thread() -> None:
+    """A worker's torch runs on one thread: the workers are the parallelism, and an OpenMP thread team the planning
+    process may have started does not survive a fork (GNU libgomp's pool hangs in a child that uses it)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _run_group(item: tuple[int, Any]) -> tuple[int, list, Any]:
     index, group = item
     rows, counts = _GROUP_JOB(group)
@@ -76,7 +84,7 @@ def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jo
     _GROUP_JOB = job
     finished: dict[int, list] = {}
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        with multiprocessing.get_context("fork").Pool(jobs, initializer=_one_thread) as pool:
             for index, rows, counts in pool.imap_unordered(_run_group, enumerate(groups)):
                 finished[index] = rows
                 done(index, counts, True)
