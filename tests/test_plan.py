@@ -302,3 +302,27 @@ def test_a_plan_asked_again_reads_its_traces_from_the_cache(tmp_path, monkeypatc
     assert [(r.candidate, r.status, r.peak_bytes) for r in again.rows] == \
         [(r.candidate, r.status, r.peak_bytes) for r in first.rows]
     assert "from the trace cache" in str(again) and again.to_dict()["cached_traces"] == again.traces
+
+
+def test_workers_yield_in_the_groups_order_and_a_dead_worker_is_an_error():
+    import os
+    import time as clock
+
+    from trainmem.errors import TraceError
+    from trainmem.plan.workers import each_group
+
+    def slow_first(group):
+        clock.sleep(0.3 if group == 0 else 0)  # the first group finishes last
+        return [group * 10], {"traces": 1}
+
+    seen = []
+    rows = list(each_group(slow_first, [0, 1, 2], 2, lambda index, counts, in_worker: seen.append((index, in_worker))))
+    assert rows == [[0], [10], [20]] and sorted(seen) == [(0, True), (1, True), (2, True)]
+
+    def dies(group):
+        if group == 1:
+            os._exit(3)  # as the kernel's OOM killer would end it: no answer, no exception
+        return [group], {}
+
+    with pytest.raises(TraceError, match="ended without an answer"):
+        list(each_group(dies, [0, 1, 2], 2, lambda *_: None))

@@ -62,8 +62,7 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _run_group(item: tuple[int, Any]) -> tuple[int, list, Any]:
-    index, group = item
+def _run_group(index: int, group: Any) -> tuple[int, list, Any]:
     rows, counts = _GROUP_JOB(group)
     return index, rows, counts
 
@@ -72,7 +71,7 @@ def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jo
                done: Callable[[int, Any, bool], None]) -> Iterator[list]:
     """`job(group)` -> (rows, counts) for every group, the rows yielded in the groups' order; `done(index, counts,
     in_worker)` as each group finishes (in any order). With jobs > 1 (and fork) in that many workers, else in this
-    process."""
+    process. A worker that dies (the kernel's OOM killer) is a TraceError, never a wait for ever."""
     global _GROUP_JOB
     jobs = min(jobs, len(groups))
     if jobs <= 1 or not can_fork():
@@ -81,13 +80,22 @@ def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jo
             done(index, counts, False)
             yield rows
         return
-    _GROUP_JOB = job
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    _GROUP_JOB = job  # set before the workers fork: they find it in their copy of this module
     finished: dict[int, list] = {}
     try:
-        with multiprocessing.get_context("fork").Pool(jobs, initializer=_one_thread) as pool:
-            for index, rows, counts in pool.imap_unordered(_run_group, enumerate(groups)):
+        with ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), initializer=_one_thread) as pool:
+            for future in as_completed([pool.submit(_run_group, i, group) for i, group in enumerate(groups)]):
+                index, rows, counts = future.result()
                 finished[index] = rows
                 done(index, counts, True)
+    except BrokenProcessPool:
+        from trainmem.errors import TraceError
+
+        raise TraceError(f"expected plan's {jobs} worker processes to answer, one ended without an answer (killed: "
+                         "out of memory?); --jobs 1 plans in one process") from None
     finally:
         _GROUP_JOB = None
     for index in range(len(groups)):
