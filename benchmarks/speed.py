@@ -247,14 +247,14 @@ def cached_section(runs: int, medians: dict[str, float]) -> list[str]:
     return lines
 
 
-def plan_section(runs: int) -> list[str]:
+def plan_section(runs: int, command: str = "") -> list[str]:
     """`trainmem plan` rows: fresh processes, medians of `runs`; the planner's own account of one run (layouts,
-    traces) beside them."""
+    traces) beside them. `command`: the speed.py command line that made them, when not `--only plan`."""
     import json
     import subprocess
 
-    lines = [PLAN_HEADING, "", f"Generated {datetime.date.today()} by `python benchmarks/speed.py --only plan "
-             f"--plan-runs {runs}` on {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the start); "
+    command = command or f"python benchmarks/speed.py --only plan --plan-runs {runs}"
+    lines = [PLAN_HEADING, "", f"Generated {datetime.date.today()} by `{command}` on {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the start); "
              "medians (min–max) of fresh processes; `--jobs` left at its default (one worker per CPU, as memory "
              "allows). How traces are reused: trainmem/plan/reuse.py; which layouts need no trace: "
              "trainmem/plan/states.py and offload_order.py.", "",
@@ -351,7 +351,8 @@ def main() -> None:
     lines += [""] + cached_section(args.runs, medians)
     lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes; the load average (1 min) "
               f"was {load_at_start:.1f} at its start and {os.getloadavg()[0]:.1f} at its end, on {os.cpu_count()} cores."]
-    lines += [""] + plan_section(args.plan_runs)
+    lines += [""] + plan_section(args.plan_runs, f"python benchmarks/speed.py --runs {args.runs} --long-runs "
+                                 f"{args.long_runs} --plan-runs {args.plan_runs}")
     (ROOT / "benchmarks/results/speed.md").write_text("\n".join(lines) + "\n")
 
 

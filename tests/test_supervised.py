@@ -272,3 +272,22 @@ def test_a_signal_to_measure_ends_its_gloo_ranks_too(tmp_path):
     while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in ranks), "a gloo rank outlived trainmem measure"
+
+
+def test_the_memory_bound_counts_the_processes_the_worker_started():
+    """plan forks workers (plan/workers.py) and a model's code may fork too: the worker's bound is on the sum of its
+    process tree's resident sets (supervised.tree_resident_bytes), not on the worker alone."""
+    from trainmem.supervised import resident_bytes, tree_resident_bytes
+
+    code = ("import os, time\nif os.fork() == 0:\n    held = b'x' * (200 << 20)\n    time.sleep(60)\n    os._exit(0)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and tree_resident_bytes(parent.pid) < resident_bytes(parent.pid) + (150 << 20):
+            time.sleep(0.1)
+        assert tree_resident_bytes(parent.pid) >= resident_bytes(parent.pid) + (150 << 20)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert tree_resident_bytes(parent.pid) == 0  # gone: nothing to count

@@ -110,9 +110,10 @@ def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str,
         if time.monotonic() > deadline:
             raise TrainmemError(f"expected the model's code to finish within {timeout[1]}, it was "
                                 "still running: stopped (raise --timeout for a run this long)", where=timeout[2])
-        if limit and resident_bytes(process.pid) > limit:
+        if limit and tree_resident_bytes(process.pid) > limit:
             raise TrainmemError(f"expected the model's code to stay within {limit / 2**30:.1f} GiB of RAM ("
-                                f"{MEMORY_SHARE:.0%} of this machine's), the worker running it grew past that: stopped "
+                                f"{MEMORY_SHARE:.0%} of this machine's), the worker running it (with the processes "
+                                "it started) grew past that: stopped "
                                 "(an estimate allocates no tensor memory; the model's code allocated for real)",
                                 where=model)
 
@@ -146,6 +147,30 @@ def resident_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def tree_resident_bytes(pid: int, most: int = 4096) -> int:
+    """The resident sets of a process and every process it started (plan's forked workers, whatever the model's code
+    forked), summed: pages a fork still shares with its parent count in both, so this errs high. Children are read
+    from /proc/PID/task/TID/children; where the kernel has no such file only the process itself is counted."""
+    total, seen, waiting = 0, set(), [pid]
+    while waiting and len(seen) < most:
+        current = waiting.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        total += resident_bytes(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    waiting += [int(child) for child in children.read().split()]
+            except (OSError, ValueError):
+                pass
+    return total
 
 
 def _memory_total() -> int:
