@@ -23,6 +23,7 @@ class ModelFacts:
     row_elements: int  # one dim-0 row of every parameter tensor: what padding can add per rank (reuse.py, 3.)
     model: torch.nn.Module  # the full model on meta
     extras: tuple = ()  # the factory's make_batch / loss_fn, when it returned them
+    unit_parameters: int = 0  # the largest repeated block's parameters (the whole model's without blocks)
 
 
 def model_facts(source: ModelSource) -> ModelFacts:
@@ -33,8 +34,9 @@ def model_facts(source: ModelSource) -> ModelFacts:
     rows = sum(p[0].numel() if p.dim() > 0 else 1 for p in model.parameters())
     found = repeated_blocks(model)
     if found is None:
-        return ModelFacts(parameters, 0, "", rows, model, tuple(extras))
-    return ModelFacts(parameters, found.count, found.path, rows, model, tuple(extras))
+        return ModelFacts(parameters, 0, "", rows, model, tuple(extras), parameters)
+    unit = max(sum(p.numel() for p in block.parameters()) for block in model.get_submodule(found.path))
+    return ModelFacts(parameters, found.count, found.path, rows, model, tuple(extras), unit)
 
 
 def variant(source: ModelSource, facts: ModelFacts, k: int) -> ModelSource:

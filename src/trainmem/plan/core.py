@@ -137,15 +137,13 @@ def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, p
 def offload_order(tracer: Tracer, budget: int) -> OffloadOrder:
     """offload_order.py's probes for one group, with the slack of this model's largest block."""
     facts = tracer.facts
-    block = facts.parameters  # no repeated blocks: the whole model is the unit
-    if facts.blocks:
-        block = max(sum(p.numel() for p in b.parameters()) for b in facts.model.get_submodule(facts.list_path))
 
     def floor(candidate: layouts.Candidate) -> int:
         setup = dataclasses.replace(tracer.setup, precision=candidate.precision)
         return model_state_floor(facts.parameters, candidate.layout(tracer.gpus_per_node), setup)
 
-    return OffloadOrder(budget, ROUNDING_SLACK + 2 * 4 * block, floor, lambda c: assess(tracer, c, budget))
+    return OffloadOrder(budget, ROUNDING_SLACK + 2 * 4 * facts.unit_parameters, floor,
+                        lambda c: assess(tracer, c, budget))
 
 
 def _none_fit(batch: int, statuses: set[str]) -> str | None:
