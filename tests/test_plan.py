@@ -326,3 +326,13 @@ def test_workers_yield_in_the_groups_order_and_a_dead_worker_is_an_error():
 
     with pytest.raises(TraceError, match="ended without an answer"):
         list(each_group(dies, [0, 1, 2], 2, lambda *_: None))
+
+
+def test_the_result_says_how_many_workers_traced():
+    from trainmem.plan import plan
+
+    result = plan("mlp:100-10", "1xh100-80gb", input_shape="100", micro_batches="1", precisions="fp32",
+                  checkpointing="off", jobs=2)
+    assert result.to_dict()["jobs"] == 2 and "2 worker processes" in str(result)
+    assert plan("mlp:100-10", "1xh100-80gb", input_shape="100", micro_batches="1", precisions="fp32",
+                checkpointing="off", jobs=1).to_dict()["jobs"] == 1

@@ -36,7 +36,7 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     from trainmem.plan import core, enumerate as layouts
     from trainmem.plan.blocks import model_facts
     from trainmem.plan.tracer import Tracer
-    from trainmem.plan.workers import default_jobs
+    from trainmem.plan.workers import can_fork, default_jobs
     from trainmem.progress import Progress
 
     started = time.perf_counter()
@@ -53,12 +53,13 @@ def plan(model: Any, gpus: str, *, setup: Any = None, gpus_per_node: int = 8, ma
     options = _choices(strategies, micro_batches, precisions, checkpointing, offloads, tps, pps)
     candidates = layouts.candidates(chosen.count, gpus_per_node, facts.blocks, **options)
     tracer = Tracer(source, facts, setup, chosen.device, gpus_per_node)
+    jobs = (jobs or default_jobs()) if can_fork() else 1  # without fork the groups run here (workers.py)
     with (progress or Progress("planning")) as bar:
-        rows = core.run(tracer, candidates, budget, bar, time_limit, started, jobs or default_jobs())
+        rows = core.run(tracer, candidates, budget, bar, time_limit, started, jobs)
     notes = [] if facts.blocks else ["no repeated blocks found: every layout traced with the whole model"]
     result = PlanResult(source.name, facts.parameters, chosen, gpus_per_node, budget, kept.fraction, kept.source,
                         tuple(rows), core.REUSE_WORDS, tracer.traces, time.perf_counter() - started, tuple(notes), top,
-                        tracer.predicted, tracer.cached)
+                        tracer.predicted, tracer.cached, jobs)
     if result.failed and not result.evaluated:  # an error is no answer: never "no layout fits"
         waiting = result.counts().get("not evaluated", 0)
         raise NothingEvaluated(result.failures, "layout", "layouts", where="plan",

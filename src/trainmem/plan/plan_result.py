@@ -51,6 +51,7 @@ class PlanResult:
     top: int = 20
     predicted: int = 0  # rank-role traces predicted from two traced micro-batches
     cached: int = 0  # of `traces`, those read from the trace cache (trace/cache_store.py)
+    jobs: int = 1  # worker processes that traced (workers.py)
 
     @property
     def fitting(self) -> list[PlanRow]:
@@ -95,8 +96,8 @@ class PlanResult:
                 "fits": [row.to_dict(capacity) for row in self.fitting],
                 "not_fitting": [row.to_dict(capacity) for row in self.rows if row.status != "fits"],
                 "failures": failure_groups(self.failures), "reuse": self.reuse, "traces": self.traces,
-                "cached_traces": self.cached, "predicted_traces": self.predicted, "seconds": round(self.seconds, 2),
-                "notes": list(self.notes)}
+                "cached_traces": self.cached, "predicted_traces": self.predicted, "jobs": self.jobs,
+                "seconds": round(self.seconds, 2), "notes": list(self.notes)}
 
     def __str__(self) -> str:
         capacity = self.gpus.device.capacity_bytes
@@ -107,7 +108,8 @@ class PlanResult:
                  f"(a {self.margin:.0%} margin: {self.margin_source})",
                  f"  {len(self.rows):,} layouts: {counts}; {self.traces:,} rank traces ("
                  + (f"{self.cached:,} of them from the trace cache, " if self.cached else "")
-                 + f"and {self.predicted:,} predicted) in {self.seconds:.1f} s",
+                 + f"and {self.predicted:,} predicted) in {self.seconds:.1f} s"
+                 + (f", {self.jobs} worker processes" if self.jobs > 1 else ""),
                  f"  reuse: {self.reuse}", ""]
         fitting = self.fitting
         waiting = self.counts().get("not evaluated", 0)
