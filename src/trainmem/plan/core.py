@@ -12,7 +12,7 @@ from trainmem.errors import failure_reason
 from trainmem.setup.layout import Offload, Strategy
 from trainmem.plan import enumerate as layouts
 from trainmem.plan.blocks import ModelFacts
-from trainmem.plan.offload_order import ROUNDING_SLACK, OffloadOrder
+from trainmem.plan.offload_order import ROUNDING_SLACK, OffloadOrder, offload_rank
 from trainmem.plan.reuse import PADDING_BYTES_PER_ELEMENT, Figures, extrapolate, over_dp
 from trainmem.plan.plan_result import PlanRow
 from trainmem.plan.states import model_state_floor
@@ -97,7 +97,7 @@ def nccl_bytes(layout, device) -> int:
 def least_first(candidate: layouts.Candidate) -> tuple:
     """The order knobs are tried in at one micro-batch: no offload before optimizer before params (offload
     is slower than recomputation), no checkpointing before checkpointing."""
-    return (list(Offload).index(candidate.offload), candidate.checkpointing)
+    return (offload_rank(candidate.offload), candidate.checkpointing)
 
 
 def evaluate(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, past=lambda: False) -> list[PlanRow]:

@@ -14,7 +14,8 @@ copies of the largest block's parameters in fp32.
 
 Which layouts are worth a probe: tracing the most-offload layout first costs a trace when a less intrusive one
 turns out to fit (it would have been skipped). The planner probes only where the model states alone take at
-least PROBE_FLOOR of the budget on the least-offloading layout of the chain, where the activations usually tip it over.
+least PROBE_FLOOR of the budget on the least-offloading layout of the chain, where the activations usually tip it
+over.
 """
 
 from __future__ import annotations
@@ -34,21 +35,21 @@ PROBE_FLOOR = 0.5  # model states take at least half the budget: probe the most 
 
 @dataclasses.dataclass
 class OffloadOrder:
-    """Per checkpointing setting, the smallest micro-batch at which the most-offload layout was found not to fit
-    (by more than the slack), and what it needed."""
+    """Per checkpointing setting, the offload of the layout found not to fit by more than the slack and why (it
+    holds for the micro-batch it was found at and every larger one: evaluation goes up in micro-batch)."""
 
     budget: int
     slack: int  # ROUNDING_SLACK + two fp32 copies of the largest block's parameters (module docstring)
     floor: Callable[[Candidate], int]  # states.py's model-state floor of a candidate
     assess: Callable[[Candidate], PlanRow]
-    dead: dict[bool, str] = dataclasses.field(default_factory=dict)
+    dead: dict[bool, tuple[Offload, str]] = dataclasses.field(default_factory=dict)
 
     def probe(self, members: list[Candidate]) -> dict[Candidate, PlanRow]:
         """Rows of the most-offload member of each checkpointing chain at one micro-batch, assessed ahead of the
         others where the chain's least-offloading member's states take at least PROBE_FLOOR of the budget."""
         rows = {}
         for ckpt in (False, True):
-            chain = sorted((c for c in members if c.checkpointing == ckpt), key=lambda c: list(Offload).index(c.offload))
+            chain = sorted((c for c in members if c.checkpointing == ckpt), key=lambda c: offload_rank(c.offload))
             if len(chain) < 2 or ckpt in self.dead or self.floor(chain[0]) < PROBE_FLOOR * self.budget:
                 continue
             most = chain[-1]
@@ -64,6 +65,11 @@ class OffloadOrder:
         if found is None:
             return None
         offload, why = found
-        if list(Offload).index(candidate.offload) >= list(Offload).index(offload):
+        if offload_rank(candidate.offload) >= offload_rank(offload):
             return None
         return PlanRow(candidate, "ruled out", why=why)
+
+
+def offload_rank(offload: Offload) -> int:
+    """How much is offloaded: none 0 < optimizer 1 < params 2 (Offload's own order)."""
+    return list(Offload).index(offload)

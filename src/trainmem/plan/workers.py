@@ -36,18 +36,10 @@ def default_jobs() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MOST_JOBS, _available_bytes() // WORKER_BYTES))
+    from trainmem.devices import available_bytes
 
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return MOST_JOBS * WORKER_BYTES
+    available = available_bytes() or MOST_JOBS * WORKER_BYTES  # no /proc/meminfo: the CPUs and MOST_JOBS decide
+    return max(1, min(cpus, MOST_JOBS, available // WORKER_BYTES))
 
 
 def can_fork() -> bool:
