@@ -291,3 +291,32 @@ def test_the_memory_bound_counts_the_processes_the_worker_started():
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
     assert tree_resident_bytes(parent.pid) == 0  # gone: nothing to count
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"), reason="needs /proc/PID/smaps_rollup")
+def test_pages_a_fork_shares_with_its_parent_count_once():
+    """The heap replay forks a child that reads the parent's actions (alloc/side_process.py): the tree's memory
+    is not twice the parent's. 300 MiB written before the fork and only read after it are shared."""
+    from trainmem.supervised import resident_bytes, tree_resident_bytes
+
+    code = ("import os, time\nheld = bytearray(300 << 20)\nfor i in range(0, len(held), 4096): held[i] = 1\n"
+            "if os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _has_child(parent.pid):
+            time.sleep(0.1)
+        time.sleep(0.3)
+        alone = resident_bytes(parent.pid)
+        assert alone >= 300 << 20
+        assert 300 << 20 <= tree_resident_bytes(parent.pid) < alone + (100 << 20)  # RSS summed: twice alone
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+
+
+def _has_child(pid: int) -> bool:
+    try:
+        return any(open(f"/proc/{pid}/task/{task}/children").read().split() for task in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return False

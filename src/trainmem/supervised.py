@@ -149,17 +149,31 @@ def resident_bytes(pid: int) -> int:
     return 0
 
 
+def proportional_bytes(pid: int) -> int:
+    """A process's proportional set (Pss, /proc/PID/smaps_rollup): each page it shares with n processes counts 1/n.
+    Falls back to its resident set where the kernel has no smaps_rollup (before Linux 4.14)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resident_bytes(pid)
+
+
 def tree_resident_bytes(pid: int, most: int = 4096) -> int:
-    """The resident sets of a process and every process it started (plan's forked workers, whatever the model's code
-    forked), summed: pages a fork still shares with its parent count in both, so this errs high. Children are read
-    from /proc/PID/task/TID/children; where the kernel has no such file only the process itself is counted."""
-    total, seen, waiting = 0, set(), [pid]
+    """The memory of a process and every process it started (plan's forked workers, the heap replay's forked child,
+    whatever the model's code forked). A fork shares its parent's pages until either writes them, so the resident
+    sets of a tree count those pages once per process: where there is more than one, each process's proportional
+    set is summed instead, which counts every page once. Children are read from /proc/PID/task/TID/children; where
+    the kernel has no such file only the process itself is counted."""
+    seen, waiting = [], [pid]
     while waiting and len(seen) < most:
         current = waiting.pop()
         if current in seen:
             continue
-        seen.add(current)
-        total += resident_bytes(current)
+        seen.append(current)
         try:
             tasks = os.listdir(f"/proc/{current}/task")
         except OSError:
@@ -170,7 +184,9 @@ def tree_resident_bytes(pid: int, most: int = 4096) -> int:
                     waiting += [int(child) for child in children.read().split()]
             except (OSError, ValueError):
                 pass
-    return total
+    if len(seen) == 1:
+        return resident_bytes(pid)
+    return sum(proportional_bytes(current) for current in seen)
 
 
 def _memory_total() -> int:

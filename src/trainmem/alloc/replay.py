@@ -23,6 +23,7 @@ from trainmem.alloc import small_objects
 from trainmem.alloc.cuda_caching import (CudaCachingAllocator, CudaOutOfMemoryError, Fragmentation, SegmentSummary,
                                          replay as cuda_replay, round_size)
 from trainmem.alloc.cuda_config import AllocatorConfig
+from trainmem.alloc.side_process import beside
 from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category
 
@@ -257,10 +258,13 @@ def glibc_heap(events: Sequence[DeviceEvent], after_steps: Sequence[int] = ()) -
         start = interleaved.step_starts.get(traced[0] + steps) if traced else None
         if start is not None:
             marks[start] = steps
-    resident, seen = cpu_alloc.replay_growth(interleaved.actions, marks)
+    # the two replays share only their input: the pinned one runs in a forked child meanwhile (side_process.py)
+    with beside(cpu_alloc.replay_actions, interleaved.actions, True) as pinned:
+        resident, seen = cpu_alloc.replay_growth(interleaved.actions, marks)
+        pinned_peak = pinned.result()
     growth = {steps: seen.get(steps, resident) for steps in after_steps}
-    return HeapReplay(resident, cpu_alloc.replay_actions(interleaved.actions, pinned=True),
-                      interleaved.objects, interleaved.defaulted_ops, small_objects.load_table(), growth)
+    return HeapReplay(resident, pinned_peak, interleaved.objects, interleaved.defaulted_ops,
+                      small_objects.load_table(), growth)
 
 
 def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:

@@ -151,6 +151,7 @@ def _interleave(stream, table: dict | None) -> Interleaved:
     later_phase_deaths: dict[tuple, int | None] = {}
     firsts = first_signatures(stream)
     count = 0
+    new = tuple.__new__  # Action(...) runs a Python-level __new__: twice the cost, a million objects a long run
     for index, event in enumerate(stream):
         if event.action != "alloc":
             continue
@@ -185,7 +186,7 @@ def _interleave(stream, table: dict | None) -> Interleaved:
                 count += placed
                 if (nbytes + 15 >> 4, aligned) not in transient_sizes:
                     transient_sizes.add((nbytes + 15 >> 4, aligned))
-                    born.append(Action("alloc", ("object", count), nbytes, aligned, True))
+                    born.append(new(Action, ("alloc", ("object", count), nbytes, aligned, True)))
                 continue
             if kind == "companion":
                 end = None
@@ -199,11 +200,11 @@ def _interleave(stream, table: dict | None) -> Interleaved:
             for _ in range(placed):
                 count += 1
                 key = ("object", count)
-                born.append(Action("alloc", key, nbytes, aligned))
+                born.append(new(Action, ("alloc", key, nbytes, aligned, False)))
                 if kind == "companion":
-                    companions[event.key].append(Action("free", key))
+                    companions[event.key].append(new(Action, ("free", key, 0, True, False)))
                 elif end is not None:
-                    deaths[end].append(Action("free", key))
+                    deaths[end].append(new(Action, ("free", key, 0, True, False)))
     actions, step_starts = _assemble(stream, births, deaths, companions)
     return Interleaved(actions, count, dict(defaulted), step_starts)
 
