@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,10 @@ class Beside:
 
     def _fork(self) -> None:
         read_end, write_end = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns on any fork of a process with threads (torch's); the child runs Python only
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: compute, answer, leave without the parent's exit handlers
             code = 1
             try:
