@@ -110,7 +110,7 @@ def _answer(process: subprocess.Popen, read_end: int, timeout: tuple[float, str,
         if time.monotonic() > deadline:
             raise TrainmemError(f"expected the model's code to finish within {timeout[1]}, it was "
                                 "still running: stopped (raise --timeout for a run this long)", where=timeout[2])
-        if limit and tree_resident_bytes(process.pid) > limit:
+        if limit and tree_resident_bytes(process.pid, exact_above=limit) > limit:
             raise TrainmemError(f"expected the model's code to stay within {limit / 2**30:.1f} GiB of RAM ("
                                 f"{MEMORY_SHARE:.0%} of this machine's), the worker running it (with the processes "
                                 "it started) grew past that: stopped "
@@ -162,12 +162,14 @@ def proportional_bytes(pid: int) -> int:
     return resident_bytes(pid)
 
 
-def tree_resident_bytes(pid: int, most: int = 4096) -> int:
+def tree_resident_bytes(pid: int, most: int = 4096, exact_above: int = 0) -> int:
     """The memory of a process and every process it started (plan's forked workers, the heap replay's forked child,
     whatever the model's code forked). A fork shares its parent's pages until either writes them, so the resident
-    sets of a tree count those pages once per process: where there is more than one, each process's proportional
-    set is summed instead, which counts every page once. Children are read from /proc/PID/task/TID/children; where
-    the kernel has no such file only the process itself is counted."""
+    sets of a tree count those pages once per process: where there is more than one and their sum is above
+    `exact_above`, each process's proportional set is summed instead, which counts every page once (reading it walks
+    the page tables: 19 ms for a 1.5 GiB process, against 0.02 ms for the resident set, so a bound polled ten times
+    a second reads it only when the cheap sum, never below it, crosses the bound). Children are read from
+    /proc/PID/task/TID/children; where the kernel has no such file only the process itself is counted."""
     seen, waiting = [], [pid]
     while waiting and len(seen) < most:
         current = waiting.pop()
@@ -184,8 +186,9 @@ def tree_resident_bytes(pid: int, most: int = 4096) -> int:
                     waiting += [int(child) for child in children.read().split()]
             except (OSError, ValueError):
                 pass
-    if len(seen) == 1:
-        return resident_bytes(pid)
+    resident = sum(resident_bytes(current) for current in seen)
+    if len(seen) == 1 or resident <= exact_above:
+        return resident
     return sum(proportional_bytes(current) for current in seen)
 
 
