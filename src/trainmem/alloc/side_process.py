@@ -12,6 +12,10 @@ atexit handler or finalizer of the parent's. `Beside.result()` reads it; leaving
 TensorFlow state: an OpenMP thread pool does not survive a fork. Where there is no fork or only one CPU, or
 the child ends without an answer (killed for memory, a signal), `result()` runs `fn` here instead, so a
 failure costs time, never the figure.
+
+What it costs. Memory: the child reads every action, and reading a Python object writes its reference count, so
+the pages holding the actions are copied into the child. On the 1.3B model the process tree's proportional set
+peaked at 942 MiB during the replays, where the single process peaked at 700 MiB RSS (2026-12-07, AMD EPYC Zen 4).
 """
 
 from __future__ import annotations
