@@ -84,3 +84,16 @@ def test_leaving_without_the_result_kills_the_child(monkeypatch):
             raise KeyboardInterrupt
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # killed and reaped
+
+
+@forks
+def test_interrupted_while_waiting_kills_the_child_at_once(monkeypatch):
+    monkeypatch.setattr(side_process, "_cpus", lambda: 2)
+    running = side_process.beside(_forever)
+    pid = running.pid
+    monkeypatch.setattr(side_process.os, "read", lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        running.result()  # returns at once: the child, which would wait for ever, is killed
+    monkeypatch.undo()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -73,6 +73,9 @@ class Beside:
         try:
             while chunk := os.read(self.read_end, 1 << 20):
                 chunks.append(chunk)
+        except BaseException:  # interrupted while waiting (Ctrl-C): not a wait for the child's whole replay
+            os.kill(self.pid, signal.SIGKILL)
+            raise
         finally:
             os.close(self.read_end)
             _, status = os.waitpid(self.pid, 0)
@@ -80,7 +83,6 @@ class Beside:
         if os.waitstatus_to_exitcode(status) != 0:
             return self.fn(*self.args)  # the child ended without an answer: the same figure, computed here
         return pickle.loads(b"".join(chunks))
-
 
     def __enter__(self) -> Beside:
         return self
