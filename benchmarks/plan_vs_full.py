@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_hf_finetune import TINY_LLAMA  # noqa: E402  (the tests' tiny Llama, 128 wide, 1,000 tokens)
 
 SETUP = {"seq_len": 64, "optimizer": "adamw"}
+GPUS_PER_NODE = 8  # plan()'s default, which the layouts below were planned with
 
 
 def compare(model: str, gpus: int, checkpointing: str) -> tuple[list[dict], dict]:
@@ -52,7 +53,7 @@ def compare(model: str, gpus: int, checkpointing: str) -> tuple[list[dict], dict
             continue
         base = setup_of(None, {**SETUP, "batch_size": c.batch_size, "precision": c.precision,
                                "checkpointing": c.checkpointing}, "plan_vs_full")
-        full = estimate(model, setup=dataclasses.replace(base, parallel=c.layout(8)), device="h100-80gb", cache=False)
+        full = estimate(model, setup=dataclasses.replace(base, parallel=c.layout(GPUS_PER_NODE)), device="h100-80gb", cache=False)
         rows.append({"layout": name, "ckpt": c.checkpointing, "status": row.status, "plan": row.peak_bytes,
                      "full": full.process_bytes_high, "error": row.peak_bytes / full.process_bytes_high - 1})
     return rows, account
