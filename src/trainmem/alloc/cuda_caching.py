@@ -661,21 +661,11 @@ class CudaCachingAllocator:
         return addr
 
     def _count(self, small: bool, **changes: int) -> None:
-        """Stat.add on the stat's "all" and its pool's, written out: a replay counts four stats a malloc, and
-        the method calls were a fifth of a 70B model's replay."""
         kind = "small_pool" if small else "large_pool"
-        stats = self.stats
         for name, amount in changes.items():
             if amount:
-                per = stats[name]
-                for stat in (per["all"], per[kind]):
-                    current = stat.current = stat.current + amount
-                    if amount > 0:
-                        if current > stat.peak:
-                            stat.peak = current
-                        stat.allocated += amount
-                    else:
-                        stat.freed -= amount
+                self.stats[name]["all"].add(amount)
+                self.stats[name][kind].add(amount)
 
     def _note_peaks(self) -> None:
         allocated, reserved = self.allocated_bytes, self.reserved_bytes
