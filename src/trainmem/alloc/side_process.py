@@ -8,8 +8,9 @@ at once where the machine has a second core, and the answer is the same number e
 
 How. `beside(fn, *args)` forks (Linux only: forking is how the planner's workers start too, plan/workers.py),
 and the child runs `fn(*args)`, writes its pickled result to a pipe and leaves with os._exit, running no
-atexit handler or finalizer of the parent's. `Beside.result()` reads it; leaving the `with` block without reading it kills and reaps the child. The function must touch no torch or
-TensorFlow state: an OpenMP thread pool does not survive a fork. Where there is no fork or only one CPU, or
+atexit handler or finalizer of the parent's. `Beside.result()` reads it; leaving the `with` block without reading
+it kills and reaps the child. The function must touch no torch or TensorFlow state: an OpenMP thread pool does not
+survive a fork. Where there is no fork or only one CPU, or
 the child ends without an answer (killed for memory, a signal), `result()` runs `fn` here instead, so a
 failure costs time, never the figure.
 
@@ -74,12 +75,9 @@ class Beside:
             while chunk := os.read(self.read_end, 1 << 20):
                 chunks.append(chunk)
         except BaseException:  # interrupted while waiting (Ctrl-C): not a wait for the child's whole replay
-            os.kill(self.pid, signal.SIGKILL)
+            self._stop()
             raise
-        finally:
-            os.close(self.read_end)
-            _, status = os.waitpid(self.pid, 0)
-            self.pid = None
+        status = self._reap()
         if os.waitstatus_to_exitcode(status) != 0:
             return self.fn(*self.args)  # the child ended without an answer: the same figure, computed here
         return pickle.loads(b"".join(chunks))
@@ -90,10 +88,18 @@ class Beside:
     def __exit__(self, *exc: object) -> None:
         """Left before its result was read (the parent's own work raised, Ctrl-C): the child is killed and reaped."""
         if self.pid is not None:
-            os.kill(self.pid, signal.SIGKILL)
-            os.close(self.read_end)
-            os.waitpid(self.pid, 0)
-            self.pid = None
+            self._stop()
+
+    def _stop(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        self._reap()
+
+    def _reap(self) -> int:
+        """Close the pipe and wait for the child; its wait status."""
+        os.close(self.read_end)
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = None
+        return status
 
 
 def beside(fn: Callable[..., Any], *args: Any) -> Beside:
