@@ -44,6 +44,8 @@ def test_rank_coordinates_are_init_device_mesh_order():
     (dict(microbatches=4), "--microbatches"),
     (dict(pp=4, microbatches=2), "--microbatches"),
     (dict(strategy="ddp", world_size=2, offload="params"), "--offload"),
+    (dict(strategy="zero1", world_size=2, offload="params"), "--offload"),  # DeepSpeed: offload_param is stage 3's
+    (dict(strategy="zero2", world_size=2, offload="params"), "--offload"),
     (dict(strategy="hsdp", world_size=8, dp_shard=3), "--dp-shard"),
     (dict(strategy="fsdp", world_size=8, dp_shard=2), "--dp-shard"),
     (dict(strategy="fsdp2"), "--strategy"),
@@ -74,6 +76,7 @@ def test_setup_takes_flat_keys_and_a_table_alike():
     (["--strategy", "zero4", "--world-size", "2"], "--strategy"),
     (["--world-size", "4"], "--world-size"),
     (["--strategy", "ddp", "--world-size", "2", "--offload", "optimizer"], "--offload"),
+    (["--strategy", "zero2", "--world-size", "2", "--offload", "params"], "--offload"),
     (["--gradient-as-bucket-view", "maybe"], "command line"),
 ])
 def test_cli_bad_parallel_flags_exit_2_in_one_line(argv, where, capsys):

@@ -46,6 +46,9 @@ def test_enumeration_rules():
     assert {c.tp for c in found} == {1, 2, 4, 8}  # divisors of a node's 8 GPUs, never 16
     assert max(c.pp for c in found) == 4  # at most the blocks
     assert all(c.offload == Offload.NONE for c in found if c.kind in (Strategy.DDP, Strategy.NONE))
+    # parameters move to host RAM only under ZeRO-3 and the FSDPs (DeepSpeed's offload_param is stage 3's)
+    assert {c.kind for c in found if c.offload == Offload.PARAMS} == {Strategy.FSDP, Strategy.HSDP, Strategy.ZERO3}
+    assert {Strategy.ZERO1, Strategy.ZERO2} <= {c.kind for c in found if c.offload == Offload.OPTIMIZER}
     assert all(c.kind == Strategy.NONE for c in found if c.dp == 1)
     # HSDP only where the data-parallel ranks span nodes: dp 16 with tp 1 (shard 8 < 16), not dp 2 with tp 8
     assert any(c.kind == Strategy.HSDP and c.dp == 16 for c in found)

@@ -8,7 +8,8 @@ Rules (each the reason a combination is left out, not a guess about what fits):
   shards (parallel/ddp.py refuses the layout, as torchtitan does).
 - dp = 1 has no data-parallel kind (and nothing to offload: offload is a sharded kind's, layout.py).
 - HSDP differs from FSDP only where the data-parallel ranks span nodes (shard degree < dp).
-- offload optimizer|params only with the sharded kinds (layout.OFFLOAD_KINDS).
+- offload optimizer only with the sharded kinds, params only with those that can move parameters
+  (layout.offload_allowed: not ZeRO-1 or ZeRO-2, as DeepSpeed).
 - with pp > 1 the micro-batch is the pipeline's: each data-parallel rank's batch is micro-batch × microbatches
   (microbatches = pp, the least that fills the pipe; layout.py).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-from trainmem.setup.layout import OFFLOAD_KINDS, Offload, ParallelLayout, Strategy
+from trainmem.setup.layout import Offload, ParallelLayout, Strategy, offload_allowed
 from trainmem.setup import Precision
 
 DEFAULT_KINDS = (Strategy.DDP, Strategy.FSDP, Strategy.HSDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
@@ -109,7 +110,7 @@ def candidates(count: int, gpus_per_node: int, blocks: int, *, kinds=DEFAULT_KIN
     for dp, tp, pp in degrees(count, gpus_per_node, blocks, tps, pps):
         for kind in kinds_for(dp, tp, gpus_per_node, kinds):
             for offload in offloads:
-                if offload != Offload.NONE and kind not in OFFLOAD_KINDS:
+                if not offload_allowed(kind, Offload(offload)):
                     continue
                 for precision in precisions:
                     for ckpt in checkpointing:

@@ -189,6 +189,16 @@ _FREE_DIMENSION = {**{kind: "dp" for kind in DATA_PARALLEL}, Strategy.TP: "tp", 
 # Sharded data-parallel kinds: what an offload moves to host RAM exists per rank only there (FSDP2's
 # CPUOffloadPolicy, DeepSpeed's offload_optimizer / offload_param); DDP keeps full replicas on the device.
 OFFLOAD_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.FSDP1, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+# Those that can move parameters too: FSDP2's CPUOffloadPolicy, FSDP1's CPUOffload(offload_params=True), and ZeRO
+# stage 3 only ("offload_param ... available only with ZeRO stage 3", DeepSpeed's docs/_pages/config-json.md; its
+# stage 1 and 2 offload the optimizer state, deepspeed/runtime/zero/config.py). ZeRO-1 is DDP's full replicas.
+PARAMS_OFFLOAD_KINDS = (Strategy.FSDP, Strategy.HSDP, Strategy.FSDP1, Strategy.ZERO3)
+
+
+def offload_allowed(strategy: Strategy, offload: Offload) -> bool:
+    """Whether `strategy` can run with `offload` (the planner enumerates only these)."""
+    kinds = {Offload.NONE: None, Offload.OPTIMIZER: OFFLOAD_KINDS, Offload.PARAMS: PARAMS_OFFLOAD_KINDS}[offload]
+    return kinds is None or strategy in kinds
 
 
 def _resolved(layout: ParallelLayout) -> ParallelLayout:
@@ -246,6 +256,10 @@ def _check_together(layout: ParallelLayout, given: Strategy) -> None:
     if layout.offload != Offload.NONE and layout.strategy not in OFFLOAD_KINDS:
         raise SetupError(f"expected a sharded data-parallel strategy (fsdp|hsdp|fsdp1|zero1|zero2|zero3) with --offload, "
                          f"got {_strategy_given(layout, given)}", where="--offload")
+    if not offload_allowed(layout.strategy, layout.offload):
+        raise SetupError(f"expected --offload optimizer with {layout.strategy} (DeepSpeed offloads parameters with ZeRO "
+                         f"stage 3 only: --strategy zero3, fsdp, hsdp or fsdp1), got --offload params",
+                         where="--offload")
     if layout.replicate_x_shard:
         shard = layout.hsdp_shard
         if shard > layout.dp or layout.dp % shard:
