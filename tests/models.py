@@ -559,3 +559,16 @@ def transformer_encoder_deep():
 def einsum_attention_deep():
     """Blocks that alternate einsum attention and SDPA: their settings differ, so they are not composed."""
     return _deepened(einsum_attention())
+
+
+def mistral_deep():
+    """A 6-layer Mistral from transformers, as a script calls it (use_cache left on): its DynamicCache makes one
+    8-byte sliding-window tensor per layer at the model's level (trace/block_compose.py, 5.)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=16, max_position_embeddings=64)
+
+    def loss_fn(out, inputs):
+        return out.logits.float().mean()
+    return MistralForCausalLM(config), _tokens(256, 32), loss_fn

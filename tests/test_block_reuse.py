@@ -73,6 +73,19 @@ def test_zoo_stacks_compose(monkeypatch, model, loop):
     _same_result(composed, whole)
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize("loop", ["inline", "lean"])
+def test_per_layer_storages_outside_the_blocks_compose(monkeypatch, loop):
+    """transformers' Mistral makes one sliding-window tensor per layer before the first layer runs (its cache):
+    composed as the layer's own (block_compose.py, 5.), the trace is the whole one."""
+    pytest.importorskip("transformers")
+    composed, whole = _both(monkeypatch, zoo("mistral_deep"), {"optimizer": "adamw", "loop": loop})
+    assert any("the model traced with 3 and 4" in w for w in composed.warnings)
+    _same_result(composed, whole)
+    sliding = [e for e in whole.trace.events if e.op == "lift_fresh" and e.nbytes == 8 and e.action == "alloc"]
+    assert len(sliding) == 2 * 6  # one per layer and step: what the composition had to repeat
+
+
 def test_alternating_blocks_are_traced_whole(monkeypatch):
     composed, whole = _both(monkeypatch, zoo("einsum_attention_deep"), {"optimizer": "sgd"})
     assert any("traced whole: block 1 differs from block 0" in w for w in composed.warnings)

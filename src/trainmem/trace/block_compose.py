@@ -26,6 +26,11 @@ neither the first block (which takes the embedding's output) nor the last (which
    a block frees its own saved tensors, the previous block's output, the next one's gradient, wherever it sits.
 4. Storage ids are renumbered in allocation order, as the recorder numbers them, and so is every event's `seq`:
    the composed trace is, event for event, the one the recorder gives the whole model (checked, block_reuse.py).
+5. Some storages are made per block by the module that runs them, before the first block runs: transformers'
+   DynamicCache makes one 8-byte sliding-window tensor per layer of a Mistral (cache_utils.py
+   DynamicSlidingWindowLayer), and frees each after that layer's keys and values. Where the plain rules do not
+   compose, a run of k allocations of one kind outside every block, with nothing between them, is taken as one per
+   block (the i-th and its free are block i's); the check decides, as for every composition (block_reuse.py).
 Kernel calls go with the event their first output allocated (or the event before them, when they allocated
 none); the sets of host, managed and offloaded storages, the checkpointed modules and the output sizes per
 module are copied the same way.
@@ -82,8 +87,8 @@ class Stack:
         return new + module[len(old):]
 
 
-def attribution(trace: Trace, stack: Stack) -> list[int | None]:
-    """Each event's block (module docstring, 1.)."""
+def attribution(trace: Trace, stack: Stack, per_block_runs: bool = False) -> list[int | None]:
+    """Each event's block (module docstring, 1.; with `per_block_runs`, 5.)."""
     events = trace.events
     owners = [stack.block_of(trace.storages[e.sid].module or trace.owner_hints.get(e.sid, "")) for e in events]
     out: list[int | None] = [None] * len(events)
@@ -111,7 +116,33 @@ def attribution(trace: Trace, stack: Stack) -> list[int | None]:
         else:  # the optimizer's loop: a temporary of the parameter before, while the running block goes on after it
             out[index] = block if owner is not None and following.get(where) == block else owner
     _joined_to_next(events, out)
+    if per_block_runs:
+        _per_block_runs(events, out, stack.traced)
     return out
+
+
+def _per_block_runs(events: list[Event], blocks: list[int | None], count: int) -> None:
+    """Runs of `count` allocations of one kind (phase, step, module, op, size) outside every block with nothing
+    between them: the i-th is block i's storage, made for it by the module that runs the blocks, and so is its free
+    (module docstring, 5.)."""
+    def kind(index: int) -> tuple | None:  # None: not an allocation outside every block
+        event = events[index]
+        return (event.phase, event.step, event.module, event.op, event.nbytes) \
+            if event.action == "alloc" and blocks[index] is None else None
+
+    mine: dict[int, int] = {}
+    start = 0
+    while start < len(events):
+        stop = start + 1
+        while kind(start) is not None and stop < len(events) and kind(stop) == kind(start):
+            stop += 1
+        if stop - start == count and kind(start) is not None:
+            for block in range(count):
+                blocks[start + block], mine[events[start + block].sid] = block, block
+        start = stop
+    for index, event in enumerate(events):
+        if event.action == "free" and event.sid in mine:
+            blocks[index] = mine[event.sid]
 
 
 def _joined_to_next(events: list[Event], blocks: list[int | None]) -> None:
@@ -131,9 +162,9 @@ def _joined_to_next(events: list[Event], blocks: list[int | None]) -> None:
 
 
 class _Composer:
-    def __init__(self, trace: Trace, stack: Stack) -> None:
+    def __init__(self, trace: Trace, stack: Stack, per_block_runs: bool) -> None:
         self.trace, self.stack = trace, stack
-        self.blocks = attribution(trace, stack)
+        self.blocks = attribution(trace, stack, per_block_runs)
         self.owner: dict[int, int | None] = {}
         self.latest = 0  # the template's copy emitted last (compose)
         # (block, kind) -> the block's storages of that kind (phase, step, op, bytes) in allocation order: a storage's
@@ -194,9 +225,10 @@ class _Composer:
         return before == TEMPLATE + 1 or (before is None and after == TEMPLATE - 1)
 
 
-def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements: dict[str, int]):
+def compose(trace: Trace, stack: Stack, checkpointed: list[str], output_elements: dict[str, int],
+            per_block_runs: bool = False):
     """(trace, checkpointed, output_elements) of the model with stack.total blocks (module docstring)."""
-    composer = _Composer(trace, stack)
+    composer = _Composer(trace, stack, per_block_runs)
     calls = _anchored_calls(trace.kernel_calls)
     ids: dict[tuple[int, int], int] = {}
     events, kernel_calls, pending = [], [], []

@@ -61,13 +61,11 @@ def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceR
     if few.quantized_parameters:
         return Reuse(None, f"{whole}: 4-bit weights are not composed")
     try:
-        trace, _, _ = compose(few.trace, Stack(found.path, TRACED[0], TRACED[1]), few.checkpointed,
-                              few.output_elements)
-        difference = first_difference(trace, more.trace)
+        per_block_runs, difference = _checked(few, more, found.path)
         if difference is not None:
             return Reuse(None, f"{whole}: {TRACED[0]} blocks composed to {TRACED[1]} differ from {TRACED[1]} traced "
                                f"({difference})")
-        composed = _composed(model, Stack(found.path, TRACED[0], found.count), few, more)
+        composed = _composed(model, Stack(found.path, TRACED[0], found.count), few, more, per_block_runs)
     except NotComposable as error:
         return Reuse(None, f"{whole}: {error}")
     note = (f"{found.count} blocks of {found.path}: the model traced with {TRACED[0]} and {TRACED[1]} of them, the "
@@ -76,10 +74,23 @@ def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceR
     return Reuse(dataclasses.replace(composed, warnings=composed.warnings + [note]), note)
 
 
-def _composed(model: Any, stack: Stack, few: TraceResult, more: TraceResult) -> TraceResult:
+def _checked(few: TraceResult, more: TraceResult, path: str) -> tuple[bool, str | None]:
+    """(per_block_runs, None) for the first rule set under which the 3-block trace composes to the 4-block one event for
+    event (block_compose.py: the plain rules, then with 5.); else (False, where the plain rules differ)."""
+    differences = []
+    for per_block_runs in (False, True):
+        trace, _, _ = compose(few.trace, Stack(path, TRACED[0], TRACED[1]), few.checkpointed, few.output_elements,
+                              per_block_runs)
+        differences.append(first_difference(trace, more.trace))
+        if differences[-1] is None:
+            return per_block_runs, None
+    return False, differences[0]
+
+
+def _composed(model: Any, stack: Stack, few: TraceResult, more: TraceResult, per_block_runs: bool) -> TraceResult:
     """The whole model's trace from its 3-block (`few`) and 4-block (`more`) traces: the events composed, what is
     counted extrapolated (op counts, the lean loop's counts, notes), a rank's module sets renamed."""
-    trace, checkpointed, outputs = compose(few.trace, stack, few.checkpointed, few.output_elements)
+    trace, checkpointed, outputs = compose(few.trace, stack, few.checkpointed, few.output_elements, per_block_runs)
     steps = stack.total - TRACED[1]
     trace.loop_marks = extrapolated_marks(trace.loop_marks, few.trace.loop_marks, more.trace.loop_marks, steps)
     resolved = dict(more.resolved)
