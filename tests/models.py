@@ -572,3 +572,15 @@ def mistral_deep():
     def loss_fn(out, inputs):
         return out.logits.float().mean()
     return MistralForCausalLM(config), _tokens(256, 32), loss_fn
+
+
+def gemma2_deep():
+    """A 10-layer Gemma-2 from transformers: sliding and global attention layers alternate (block_reuse.py)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=10, head_dim=16,
+                          num_attention_heads=4, num_key_value_heads=2, sliding_window=16, max_position_embeddings=64)
+
+    def loss_fn(out, inputs):
+        return out.logits.float().mean()
+    return Gemma2ForCausalLM(config), _tokens(256, 32), loss_fn

@@ -13,7 +13,8 @@ from trainmem.frontends import resolve
 from trainmem.setup import TrainingSetup
 from trainmem.targets import cpu_kernels
 from trainmem.trace import block_reuse, run
-from trainmem.trace.block_compose import NotComposable, extrapolated_notes, first_difference
+from trainmem.trace.block_compose import NotComposable, first_difference
+from trainmem.trace.block_reuse import extrapolated_notes
 from trainmem.trace.cache_store import switched
 
 CASES = {
@@ -51,7 +52,7 @@ def _same_result(composed, whole) -> None:
     for field in dataclasses.fields(whole):
         if field.name not in ("trace", "cache_use", "warnings"):
             assert getattr(composed, field.name) == getattr(whole, field.name), field.name
-    notes = [w for w in composed.warnings if "composed from block 1" not in w]
+    notes = [w for w in composed.warnings if "the model traced with" not in w]
     assert notes == whole.warnings
 
 
@@ -84,6 +85,18 @@ def test_per_layer_storages_outside_the_blocks_compose(monkeypatch, loop):
     _same_result(composed, whole)
     sliding = [e for e in whole.trace.events if e.op == "lift_fresh" and e.nbytes == 8 and e.action == "alloc"]
     assert len(sliding) == 2 * 6  # one per layer and step: what the composition had to repeat
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("case", ["inline adamw", "lean foreach adamw"])
+def test_alternating_blocks_compose_in_runs(monkeypatch, case):
+    """Gemma-2's sliding and global layers alternate: composed in runs of 2 blocks (6 and 8 traced), the trace is the
+    whole one; its cache's sliding-window tensors are one per run (block_compose.py, 5.)."""
+    pytest.importorskip("transformers")
+    composed, whole = _both(monkeypatch, zoo("gemma2_deep"), CASES[case])
+    assert any(w.startswith("10 blocks of model.layers, alike every 2: the model traced with 6 and 8 of them")
+               for w in composed.warnings)
+    _same_result(composed, whole)
 
 
 def test_alternating_blocks_are_traced_whole(monkeypatch):

@@ -27,10 +27,11 @@ neither the first block (which takes the embedding's output) nor the last (which
 4. Storage ids are renumbered in allocation order, as the recorder numbers them, and so is every event's `seq`:
    the composed trace is, event for event, the one the recorder gives the whole model (checked, block_reuse.py).
 5. Some storages are made per block by the module that runs them, before the first block runs: transformers'
-   DynamicCache makes one 8-byte sliding-window tensor per layer of a Mistral (cache_utils.py
-   DynamicSlidingWindowLayer), and frees each after that layer's keys and values. Where the plain rules do not
-   compose, a run of k allocations of one kind outside every block, with nothing between them, is taken as one per
-   block (the i-th and its free are block i's); the check decides, as for every composition (block_reuse.py).
+   DynamicCache makes one 8-byte sliding-window tensor per sliding layer (cache_utils.py DynamicSlidingWindowLayer:
+   every layer of a Mistral, every other one of a Gemma-2), and frees each after that layer's keys and values.
+   Where the plain rules do not compose, a run of c·k such allocations with nothing between them is c per block of
+   the k traced (the i-th and its free are block i // c's); the check decides (block_reuse.py). Blocks that
+   alternate (Gemma-2's sliding and global layers) compose as runs of `period` blocks: "block" above is such a run.
 Kernel calls go with the event their first output allocated (or the event before them, when they allocated
 none); the sets of host, managed and offloaded storages, the checkpointed modules and the output sizes per
 module are copied the same way.
@@ -39,7 +40,6 @@ module are copied the same way.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import Counter
 
 from trainmem.trace.events import Event, KernelCall, Phase, Trace
@@ -56,22 +56,29 @@ class NotComposable(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-    """A list of blocks at `path`, traced with `traced` of them, composed to `total`."""
+    """A list of blocks at `path`, traced with `traced` units (runs of `period` blocks), composed to `total` units."""
 
     path: str
-    traced: int
+    traced: int  # in units of `period` blocks, as `total`
     total: int
+    period: int = 1  # blocks per unit: a model whose blocks alternate (Gemma-2's sliding and global layers) repeats pairs
 
     @property
     def extra(self) -> int:
         return self.total - self.traced
 
-    def block_of(self, module: str) -> int | None:
+    def index_of(self, module: str) -> int | None:
+        """The list index of the block `module` is in (None: outside the list)."""
         prefix = self.path + "."
         if not module.startswith(prefix):
             return None
         head = module[len(prefix):].split(".", 1)[0]
         return int(head) if head.isdigit() else None
+
+    def block_of(self, module: str) -> int | None:
+        """The unit `module` is in: its block, or the run of `period` blocks that block is one of."""
+        index = self.index_of(module)
+        return None if index is None else index // self.period
 
     def moved(self, block: int, copy: int) -> int:
         """Where old `block` lands: the template's copy `copy`, the ones before it unmoved, the rest moved up."""
@@ -80,10 +87,11 @@ class Stack:
         return block if block < TEMPLATE else block + self.extra
 
     def renamed(self, module: str, copy: int) -> str:
-        block = self.block_of(module)
-        if block is None:
+        index = self.index_of(module)
+        if index is None:
             return module
-        old, new = f"{self.path}.{block}", f"{self.path}.{self.moved(block, copy)}"
+        unit, offset = divmod(index, self.period)
+        old, new = f"{self.path}.{index}", f"{self.path}.{self.moved(unit, copy) * self.period + offset}"
         return new + module[len(old):]
 
 
@@ -121,14 +129,13 @@ def attribution(trace: Trace, stack: Stack, per_block_runs: bool = False) -> lis
     return out
 
 
-def _per_block_runs(events: list[Event], blocks: list[int | None], count: int) -> None:
-    """Runs of `count` allocations of one kind (phase, step, module, op, size) outside every block with nothing
-    between them: the i-th is block i's storage, made for it by the module that runs the blocks, and so is its free
-    (module docstring, 5.)."""
+def _per_block_runs(events: list[Event], blocks: list[int | None], units: int) -> None:
+    """Runs of allocations of one kind (phase, step, module, op, size) outside every block, with nothing between
+    them, as many as a multiple c of the traced units: the i-th is unit i // c's storage, made for it by the module
+    that runs the blocks, and so is its free (module docstring, 5.)."""
     def kind(index: int) -> tuple | None:  # None: not an allocation outside every block
-        event = events[index]
-        return (event.phase, event.step, event.module, event.op, event.nbytes) \
-            if event.action == "alloc" and blocks[index] is None else None
+        e = events[index]
+        return (e.phase, e.step, e.module, e.op, e.nbytes) if e.action == "alloc" and blocks[index] is None else None
 
     mine: dict[int, int] = {}
     start = 0
@@ -136,9 +143,10 @@ def _per_block_runs(events: list[Event], blocks: list[int | None], count: int) -
         stop = start + 1
         while kind(start) is not None and stop < len(events) and kind(stop) == kind(start):
             stop += 1
-        if stop - start == count and kind(start) is not None:
-            for block in range(count):
-                blocks[start + block], mine[events[start + block].sid] = block, block
+        if kind(start) is not None and (stop - start) % units == 0:
+            each = (stop - start) // units
+            for index in range(stop - start):
+                blocks[start + index] = mine[events[start + index].sid] = index // each
         start = stop
     for index, event in enumerate(events):
         if event.action == "free" and event.sid in mine:
@@ -363,31 +371,3 @@ def _call_key(call: KernelCall) -> tuple:
         return value
 
     return call.op, call.at_seq, call.outputs_allocated, plain(call.args), plain(call.outputs), call.output_sids
-
-
-_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+|\d+")  # 1,234 or 42
-
-
-def extrapolated_notes(fewer: list[str], more: list[str], steps: int) -> list[str]:
-    """The notes of the composed trace: a note that counts something per block ("scaled_dot_product_attention ×8")
-    has, in the 3- and 4-block traces, the same numbers in the same places; each number that differs is
-    extrapolated `steps` blocks beyond `more`, in the 4-block note's words (a list of blocks cut short, "blocks.0,
-    blocks.1, blocks.2, …", reads the same from 4 blocks on). Notes with other numbers do not compose."""
-    if len(fewer) != len(more):
-        raise NotComposable("the traces' notes differ")
-    out = []
-    for few, many in zip(fewer, more):
-        if len(_NUMBER.findall(few)) != len(_NUMBER.findall(many)):
-            raise NotComposable(f"the note {many!r} is not the 3-block trace's")
-        grown = [_grown(a, b, steps) for a, b in zip(_NUMBER.findall(few), _NUMBER.findall(many))]
-        pieces = _NUMBER.split(many)
-        out.append("".join(piece + number for piece, number in zip(pieces, grown + [""])))
-    return out
-
-
-def _grown(few: str, many: str, steps: int) -> str:
-    if few == many:
-        return many
-    a, b = int(few.replace(",", "")), int(many.replace(",", ""))
-    value = b + steps * (b - a)
-    return f"{value:,}" if "," in many or "," in few else str(value)

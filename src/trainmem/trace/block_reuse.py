@@ -10,18 +10,24 @@ which the report says with the reason. What the check cannot see is a block that
 beyond the fourth because of its index (a forward that reads `self.layer_idx` to pick its attention); the
 settings check refuses the models where that index reaches a setting or a per-block list of the config.
 
-Op counts are the 4-block counts plus each op's count per block (4 minus 3) for every further block.
+Blocks that alternate with a period p (Gemma-2's sliding and global layers: p = 2; block_variants.block_period)
+compose the same way in runs of p blocks: traced cut to 3p and 4p blocks, where the whole model has at least
+MIN_BLOCKS runs.
+
+Op counts are the 4-block counts plus each op's count per block (4 minus 3) for every further block, and so are
+the numbers in the traces' notes (extrapolated_notes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainmem.trace.block_compose import (NotComposable, Stack, compose, composed_names, extrapolated_counts,
-                                          extrapolated_marks, extrapolated_notes, first_difference)
+                                          extrapolated_marks, first_difference)
 from trainmem.trace.traced import TraceResult
 
 MIN_BLOCKS = 16  # below, tracing 3 and 4 blocks costs about what tracing the whole model does: 12-block GPT-2
@@ -47,40 +53,45 @@ class Reuse:
 
 
 def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceResult]) -> Reuse:
-    """The model's trace composed from its 3- and 4-block variants, or why it is traced whole."""
-    from trainmem.trace.block_variants import differing_settings, repeated_blocks, with_blocks
+    """The model's trace composed from its 3- and 4-block variants (3 and 4 runs of unlike blocks where the blocks
+    alternate), or why it is traced whole."""
+    from trainmem.trace.block_variants import block_period, repeated_blocks, with_blocks
 
     found = repeated_blocks(model)
     if not _state["on"] or found is None or found.count < MIN_BLOCKS or setup.compile:
         return Reuse(None)
     whole = f"{found.count} blocks of {found.path} traced whole"
-    why = differing_settings(model, found)
+    period, why = block_period(model, found, MIN_BLOCKS)  # as many runs of `period` blocks as blocks without one
     if why is not None:
         return Reuse(None, f"{whole}: {why}")
-    few, more = (trace_model(with_blocks(model, found.path, k)) for k in TRACED)
+    few, more = (trace_model(with_blocks(model, found.path, k * period)) for k in TRACED)
     if few.quantized_parameters:
         return Reuse(None, f"{whole}: 4-bit weights are not composed")
+    few_blocks, more_blocks = (k * period for k in TRACED)
     try:
-        per_block_runs, difference = _checked(few, more, found.path)
+        per_block_runs, difference = _checked(few, more, found.path, period)
         if difference is not None:
-            return Reuse(None, f"{whole}: {TRACED[0]} blocks composed to {TRACED[1]} differ from {TRACED[1]} traced "
-                               f"({difference})")
-        composed = _composed(model, Stack(found.path, TRACED[0], found.count), few, more, per_block_runs)
+            return Reuse(None, f"{whole}: {few_blocks} blocks composed to {more_blocks} differ from {more_blocks} "
+                               f"traced ({difference})")
+        composed = _composed(model, Stack(found.path, TRACED[0], found.count // period, period), few, more,
+                             per_block_runs)
     except NotComposable as error:
         return Reuse(None, f"{whole}: {error}")
-    note = (f"{found.count} blocks of {found.path}: the model traced with {TRACED[0]} and {TRACED[1]} of them, the "
-            f"other {found.count - TRACED[0]} composed from block 1's events (checked: {TRACED[0]} composed to "
-            f"{TRACED[1]} equal {TRACED[1]} traced, event for event)")
+    alike = "" if period == 1 else f", alike every {period}"
+    template = "block 1's events" if period == 1 else f"the events of blocks {period}-{2 * period - 1}"
+    note = (f"{found.count} blocks of {found.path}{alike}: the model traced with {few_blocks} and {more_blocks} of "
+            f"them, the other {found.count - few_blocks} composed from {template} (checked: {few_blocks} composed to "
+            f"{more_blocks} equal {more_blocks} traced, event for event)")
     return Reuse(dataclasses.replace(composed, warnings=composed.warnings + [note]), note)
 
 
-def _checked(few: TraceResult, more: TraceResult, path: str) -> tuple[bool, str | None]:
+def _checked(few: TraceResult, more: TraceResult, path: str, period: int) -> tuple[bool, str | None]:
     """(per_block_runs, None) for the first rule set under which the 3-block trace composes to the 4-block one event for
     event (block_compose.py: the plain rules, then with 5.); else (False, where the plain rules differ)."""
     differences = []
     for per_block_runs in (False, True):
-        trace, _, _ = compose(few.trace, Stack(path, TRACED[0], TRACED[1]), few.checkpointed, few.output_elements,
-                              per_block_runs)
+        trace, _, _ = compose(few.trace, Stack(path, TRACED[0], TRACED[1], period), few.checkpointed,
+                              few.output_elements, per_block_runs)
         differences.append(first_difference(trace, more.trace))
         if differences[-1] is None:
             return per_block_runs, None
@@ -107,3 +118,31 @@ def _composed(model: Any, stack: Stack, few: TraceResult, more: TraceResult, per
         parameter_modules=set(composed_names(sorted(few.parameter_modules), stack)),
         leaf_modules=set(composed_names(sorted(few.leaf_modules), stack)),
         buffer_bytes=more.buffer_bytes + steps * (more.buffer_bytes - few.buffer_bytes))
+
+
+_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+|\d+")  # 1,234 or 42
+
+
+def extrapolated_notes(fewer: list[str], more: list[str], steps: int) -> list[str]:
+    """The notes of the composed trace: a note that counts something per block ("scaled_dot_product_attention ×8")
+    has, in the 3- and 4-block traces, the same numbers in the same places; each number that differs is
+    extrapolated `steps` blocks beyond `more`, in the 4-block note's words (a list of blocks cut short, "blocks.0,
+    blocks.1, blocks.2, …", reads the same from 4 blocks on). Notes with other numbers do not compose."""
+    if len(fewer) != len(more):
+        raise NotComposable("the traces' notes differ")
+    out = []
+    for few, many in zip(fewer, more):
+        if len(_NUMBER.findall(few)) != len(_NUMBER.findall(many)):
+            raise NotComposable(f"the note {many!r} is not the 3-block trace's")
+        grown = [_grown(a, b, steps) for a, b in zip(_NUMBER.findall(few), _NUMBER.findall(many))]
+        pieces = _NUMBER.split(many)
+        out.append("".join(piece + number for piece, number in zip(pieces, grown + [""])))
+    return out
+
+
+def _grown(few: str, many: str, steps: int) -> str:
+    if few == many:
+        return many
+    a, b = int(few.replace(",", "")), int(many.replace(",", ""))
+    value = b + steps * (b - a)
+    return f"{value:,}" if "," in many or "," in few else str(value)

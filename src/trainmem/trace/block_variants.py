@@ -58,6 +58,31 @@ def settings(block: torch.nn.Module, index: int) -> list[tuple[str, str, object]
     return out
 
 
+MAX_PERIOD = 8  # the longest pattern of unlike blocks composed (Gemma-3: five sliding layers, then a global one)
+
+
+def block_period(model: torch.nn.Module, found: RepeatedBlocks, groups: int) -> tuple[int, str | None]:
+    """(p, None) for the shortest p after which the blocks repeat — block i alike block i mod p in every setting and
+    every per-block entry of the config (Gemma-2 alternates sliding and global layers: p = 2) — with `groups` runs
+    of p blocks at least and the count a multiple of p; (1, why the blocks are not interchangeable) when none."""
+    why = differing_settings(model, found)
+    if why is None:
+        return 1, None
+    blocks = model.get_submodule(found.path)
+    every = [settings(block, index) for index, block in enumerate(blocks)]
+    lists = [value for value in _config_values(model) if isinstance(value, (list, tuple)) and len(value) == found.count]
+    for period in range(2, min(MAX_PERIOD, found.count // groups) + 1):
+        if found.count % period == 0 and all(every[i] == every[i % period] for i in range(found.count)) and \
+                all(repr(value[i]) == repr(value[i % period]) for value in lists for i in range(found.count)):
+            return period, None
+    return 1, why
+
+
+def _config_values(model: torch.nn.Module) -> list:
+    config = getattr(model, "config", None)
+    return list(vars(config).values()) if config is not None and hasattr(config, "__dict__") else []
+
+
 def differing_settings(model: torch.nn.Module, found: RepeatedBlocks) -> str | None:
     """Why the blocks are not interchangeable, or None: a setting that differs between blocks (Gemma's sliding
     and global layers, a GPT-Neo's local attention), or a list in the config with one entry per block that are
@@ -77,7 +102,8 @@ def differing_settings(model: torch.nn.Module, found: RepeatedBlocks) -> str | N
 
 
 def with_blocks(model: torch.nn.Module, path: str, k: int) -> torch.nn.Module:
-    """A deep copy of `model` with the first k blocks of the list at `path` (its config told k)."""
+    """A deep copy of `model` with the first k blocks of the list at `path` (its config told k, and its lists of one
+    entry per block cut to their first k: Gemma-2's `layer_types`, which its cache and masks follow)."""
     parent_name, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_name)
     whole = getattr(parent, attr)
@@ -90,4 +116,7 @@ def with_blocks(model: torch.nn.Module, path: str, k: int) -> torch.nn.Module:
     for key in LAYER_COUNT_KEYS:
         if config is not None and isinstance(getattr(config, key, None), int):
             setattr(config, key, k)
+    for key, value in list(vars(config).items()) if config is not None and hasattr(config, "__dict__") else ():
+        if isinstance(value, list) and len(value) == len(whole):
+            setattr(config, key, value[:k])
     return variant
