@@ -33,6 +33,12 @@ CASES = [
      {"batch_size": 8, "optimizer": "adamw", "precision": "bf16-mixed", "device": "a100-80gb"}),
     ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed, this CPU: 24 blocks", GPT_1B3,
      {"batch_size": 8, "optimizer": "adamw", "precision": "bf16-mixed"}),
+    ("Mistral-7B (bundled config), seq 2048, batch 1, LoRA r=16, rtx4090: 32 blocks, a sliding-window tensor per "
+     "layer made outside them", "hf:mistralai/Mistral-7B-v0.1",
+     {"seq_len": 2048, "batch_size": 1, "lora": "r=16", "device": "rtx4090"}),
+    ("Gemma-2-9b (bundled config), seq 1024, batch 1, AdamW, bf16-mixed, h100-80gb: 42 blocks, sliding and global "
+     "alternating", "hf:google/gemma-2-9b",
+     {"seq_len": 1024, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb"}),
     ("GPT-2 (124M), seq 128, batch 8, AdamW, a100-80gb: 12 blocks", "hf:gpt2",
      {"seq_len": 128, "batch_size": 8, "optimizer": "adamw", "device": "a100-80gb"}),
     ("BERT-base, seq 128, batch 8, AdamW, this CPU: 12 blocks", "hf:bert-base-uncased",
@@ -51,7 +57,7 @@ with whole_models() if whole else contextlib.nullcontext():
     result = trainmem.estimate(model, device=device, cache=False, compare_loop=True, **values)
 seconds = time.perf_counter() - started
 data = result.to_dict()
-notes = [w for w in data.get("warnings", []) if "composed from block 1" in w or "traced whole" in w]
+notes = [w for w in data.get("warnings", []) if "the model traced with" in w or "traced whole" in w]
 data["warnings"] = [w for w in data.get("warnings", []) if w not in notes]
 print(json.dumps({"seconds": seconds, "notes": notes, "estimate": data}, default=str))
 """
