@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
 import subprocess
@@ -32,19 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from glibc_fidelity import CHILD, build, model_peak, real_peak, records  # noqa: E402
+from calibrate_small_objects import logged_run  # noqa: E402
+from glibc_fidelity import build, model_peak, real_peak  # noqa: E402
 
 MIB = 2**20
 LEFTOVERS = (200, 2000)  # how many small chunks a random starting heap holds
 LEFTOVER_SIZES = (32, 65536)  # their request sizes, bytes (log-uniform)
-
-
-def logged(shim: Path, tmp: Path, ref: str, values: dict) -> list[tuple]:
-    log = tmp / "malloc.log"
-    env = {**os.environ, "LD_PRELOAD": str(shim), "MLOG": str(log), "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run([sys.executable, "-c", CHILD, str(shim), ref, json.dumps(values)], env=env, check=True,
-                   capture_output=True)
-    return records(log)
 
 
 def leftovers(seed: int) -> list[tuple]:
@@ -98,7 +90,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         shim, replayer = build(tmp)
-        recs = logged(shim, tmp, ref, {**values, "steps": args.steps})
+        recs = logged_run(shim, tmp, ref, {**values, "steps": args.steps})
         real_glibc, real_model = real_peak(replayer, recs, tmp), model_peak(recs)
     est = estimated(ref, values, args.steps, args.seeds)
     rss = real_rss(ref, values, args.steps, args.runs)
