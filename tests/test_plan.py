@@ -352,6 +352,22 @@ def test_workers_yield_in_the_groups_order_and_a_dead_worker_is_an_error():
         list(each_group(dies, [0, 1, 2], 2, lambda *_: None))
 
 
+def test_groups_run_here_where_a_forked_child_cannot_run_a_backward(monkeypatch):
+    """A CUDA build of torch that ran a backward in this process refuses autograd in forked children (torch 2.15: every
+    layout failed when a plan followed an estimate in one process): the groups then run here, with the same rows."""
+    import torch
+
+    from trainmem.plan import workers
+
+    if torch.version.cuda is None:  # a CPU build's engine starts no device threads: its children always can
+        assert workers.autograd_survives_fork()
+    monkeypatch.setattr(workers, "autograd_survives_fork", lambda: False)
+    seen = []
+    rows = list(workers.each_group(lambda group: ([group * 10], {}), [0, 1, 2], 2,
+                                   lambda index, counts, in_worker: seen.append((index, in_worker))))
+    assert rows == [[0], [10], [20]] and seen == [(0, False), (1, False), (2, False)]
+
+
 def test_the_result_says_how_many_workers_traced():
     from trainmem.plan import plan
 

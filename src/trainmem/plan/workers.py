@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -46,6 +47,29 @@ def can_fork() -> bool:
     return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
+def autograd_survives_fork() -> bool:
+    """Whether a forked child of this process can run a backward. Once a CUDA build of torch has run one here (an
+    estimate before the plan, in a notebook or a script), its autograd engine has started its device threads, and a
+    forked child's backward raises "Unable to handle autograd's threading in combination with fork-based
+    multiprocessing" (torch/csrc/autograd/engine.cpp, its pthread_atfork handler): every layout a worker traced
+    failed (torch 2.15.0+cu132, benchmarks/results/compat.md). A child that runs one tiny backward says which."""
+    with warnings.catch_warnings():
+        # Python 3.12+ warns on any fork of a process with threads (torch's); the child runs one backward and exits
+        warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            torch.ones(1, requires_grad=True).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)  # never returns: an exception in the backward ends here as exit status 1
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 def _one_thread() -> None:
     """A worker's torch runs on one thread: the workers are the parallelism, and an OpenMP thread team the planning
     process may have started does not survive a fork (GNU libgomp's pool hangs in a child that uses it)."""
@@ -63,10 +87,11 @@ def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jo
                done: Callable[[int, Any, bool], None]) -> Iterator[list]:
     """`job(group)` -> (rows, counts) for every group, the rows yielded in the groups' order; `done(index, counts,
     in_worker)` as each group finishes (in any order). With jobs > 1 (and fork) in that many workers, else in this
-    process. A worker that dies (the kernel's OOM killer) is a TraceError, never a wait for ever."""
+    process (also where a forked child could not run a backward: autograd_survives_fork). A worker that dies (the
+    kernel's OOM killer) is a TraceError, never a wait for ever."""
     global _GROUP_JOB
     jobs = min(jobs, len(groups))
-    if jobs <= 1 or not can_fork():
+    if jobs <= 1 or not can_fork() or not autograd_survives_fork():
         for index, group in enumerate(groups):
             rows, counts = job(group)
             done(index, counts, False)
