@@ -584,3 +584,17 @@ def gemma2_deep():
     def loss_fn(out, inputs):
         return out.logits.float().mean()
     return Gemma2ForCausalLM(config), _tokens(256, 32), loss_fn
+
+
+def mixtral_deep():
+    """A 6-layer Mixtral (4 experts, top-2) from transformers in bf16, as its grouped expert matmul needs: its router's
+    gradient is summed in backward outside every module (trace/block_compose.py, 5.)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=64)
+
+    def loss_fn(out, inputs):
+        return out.logits.float().mean()
+    return MixtralForCausalLM(config).to(torch.bfloat16), _tokens(256, 32), loss_fn

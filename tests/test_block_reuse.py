@@ -99,6 +99,16 @@ def test_alternating_blocks_compose_in_runs(monkeypatch, case):
     _same_result(composed, whole)
 
 
+@pytest.mark.heavy
+def test_a_mixture_of_experts_composes_on_the_cuda_target(monkeypatch):
+    """Mixtral's router gradient is summed in backward by no module, inside its layer's run: that layer's (block_compose.py,
+    5.); and its routing notes count modules in a form that grows with the blocks (trace/rules.py)."""
+    pytest.importorskip("transformers")
+    composed, whole = _both(monkeypatch, zoo("mixtral_deep"), {"optimizer": "adamw"}, cuda=True)
+    assert any("the model traced with 3 and 4" in w for w in composed.warnings)
+    _same_result(composed, whole)
+
+
 def test_alternating_blocks_are_traced_whole(monkeypatch):
     composed, whole = _both(monkeypatch, zoo("einsum_attention_deep"), {"optimizer": "sgd"})
     assert any("traced whole: block 1 differs from block 0" in w for w in composed.warnings)

@@ -30,8 +30,10 @@ neither the first block (which takes the embedding's output) nor the last (which
    DynamicCache makes one 8-byte sliding-window tensor per sliding layer (cache_utils.py DynamicSlidingWindowLayer:
    every layer of a Mistral, every other one of a Gemma-2), and frees each after that layer's keys and values.
    Where the plain rules do not compose, a run of c·k such allocations with nothing between them is c per block of
-   the k traced (the i-th and its free are block i // c's); the check decides (block_reuse.py). Blocks that
-   alternate (Gemma-2's sliding and global layers) compose as runs of `period` blocks: "block" above is such a run.
+   the k traced (the i-th and its free are block i // c's), and an allocation outside every block between two events
+   of one block's run is that block's (a mixture of experts' router gradient, summed in backward by no module); the
+   check decides (block_reuse.py). Blocks that alternate (Gemma-2's sliding and global layers) compose as runs of
+   `period` blocks: "block" above is such a run.
 Kernel calls go with the event their first output allocated (or the event before them, when they allocated
 none); the sets of host, managed and offloaded storages, the checkpointed modules and the output sizes per
 module are copied the same way.
@@ -148,6 +150,30 @@ def _per_block_runs(events: list[Event], blocks: list[int | None], units: int) -
             for index in range(stop - start):
                 blocks[start + index] = mine[events[start + index].sid] = index // each
         start = stop
+    for index, event in enumerate(events):
+        if event.action == "free" and event.sid in mine:
+            blocks[index] = mine[event.sid]
+    _sandwiched(events, blocks)
+
+
+def _sandwiched(events: list[Event], blocks: list[int | None]) -> None:
+    """An allocation outside every block between two events of one block in the same phase and step is that block's
+    (a router's gradient summed in a mixture of experts' backward, by no module); so is its free."""
+    previous: dict[tuple, int | None] = {}
+    pending: list[int] = []
+    mine: dict[int, int] = {}
+    for index, event in enumerate(events):
+        where = (event.phase, event.step)
+        if blocks[index] is None and event.action == "alloc":
+            pending.append(index)
+            continue
+        if blocks[index] is None:
+            continue
+        for waiting in pending:
+            if (events[waiting].phase, events[waiting].step) == where and previous.get(where) == blocks[index]:
+                blocks[waiting] = mine[events[waiting].sid] = blocks[index]
+        pending = []
+        previous[where] = blocks[index]
     for index, event in enumerate(events):
         if event.action == "free" and event.sid in mine:
             blocks[index] = mine[event.sid]

@@ -87,14 +87,22 @@ def traced_by_blocks(model: Any, setup: Any, trace_model: Callable[[Any], TraceR
 
 def _checked(few: TraceResult, more: TraceResult, path: str, period: int) -> tuple[bool, str | None]:
     """(per_block_runs, None) for the first rule set under which the 3-block trace composes to the 4-block one event for
-    event (block_compose.py: the plain rules, then with 5.); else (False, where the plain rules differ)."""
-    differences = []
+    event (block_compose.py: the plain rules, then with 5.); else (False, where the plain rules differ). Raises the
+    plain rules' NotComposable when neither composes."""
+    differences: list[str | None] = []
+    refused: NotComposable | None = None
     for per_block_runs in (False, True):
-        trace, _, _ = compose(few.trace, Stack(path, TRACED[0], TRACED[1], period), few.checkpointed,
-                              few.output_elements, per_block_runs)
+        try:
+            trace, _, _ = compose(few.trace, Stack(path, TRACED[0], TRACED[1], period), few.checkpointed,
+                                  few.output_elements, per_block_runs)
+        except NotComposable as error:
+            refused = refused or error
+            continue
         differences.append(first_difference(trace, more.trace))
         if differences[-1] is None:
             return per_block_runs, None
+    if refused is not None and (not differences or differences[0] is None):
+        raise refused
     return False, differences[0]
 
 

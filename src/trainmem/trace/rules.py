@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections import Counter
 from typing import Any
 
@@ -177,10 +178,17 @@ class DataDependentRules:
             grouped.setdefault((op, assumption), Counter())[module or "model"] += count
         lines = []
         for (op, assumption), modules in sorted(grouped.items()):
-            names = sorted(modules)
-            where = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            lines.append(f"aten.{op}: {assumption} (fake tensors have no values) — ×{sum(modules.values())} in {where}")
+            names = sorted(modules, key=_natural)  # layers.2 before layers.10: the first blocks, however many there are
+            where = ", ".join(f"'{n}'" for n in names[:3]) + (", …" if len(names) > 3 else "")
+            count = f"{len(names)} modules: " if len(names) > 1 else ""
+            lines.append(f"aten.{op}: {assumption} (fake tensors have no values) — ×{sum(modules.values())} in "
+                         f"{count}{where}")
         return lines
+
+
+def _natural(name: str) -> list:
+    """A module name's sort key with its numbers as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _boolean_index(args: tuple) -> tuple[Any, Any]:
