@@ -26,14 +26,11 @@ neither the first block (which takes the embedding's output) nor the last (which
    a block frees its own saved tensors, the previous block's output, the next one's gradient, wherever it sits.
 4. Storage ids are renumbered in allocation order, as the recorder numbers them, and so is every event's `seq`:
    the composed trace is, event for event, the one the recorder gives the whole model (checked, block_reuse.py).
-5. Some storages are made per block by the module that runs them, before the first block runs: transformers'
-   DynamicCache makes one 8-byte sliding-window tensor per sliding layer (cache_utils.py DynamicSlidingWindowLayer:
-   every layer of a Mistral, every other one of a Gemma-2), and frees each after that layer's keys and values.
-   Where the plain rules do not compose, a run of c·k such allocations with nothing between them is c per block of
-   the k traced (the i-th and its free are block i // c's), and an allocation outside every block between two events
-   of one block's run is that block's (a mixture of experts' router gradient, summed in backward by no module); the
-   check decides (block_reuse.py). Blocks that alternate (Gemma-2's sliding and global layers) compose as runs of
-   `period` blocks: "block" above is such a run.
+5. Where the plain rules do not compose: a run of c·k allocations of one kind outside every block, nothing between
+   them, is c per block of the k traced (the i-th and its free are block i // c's: transformers' DynamicCache makes
+   an 8-byte sliding-window tensor per sliding layer before the first runs, cache_utils.py), and an allocation
+   outside every block amid one block's events is that block's (Mixtral's router gradient, summed in backward by no
+   module); the check decides (block_reuse.py). Alternating blocks (Gemma-2) compose as runs of `period` blocks.
 Kernel calls go with the event their first output allocated (or the event before them, when they allocated
 none); the sets of host, managed and offloaded storages, the checkpointed modules and the output sizes per
 module are copied the same way.
@@ -150,9 +147,7 @@ def _per_block_runs(events: list[Event], blocks: list[int | None], units: int) -
             for index in range(stop - start):
                 blocks[start + index] = mine[events[start + index].sid] = index // each
         start = stop
-    for index, event in enumerate(events):
-        if event.action == "free" and event.sid in mine:
-            blocks[index] = mine[event.sid]
+    _frees_follow(events, blocks, mine)
     _sandwiched(events, blocks)
 
 
@@ -174,6 +169,11 @@ def _sandwiched(events: list[Event], blocks: list[int | None]) -> None:
                 blocks[waiting] = mine[events[waiting].sid] = blocks[index]
         pending = []
         previous[where] = blocks[index]
+    _frees_follow(events, blocks, mine)
+
+
+def _frees_follow(events: list[Event], blocks: list[int | None], mine: dict[int, int]) -> None:
+    """The free of each storage in `mine` (sid -> block) goes to that block."""
     for index, event in enumerate(events):
         if event.action == "free" and event.sid in mine:
             blocks[index] = mine[event.sid]

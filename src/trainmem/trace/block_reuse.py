@@ -101,7 +101,7 @@ def _checked(few: TraceResult, more: TraceResult, path: str, period: int) -> tup
         differences.append(first_difference(trace, more.trace))
         if differences[-1] is None:
             return per_block_runs, None
-    if refused is not None and (not differences or differences[0] is None):
+    if not differences:  # both rule sets refused: the plain rules' reason
         raise refused
     return False, differences[0]
 
