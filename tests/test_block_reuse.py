@@ -179,14 +179,18 @@ def _estimate_without_block_notes(values: dict) -> dict:
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
-def test_fsdp_ranks_compose(monkeypatch, strategy):
-    """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding) composed from 3 and 4 blocks gives the estimate the
-    rank traced whole gives."""
+@pytest.mark.parametrize("layout", [{"strategy": "fsdp", "dp": 2}, {"strategy": "zero2", "dp": 2},
+                                    {"strategy": "fsdp", "dp": 2, "tp": 2},
+                                    {"strategy": "fsdp", "dp": 2, "tp": 2, "offload": "params"},
+                                    {"strategy": "zero2", "dp": 2, "tp": 2, "checkpointing": True}],
+                         ids=["fsdp", "zero2", "fsdp-tp2", "fsdp-tp2-offload", "zero2-tp2-ckpt"])
+def test_fsdp_ranks_compose(monkeypatch, layout):
+    """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding), alone or with tensor parallelism, composed from 3 and 4
+    blocks gives the estimate the rank traced whole gives."""
     monkeypatch.setattr(block_reuse, "MIN_BLOCKS", 5)
-    composed = _estimate_without_block_notes({"strategy": strategy, "dp": 2})
+    composed = _estimate_without_block_notes(layout)
     with block_reuse.whole_models():
-        whole = _estimate_without_block_notes({"strategy": strategy, "dp": 2})
+        whole = _estimate_without_block_notes(layout)
     assert any("the model traced with 3 and 4" in note for note in composed["notes"])
     assert composed["estimate"] == whole["estimate"]
 
@@ -198,3 +202,5 @@ def test_bucketed_strategies_are_not_composed(monkeypatch):
 
     assert not composable(ParallelLayout(strategy=Strategy.DDP, world_size=2).resolve())
     assert composable(ParallelLayout(strategy=Strategy.FSDP, world_size=2).resolve())
+    assert composable(ParallelLayout(strategy=Strategy.FSDP, world_size=4, tp=2).resolve())
+    assert not composable(ParallelLayout(strategy=Strategy.FSDP, world_size=4, pp=2).resolve())

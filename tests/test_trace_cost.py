@@ -161,3 +161,35 @@ def test_module_of_each_autograd_node_is_what_a_rescan_finds(model, inputs):
     rescan, _ = _trace(model(), torch.randn(*inputs), RescanTracker)
     assert constant._by_sequence_nr, "nothing was attributed: the test would pass vacuously"
     assert _relative(constant._by_sequence_nr) == _relative(rescan._by_sequence_nr)
+
+
+class _Probe(torch.autograd.Function):
+    """Records, in its backward, the module the tracker names for the node running (its own)."""
+
+    seen: list[str] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        _Probe.seen.append(ModuleTracker.active.current())
+        return grad * 2
+
+
+class _Probed(nn.Module):
+    def forward(self, x):
+        return _Probe.apply(x)
+
+
+def test_a_node_no_output_claimed_is_the_module_it_was_made_in():
+    """A node whose outputs the recorder never saw get a grad_fn (a DTensor op's: the recorder sees its local tensors'
+    ops) is attributed by its sequence number to the module innermost when it was made (trace/modules.py _made_in).
+    Here no output is noted at all: every module named in backward comes from that."""
+    model = nn.Sequential(_Probed(), nn.Linear(4, 4), nn.Sequential(nn.ReLU(), _Probed()))
+    _Probe.seen = []
+    with ModuleTracker(model) as tracker:
+        model(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    assert not tracker._by_sequence_nr
+    assert _Probe.seen == ["2.1", "0"]

@@ -114,15 +114,17 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
 
 
 # The strategies whose ranks' traces compose from 3 and 4 blocks (trace/block_reuse.py), as checked on the zoo's
-# deep GPT (tests/test_block_reuse.py): FSDP2's units are the blocks. Not: DDP and ZeRO-1 (gradient buckets
-# partition all the model's parameters by size), ZeRO-3, FSDP1 and TP, whose 3-block traces composed to 4 differ
-# from the 4-block ones (the check would refuse them after tracing both), and pipelines (the stages split the
-# blocks by their number).
+# deep GPT (tests/test_block_reuse.py): FSDP2's units are the blocks, with or without tensor parallelism (its
+# backward attributed to its blocks by trace/modules.py _made_in). Not: DDP and ZeRO-1 (gradient buckets partition
+# all the model's parameters by size: the bucket grows with the blocks), ZeRO-3 (its prefetch buckets, sized in
+# elements, span blocks) and FSDP1 (its flat-parameter buffers), whose 3-block traces composed to 4 differ from the
+# 4-block ones (the check would refuse them after tracing both), and pipelines (the stages split the blocks by
+# their number).
 COMPOSABLE = (Strategy.FSDP, Strategy.ZERO2)
 
 
 def composable(layout: Any) -> bool:
-    return layout.strategy in COMPOSABLE and layout.tp == 1 and layout.pp == 1
+    return layout.strategy in COMPOSABLE and layout.pp == 1
 
 
 def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts, notes, kernel_ops, semantics):

@@ -87,9 +87,10 @@ def current_autograd_node():
     return torch._C._current_autograd_node()
 
 
-def sequence_nr(node) -> int:
-    """A Node's sequence number: the same as the forward op that created it."""
-    return node._sequence_nr()
+def sequence_nr(node=None) -> int:
+    """A Node's sequence number (the forward op's that made it); with none, the one this thread's next Node takes
+    (torch/csrc/autograd/function.h: a Node is numbered as it is made, before its op's kernel runs)."""
+    return node._sequence_nr() if node is not None else torch._C._autograd._get_sequence_nr()
 
 
 def profiler_memory_events_threads(prof) -> list[tuple[int, int, int]]:
@@ -143,8 +144,8 @@ def quiet_kernel_override():
 
 
 def device_constructors() -> set:
-    """The torch functions that take a `device=` and allocate: what `with torch.device(...)` redirects
-    when no device is given (torch.utils._device)."""
+    """The torch functions that take a `device=` and allocate: what `with torch.device(...)` redirects when no
+    device is given (torch.utils._device)."""
     from torch.utils._device import _device_constructors
 
     return _device_constructors()
@@ -243,8 +244,8 @@ def _mute_by_lock(recorder):
 
 @contextlib.contextmanager
 def _mute_by_wrapping(recorder):
-    """torch 2.6-2.11 (no lock): `_propagate_tensor_meta_non_cached` itself is wrapped; its cached callers look
-    it up on the instance, so they reach the wrapper."""
+    """torch 2.6-2.11 (no lock): `_propagate_tensor_meta_non_cached` itself is wrapped; its cached callers look it
+    up on the instance, so they reach the wrapper."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     original = ShardingPropagator.__dict__["_propagate_tensor_meta_non_cached"]
@@ -361,9 +362,8 @@ def _shape_propagation_muting() -> tuple[str, Callable]:
     raise torch_refusal(MULTI_RANK, "DTensor's ShardingPropagator._propagate_tensor_meta_non_cached")
 
 
-# PipelineStage's per-micro-batch forward cache (torch/distributed/pipelining/stage.py), an instance attribute
-# set in __init__: `fwd_cache` (output tuple, flat inputs) up to 2.14, `_forward_chunk_states` (a state per
-# chunk) from 2.15; both dicts keyed by chunk id, filled by forward_one_chunk and popped by backward
+# PipelineStage's per-micro-batch forward cache (torch/distributed/pipelining/stage.py), set in __init__: `fwd_cache`
+# to 2.14, `_forward_chunk_states` from 2.15; dicts keyed by chunk id, filled by forward_one_chunk, popped by backward
 _PIPELINE_FORWARD_CACHES = ("fwd_cache", "_forward_chunk_states")
 _PIPELINE_FORWARD_CACHE_NAME: dict[type, str] = {}  # stage class -> the name found on its first stage
 
