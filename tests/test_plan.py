@@ -376,3 +376,12 @@ def test_the_result_says_how_many_workers_traced():
     assert result.to_dict()["jobs"] == 2 and "2 worker processes" in str(result)
     assert plan("mlp:100-10", "1xh100-80gb", input_shape="100", micro_batches="1", precisions="fp32",
                 checkpointing="off", jobs=1).to_dict()["jobs"] == 1
+
+
+def test_a_plan_with_no_layout_to_evaluate_says_so_rather_than_no_fit():
+    """Nothing evaluated is no verdict (exit 2, cli/commands/plan.py): the text must not say "No layout fits"."""
+    from trainmem.plan.plan_result import PlanResult
+
+    empty = PlanResult("m", 10, parse_gpus("2xh100-80gb"), 8, 1 << 30, 0.05, "default", (), "none", 0, 0.1)
+    assert empty.evaluated == 0
+    assert "No layout was evaluated" in str(empty) and "No layout fits" not in str(empty)

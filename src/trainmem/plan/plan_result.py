@@ -117,9 +117,11 @@ class PlanResult:
         if not fitting and failed:
             lines.append(f"No layout evaluated fits ({self.evaluated:,} evaluated; {failed:,} failed, below)."
                          + (f" {waiting:,} not evaluated within the time limit." if waiting else ""))
-        elif not fitting:
-            lines.append("No layout fits." if not waiting else
-                         f"No layout evaluated fits; {waiting:,} not evaluated within the time limit.")
+        elif not fitting and waiting:
+            lines.append(f"No layout evaluated fits; {waiting:,} not evaluated within the time limit.")
+        elif not fitting:  # exit 2 where nothing was evaluated (cli/commands/plan.py): not a verdict
+            lines.append("No layout fits." if self.evaluated else
+                         "No layout was evaluated: these options and GPUs leave none to try.")
         else:
             lines.append(f"Layouts that fit, most headroom first ({min(self.top, len(fitting))} of {len(fitting):,}):")
             lines.append(f"  {'layout':<52} {'per-rank peak':>13} {'headroom':>10}  peak in / largest")
