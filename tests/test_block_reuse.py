@@ -178,12 +178,17 @@ def _estimate_without_block_notes(values: dict) -> dict:
     return {"estimate": data, "notes": notes}
 
 
+# the deep GPT's blocks (50 k elements) as ZeRO-3 units of their own, each prefetching only the next
+ZERO3_BLOCK_UNITS = {"zero3_persistence_threshold": 1000, "zero3_prefetch_bucket": 1000}
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("layout", [{"strategy": "fsdp", "dp": 2}, {"strategy": "zero2", "dp": 2},
                                     {"strategy": "fsdp", "dp": 2, "tp": 2},
                                     {"strategy": "fsdp", "dp": 2, "tp": 2, "offload": "params"},
-                                    {"strategy": "zero2", "dp": 2, "tp": 2, "checkpointing": True}],
-                         ids=["fsdp", "zero2", "fsdp-tp2", "fsdp-tp2-offload", "zero2-tp2-ckpt"])
+                                    {"strategy": "zero2", "dp": 2, "tp": 2, "checkpointing": True},
+                                    {"strategy": "zero3", "dp": 2, **ZERO3_BLOCK_UNITS}],
+                         ids=["fsdp", "zero2", "fsdp-tp2", "fsdp-tp2-offload", "zero2-tp2-ckpt", "zero3"])
 def test_fsdp_ranks_compose(monkeypatch, layout):
     """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding), alone or with tensor parallelism, composed from 3 and 4
     blocks gives the estimate the rank traced whole gives."""
@@ -193,6 +198,20 @@ def test_fsdp_ranks_compose(monkeypatch, layout):
         whole = _estimate_without_block_notes(layout)
     assert any("the model traced with 3 and 4" in note for note in composed["notes"])
     assert composed["estimate"] == whole["estimate"]
+
+
+def test_zero3_composes_only_where_the_blocks_prefetch_alone():
+    """ZeRO-3 with DeepSpeed's defaults on the deep GPT: its 50 k-element blocks fall below the persistence threshold
+    (100 k) and join the root's unit, which grows with the blocks; with ZERO3_BLOCK_UNITS they are units that each
+    prefetch the next alone (parallel/zero.py blocks_prefetch_alone)."""
+    from trainmem.parallel.rank_trace import build_on_meta, composable
+    from trainmem.setup.layout import ParallelLayout, Strategy
+
+    for values, expected in (({}, False), (ZERO3_BLOCK_UNITS, True), ({"zero3_persistence_threshold": 1000}, False)):
+        setup = TrainingSetup(batch_size=2, precision="bf16-mixed",
+                              parallel=ParallelLayout(strategy=Strategy.ZERO3, world_size=2, **values).resolve())
+        model = build_on_meta(resolve(zoo("gpt_deep"), setup), setup)[0]
+        assert composable(setup.parallel, model, setup) is expected, values
 
 
 def test_bucketed_strategies_are_not_composed(monkeypatch):

@@ -106,7 +106,7 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
             return _traced(source, setup, wrapped, make_batch, loss_fn, ctx, checkpointed, facts,
                            notes + list(more_notes), kernel_ops, semantics)
 
-        reuse = traced_by_blocks(model, setup, traced) if composable(setup.parallel) else None
+        reuse = traced_by_blocks(model, setup, traced) if composable(setup.parallel, model, setup) else None
         if reuse is not None and reuse.traced is not None:
             return dataclasses.replace(reuse.traced, cache_use=use), key
         return dataclasses.replace(traced(model, (reuse.note,) if reuse is not None and reuse.note else ()),
@@ -114,17 +114,26 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
 
 
 # The strategies whose ranks' traces compose from 3 and 4 blocks (trace/block_reuse.py), as checked on the zoo's
-# deep GPT (tests/test_block_reuse.py): FSDP2's units are the blocks, with or without tensor parallelism (its
-# backward attributed to its blocks by trace/modules.py _made_in). Not: DDP and ZeRO-1 (gradient buckets partition
-# all the model's parameters by size: the bucket grows with the blocks), ZeRO-3 (its prefetch buckets, sized in
-# elements, span blocks) and FSDP1 (its flat-parameter buffers), whose 3-block traces composed to 4 differ from the
-# 4-block ones (the check would refuse them after tracing both), and pipelines (the stages split the blocks by
-# their number).
+# deep GPT and Llama-3.1-70B (tests/test_block_reuse.py, benchmarks/results/block_reuse.md): FSDP2's units are the
+# blocks, with or without tensor parallelism (its backward attributed to its blocks by trace/modules.py _made_in);
+# ZeRO-3 too where the blocks are units that prefetch only the next (zero.py blocks_prefetch_alone: Llama-3.1-70B's 856 M-element
+# blocks against the 50 M-element bucket). Not: DDP and ZeRO-1 (gradient buckets partition all the model's
+# parameters by size), FSDP1 (its flat-parameter buffers) and ZeRO-3 prefetching several units (as many as there
+# are, up to the bucket), whose 3-block traces composed to 4 differ from the 4-block ones (the check would refuse
+# them after tracing both), and pipelines (the stages split the blocks by their number).
 COMPOSABLE = (Strategy.FSDP, Strategy.ZERO2)
 
 
-def composable(layout: Any) -> bool:
-    return layout.strategy in COMPOSABLE and layout.pp == 1
+def composable(layout: Any, model: Any = None, setup: Any = None) -> bool:
+    if layout.pp != 1:
+        return False
+    if layout.strategy == Strategy.ZERO3 and model is not None:
+        from trainmem.parallel.zero import blocks_prefetch_alone
+        from trainmem.trace.block_variants import repeated_blocks
+
+        found = repeated_blocks(model)
+        return found is not None and blocks_prefetch_alone(model, list(model.get_submodule(found.path)), layout, setup)
+    return layout.strategy in COMPOSABLE
 
 
 def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts, notes, kernel_ops, semantics):

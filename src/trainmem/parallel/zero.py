@@ -57,19 +57,7 @@ def _zero3(model: nn.Module, ctx: Any) -> list[str]:
     mixed-precision policy an ignored parameter would stay fp32 beside bf16 unsharded ones (F.linear refuses
     mixed dtypes), so there the small units are not sharded on their own but with their parent instead."""
     layout = ctx.layout
-    threshold = layout.zero3_persistence_threshold
-    units = fsdp.wrap_units(model, layout.fsdp_wrap)
-    mixed = fsdp.mixed_precision(ctx.setup)[1] != ""
-    if mixed:
-        persistent: set[nn.Parameter] = set()
-        small = [u for u in units if sum(p.numel() for p in u.parameters()) < threshold]
-        units = [u for u in units if u not in small]
-        how = (f"{len(small)} unit(s) below the persistence threshold ({threshold:,} elements) sharded with "
-               f"their parent, not on their own (ignored_params would keep them fp32 beside bf16 parameters)")
-    else:
-        persistent = persistent_params(model, threshold)
-        how = (f"{len(persistent)} parameter(s) below the persistence threshold ({threshold:,} elements) kept "
-               f"whole on every rank (fully_shard ignored_params; their gradients and optimizer state too)")
+    units, persistent, how = _units(model, layout, ctx.setup)
     prefetch = prefetch_count(units, layout.zero3_prefetch_bucket, persistent)
     # the layout's reshard_after_forward, as for fsdp (None: torch's default, the root kept unsharded into backward).
     # DeepSpeed ZeRO-3 has no root group: it releases each submodule's parameters after its forward unless they
@@ -80,6 +68,32 @@ def _zero3(model: nn.Module, ctx: Any) -> list[str]:
                        units=units)
     return notes + [f"zero3: {how}; prefetch bucket {layout.zero3_prefetch_bucket:,} elements -> {prefetch} "
                     f"unit(s) ahead"]
+
+
+def _units(model: nn.Module, layout: ParallelLayout, setup: Any) -> tuple[list[nn.Module], set[nn.Parameter], str]:
+    """(the units fully_shard wraps, the parameters kept whole, how the persistence threshold was applied)."""
+    threshold = layout.zero3_persistence_threshold
+    units = fsdp.wrap_units(model, layout.fsdp_wrap)
+    if fsdp.mixed_precision(setup)[1] != "":
+        small = [u for u in units if sum(p.numel() for p in u.parameters()) < threshold]
+        return [u for u in units if u not in small], set(), (
+            f"{len(small)} unit(s) below the persistence threshold ({threshold:,} elements) sharded with "
+            f"their parent, not on their own (ignored_params would keep them fp32 beside bf16 parameters)")
+    persistent = persistent_params(model, threshold)
+    return units, persistent, (
+        f"{len(persistent)} parameter(s) below the persistence threshold ({threshold:,} elements) kept "
+        f"whole on every rank (fully_shard ignored_params; their gradients and optimizer state too)")
+
+
+def blocks_prefetch_alone(model: nn.Module, blocks: list[nn.Module], layout: ParallelLayout, setup: Any) -> bool:
+    """Whether every one of `blocks` is a unit of its own and each unit prefetches only the next (the bucket holds
+    fewer than two of the smallest unit): then a rank's trace may compose from 3 and 4 blocks (rank_trace.py).
+    Blocks below the persistence threshold join their parent's unit, which then grows with the blocks; and with
+    more units per bucket their count is capped by the units there are: a 3-block model prefetches fewer."""
+    units, persistent, _ = _units(model, layout, setup)
+    wrapped = {id(unit) for unit in units}
+    return all(id(block) in wrapped for block in blocks) and \
+        prefetch_count(units, layout.zero3_prefetch_bucket, persistent) == 1
 
 
 def on_fake(model: nn.Module, ctx: Any):
