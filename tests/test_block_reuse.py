@@ -13,7 +13,8 @@ from trainmem.frontends import resolve
 from trainmem.setup import TrainingSetup
 from trainmem.targets import cpu_kernels
 from trainmem.trace import block_reuse, run
-from trainmem.trace.block_compose import NotComposable, first_difference
+from trainmem.trace.block_check import first_difference
+from trainmem.trace.block_compose import NotComposable
 from trainmem.trace.block_reuse import extrapolated_notes
 from trainmem.trace.cache_store import switched
 
@@ -187,11 +188,15 @@ ZERO3_BLOCK_UNITS = {"zero3_persistence_threshold": 1000, "zero3_prefetch_bucket
                                     {"strategy": "fsdp", "dp": 2, "tp": 2},
                                     {"strategy": "fsdp", "dp": 2, "tp": 2, "offload": "params"},
                                     {"strategy": "zero2", "dp": 2, "tp": 2, "checkpointing": True},
-                                    {"strategy": "zero3", "dp": 2, **ZERO3_BLOCK_UNITS}],
-                         ids=["fsdp", "zero2", "fsdp-tp2", "fsdp-tp2-offload", "zero2-tp2-ckpt", "zero3"])
+                                    {"strategy": "zero3", "dp": 2, **ZERO3_BLOCK_UNITS},
+                                    {"strategy": "fsdp1", "dp": 2},
+                                    {"strategy": "fsdp1", "dp": 2, "fsdp1_sharding": "shard-grad-op",
+                                     "checkpointing": True}],
+                         ids=["fsdp", "zero2", "fsdp-tp2", "fsdp-tp2-offload", "zero2-tp2-ckpt", "zero3", "fsdp1",
+                              "fsdp1-grad-op-ckpt"])
 def test_fsdp_ranks_compose(monkeypatch, layout):
-    """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding), alone or with tensor parallelism, composed from 3 and 4
-    blocks gives the estimate the rank traced whole gives."""
+    """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding), alone or with tensor parallelism, of ZeRO-3 whose blocks
+    prefetch alone and of FSDP1, composed from 3 and 4 blocks, gives the estimate the rank traced whole gives."""
     monkeypatch.setattr(block_reuse, "MIN_BLOCKS", 5)
     composed = _estimate_without_block_notes(layout)
     with block_reuse.whole_models():

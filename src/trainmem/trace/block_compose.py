@@ -27,8 +27,9 @@ neither the first block (which takes the embedding's output) nor the last (which
 4. Storage ids are renumbered in allocation order, as the recorder numbers them, and so is every event's `seq`:
    the composed trace is, event for event, the one the recorder gives the whole model (checked, block_reuse.py).
 5. Where the plain rules do not compose: a run of c·k allocations of one kind outside every block, nothing between
-   them, is c per block of the k traced (the i-th and its free are block i // c's: transformers' DynamicCache makes
-   an 8-byte sliding-window tensor per sliding layer before the first runs, cache_utils.py), and an allocation
+   them but each one's own free, is c per block of the k traced (the i-th and its free are block i // c's:
+   transformers' DynamicCache makes an 8-byte sliding-window tensor per sliding layer before the first runs,
+   cache_utils.py; FSDP1 makes and drops a buffer per unit as its forward starts), and an allocation
    outside every block amid one block's events is that block's (Mixtral's router gradient, summed in backward by no
    module); the check decides (block_reuse.py). Alternating blocks (Gemma-2) compose as runs of `period` blocks.
 Kernel calls go with the event their first output allocated (or the event before them, when they allocated
@@ -39,7 +40,6 @@ module are copied the same way.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
 from trainmem.trace.events import Event, KernelCall, Phase, Trace
 
@@ -129,24 +129,30 @@ def attribution(trace: Trace, stack: Stack, per_block_runs: bool = False) -> lis
 
 
 def _per_block_runs(events: list[Event], blocks: list[int | None], units: int) -> None:
-    """Runs of allocations of one kind (phase, step, module, op, size) outside every block, with nothing between
-    them, as many as a multiple c of the traced units: the i-th is unit i // c's storage, made for it by the module
-    that runs the blocks, and so is its free (module docstring, 5.)."""
+    """Runs of allocations of one kind (phase, step, module, op, size) outside every block, nothing between them but
+    each one's own free (FSDP1 makes and drops a buffer per unit as its forward starts), as many as a multiple c of
+    the traced units: the i-th is unit i // c's storage, made for it by the module that runs the blocks, and so is its
+    free (module docstring, 5.)."""
     def kind(index: int) -> tuple | None:  # None: not an allocation outside every block
         e = events[index]
         return (e.phase, e.step, e.module, e.op, e.nbytes) if e.action == "alloc" and blocks[index] is None else None
 
+    def width(index: int) -> int:  # 2 where the allocation's own free follows it at once
+        after = events[index + 1] if index + 1 < len(events) else None
+        return 2 if after is not None and after.action == "free" and after.sid == events[index].sid else 1
+
     mine: dict[int, int] = {}
     start = 0
     while start < len(events):
-        stop = start + 1
-        while kind(start) is not None and stop < len(events) and kind(stop) == kind(start):
-            stop += 1
-        if kind(start) is not None and (stop - start) % units == 0:
-            each = (stop - start) // units
-            for index in range(stop - start):
-                blocks[start + index] = mine[events[start + index].sid] = index // each
-        start = stop
+        found, step = kind(start), width(start)
+        stop = start + step
+        while found is not None and stop < len(events) and kind(stop) == found and width(stop) == step:
+            stop += step
+        count = (stop - start) // step
+        if found is not None and count % units == 0:
+            for n in range(count):
+                blocks[start + n * step] = mine[events[start + n * step].sid] = n // (count // units)
+        start = stop if found is not None else start + 1
     _frees_follow(events, blocks, mine)
     _sandwiched(events, blocks)
 
@@ -346,54 +352,3 @@ def composed_names(names: list[str], stack: Stack) -> list[str]:
 
 def _values(table: dict[str, int], stack: Stack) -> list[int]:
     return [value for name, value in table.items() for _ in _copies(name, stack)]
-
-
-def extrapolated_counts(fewer: Counter, more: Counter, steps: int) -> Counter:
-    """Op counts `steps` blocks beyond `more` (one block beyond `fewer`): each op's count per block repeated."""
-    return Counter({op: more[op] + steps * (more[op] - fewer[op]) for op in set(fewer) | set(more)})
-
-
-def first_difference(composed: Trace, traced: Trace) -> str | None:
-    """Where a composed trace differs from the traced one (None: identical, event for event)."""
-    if len(composed.events) != len(traced.events):
-        return f"{len(composed.events):,} events composed, {len(traced.events):,} traced"
-    for mine, theirs in zip(composed.events, traced.events):
-        if mine != theirs:
-            return f"event {theirs.seq}: composed {mine}, traced {theirs}"
-    if composed.storages != traced.storages:
-        sid = next(s for s in traced.storages if composed.storages.get(s) != traced.storages[s])
-        return f"storage {sid}: composed {composed.storages.get(sid)}, traced {traced.storages[sid]}"
-    if [_call_key(c) for c in composed.kernel_calls] != [_call_key(c) for c in traced.kernel_calls]:
-        return "kernel calls differ"
-    for name in ("host_storages", "managed_storages", "offloaded_storages"):
-        if getattr(composed, name) != getattr(traced, name):
-            return f"{name} differ"
-    plain = lambda marks: [m if m[0] not in COUNT_MARKS else m[:5] for m in marks]  # noqa: E731
-    if plain(composed.loop_marks) != plain(traced.loop_marks):
-        return "loop marks differ"
-    return None
-
-
-def extrapolated_marks(composed: list[list], fewer: list[list], more: list[list], steps: int) -> list[list]:
-    """The composed marks with the op counts of COUNT_MARKS extrapolated like the op counts (`steps` beyond `more`)."""
-    out = []
-    for mark, few, many in zip(composed, fewer, more, strict=True):
-        if mark[0] in COUNT_MARKS:
-            counts = extrapolated_counts(Counter(dict(few[5])), Counter(dict(many[5])), steps)
-            mark = mark[:5] + [sorted([op, n] for op, n in counts.items() if n)]
-        out.append(mark)
-    return out
-
-
-def _call_key(call: KernelCall) -> tuple:
-    """A kernel call with its storage keys (ids of the storages during the call) numbered within the call."""
-    numbers: dict[int, int] = {}
-
-    def plain(value):
-        if dataclasses.is_dataclass(value) and hasattr(value, "storage_key"):
-            return dataclasses.replace(value, storage_key=numbers.setdefault(value.storage_key, len(numbers)))
-        if isinstance(value, (tuple, list)):
-            return tuple(plain(v) for v in value)
-        return value
-
-    return call.op, call.at_seq, call.outputs_allocated, plain(call.args), plain(call.outputs), call.output_sids

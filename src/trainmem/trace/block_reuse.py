@@ -4,7 +4,7 @@ made on every use.
 A PyTorch model with at least MIN_BLOCKS repeated blocks (trace/block_variants.py: alike in type, parameter
 shapes and every plain setting, and no per-block list in its config) is traced cut to 3 blocks and to 4. The
 3-block trace composed to 4 blocks must equal the 4-block trace event for event, storage for storage and kernel
-call for kernel call (block_compose.first_difference); then the 3-block trace composed to all L blocks is the
+call for kernel call (block_check.first_difference); then the 3-block trace composed to all L blocks is the
 model's trace. Anything else — a difference, a trace the composition refuses — and the model is traced whole,
 which the report says with the reason. What the check cannot see is a block that behaves differently only
 beyond the fourth because of its index (a forward that reads `self.layer_idx` to pick its attention); the
@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainmem.trace.block_compose import (NotComposable, Stack, compose, composed_names, extrapolated_counts,
-                                          extrapolated_marks, first_difference)
+from trainmem.trace.block_check import extrapolated_counts, extrapolated_marks, first_difference
+from trainmem.trace.block_compose import NotComposable, Stack, compose, composed_names
 from trainmem.trace.traced import TraceResult
 
 MIN_BLOCKS = 16  # below, tracing 3 and 4 blocks costs about what tracing the whole model does: 12-block GPT-2

@@ -92,15 +92,23 @@ class ModuleTracker:
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if compiled_trace_active() and torch.compiler.is_compiling():  # dynamo traces the hooks of a --compile
             return  # forward: they add nothing to its graph (trace/compiled.py)
-        name = self._names.get(id(module))
+        name = self._name_of(module)
         if name is not None:
             self._stack.append(name)
             self._moved()
 
+    def _name_of(self, module: torch.nn.Module) -> str | None:
+        """The module's name in the model; a wrapper FSDP1 put around a module after the tracker was made takes the
+        wrapped module's (its forward gathers the unit's parameters before the inner forward, and frees them after:
+        that is the unit's work, not its parent's)."""
+        name = self._names.get(id(module))
+        inner = getattr(module, "_fsdp_wrapped_module", None) if name is None else None
+        return self._names.get(id(inner)) if inner is not None else name
+
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if compiled_trace_active() and torch.compiler.is_compiling():
             return
-        if self._names.get(id(module)) is not None and self._stack:
+        if self._name_of(module) is not None and self._stack:
             name = self._stack[-1]
             if name not in self.output_elements:
                 self.output_elements[name] = sum(t.numel() for t in tree_leaves(output) if isinstance(t, torch.Tensor))
