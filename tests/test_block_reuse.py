@@ -191,12 +191,15 @@ ZERO3_BLOCK_UNITS = {"zero3_persistence_threshold": 1000, "zero3_prefetch_bucket
                                     {"strategy": "zero3", "dp": 2, **ZERO3_BLOCK_UNITS},
                                     {"strategy": "fsdp1", "dp": 2},
                                     {"strategy": "fsdp1", "dp": 2, "fsdp1_sharding": "shard-grad-op",
-                                     "checkpointing": True}],
+                                     "checkpointing": True},
+                                    {"strategy": "hsdp", "world_size": 4, "dp_shard": 2},
+                                    {"strategy": "tp", "tp": 2, "checkpointing": True}],
                          ids=["fsdp", "zero2", "fsdp-tp2", "fsdp-tp2-offload", "zero2-tp2-ckpt", "zero3", "fsdp1",
-                              "fsdp1-grad-op-ckpt"])
+                              "fsdp1-grad-op-ckpt", "hsdp", "tp-ckpt"])
 def test_fsdp_ranks_compose(monkeypatch, layout):
-    """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding), alone or with tensor parallelism, of ZeRO-3 whose blocks
-    prefetch alone and of FSDP1, composed from 3 and 4 blocks, gives the estimate the rank traced whole gives."""
+    """A rank of FSDP2 (and ZeRO-2, FSDP2 without resharding; HSDP), alone or with tensor parallelism, of tensor
+    parallelism alone, of ZeRO-3 whose blocks prefetch alone and of FSDP1, composed from 3 and 4 blocks, gives the
+    estimate the rank traced whole gives."""
     monkeypatch.setattr(block_reuse, "MIN_BLOCKS", 5)
     composed = _estimate_without_block_notes(layout)
     with block_reuse.whole_models():

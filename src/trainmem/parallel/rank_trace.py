@@ -115,14 +115,14 @@ def _trace_rank(source: ModelSource, setup: TrainingSetup, role: Any, kernel_ops
 
 # The strategies whose ranks' traces compose from 3 and 4 blocks (trace/block_reuse.py), as checked on the zoo's
 # deep GPT and Llama-3.1-70B (tests/test_block_reuse.py, benchmarks/results/block_reuse.md): FSDP2's units are the
-# blocks, with or without tensor parallelism (its backward attributed to its blocks by trace/modules.py _made_in);
-# FSDP1's too (its wrappers' gathers and frees are their blocks', modules.py _name_of); ZeRO-3 where the blocks are
-# units that prefetch only the next (zero.py blocks_prefetch_alone: Llama-3.1-70B's 856 M-element blocks against the
-# 50 M-element bucket). Not: DDP and ZeRO-1 (gradient buckets partition all the model's parameters by size), ZeRO-3
+# blocks (HSDP's too), with or without tensor parallelism, and tensor parallelism alone (its backward attributed to
+# its blocks by trace/modules.py _made_in); FSDP1's units too (its wrappers' gathers and frees are their blocks',
+# modules.py _name_of); ZeRO-3 where the blocks are units that prefetch only the next (zero.py blocks_prefetch_alone:
+# Llama-3.1-70B's 856 M-element blocks against the 50 M-element bucket). Not: DDP and ZeRO-1 (gradient buckets
+# partition all the model's parameters by size: the Reducer's first allocation grows with the blocks), ZeRO-3
 # prefetching several units (as many as there are, up to the bucket), whose 3-block traces composed to 4 differ from
-# the 4-block ones (the check would refuse them after tracing both), and pipelines (the stages split the blocks by
-# their number).
-COMPOSABLE = (Strategy.FSDP, Strategy.ZERO2, Strategy.FSDP1)
+# the 4-block ones (the check would refuse them after tracing both), and pipelines (the stages split the blocks).
+COMPOSABLE = (Strategy.FSDP, Strategy.ZERO2, Strategy.FSDP1, Strategy.HSDP, Strategy.TP)
 
 
 def composable(layout: Any, model: Any = None, setup: Any = None) -> bool:
