@@ -15,6 +15,7 @@ the recorder's overhead is the difference. Both include building the model on fa
 
     python benchmarks/speed.py [--runs 5] [--long-runs 3]
     python benchmarks/speed.py --only plan [--plan-runs 3]   # only `trainmem plan`'s rows, merged into speed.md
+    python benchmarks/speed.py --only estimates [--runs 5] [--long-runs 3]   # all but the plan section, kept as is
 Targets (issue 24): the seed MLP CLI call at most 1.3 × `import torch` (its row keeps the older < 3 s beside it); the 1.3B GPT-style estimate in ≤ 2 s
 with < 1 GiB peak RSS, and at most 0.15 × the time PyTorch's MemTracker takes on the same setup
 (benchmarks/memtracker_peer.py, run here as a fresh process like the others); a 2-layer bidirectional GRU on
@@ -88,6 +89,11 @@ CASES = [
     Case("Llama-3.1-70B from the bundled config, seq 2048, batch 1, AdamW, bf16-mixed, on h100-80gb",
          TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
                      "--precision", "bf16-mixed", "--device", "h100-80gb", *NO_CACHE], 3.0, 2**30, long=True),
+    Case("Llama-3.1-70B from the bundled config, seq 2048, AdamW, bf16-mixed, FSDP with tp 2 on 8 x h100-80gb (a rank "
+         "role traced from 3 and 4 blocks)",
+         TRAINMEM + ["estimate", "hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw",
+                     "--precision", "bf16-mixed", "--device", "h100-80gb", "--strategy", "fsdp", "--world-size", "8",
+                     "--tp", "2", *NO_CACHE], long=True),
     Case("BERT-base masked LM on a100-40gb (the GPU calibration point)",
          TRAINMEM + ["estimate", "hf:bert-base-uncased", "--batch-size", "2", "--seq-len", "16", "--optimizer", "adamw",
                      "--device", "a100-40gb", *NO_CACHE], long=True),
@@ -321,15 +327,19 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per short case, and per-op repeats")
     parser.add_argument("--long-runs", type=int, default=3, help="fresh processes per long case")
     parser.add_argument("--plan-runs", type=int, default=3, help="fresh processes per plan case")
-    parser.add_argument("--only", choices=["plan"], help="run only this section and merge it into speed.md")
+    parser.add_argument("--only", choices=["plan", "estimates"],
+                        help="plan: run only the plan section and merge it into speed.md; estimates: everything but "
+                             "the plan section, which stays as it was")
     args = parser.parse_args()
     if args.only == "plan":
         merge_plan_section(plan_section(args.plan_runs))
         return
+    path = ROOT / "benchmarks/results/speed.md"
+    kept_plan = PLAN_HEADING + path.read_text().partition(PLAN_HEADING)[2] if path.exists() else ""
     started, load_at_start = time.perf_counter(), os.getloadavg()[0]
     lines = ["# Speed of an estimate", "",
              f"Generated {datetime.date.today()} by `python benchmarks/speed.py --runs {args.runs} --long-runs "
-             f"{args.long_runs}` on "
+             f"{args.long_runs}{' --only estimates' if args.only else ''}` on "
              f"{os.cpu_count()} cores; medians (min–max) of fresh processes (the run count is in each row).", "",
              "| what | runs | wall s | peak RSS MiB | target | met |", "|---|---:|---:|---:|---|---|"]
     medians: dict[str, float] = {}
@@ -351,9 +361,12 @@ def main() -> None:
     lines += [""] + cached_section(args.runs, medians)
     lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes; the load average (1 min) "
               f"was {load_at_start:.1f} at its start and {os.getloadavg()[0]:.1f} at its end, on {os.cpu_count()} cores."]
-    lines += [""] + plan_section(args.plan_runs, f"python benchmarks/speed.py --runs {args.runs} --long-runs "
-                                 f"{args.long_runs} --plan-runs {args.plan_runs}")
-    (ROOT / "benchmarks/results/speed.md").write_text("\n".join(lines) + "\n")
+    if args.only == "estimates" and kept_plan:
+        lines += ["", kept_plan.rstrip("\n")]
+    else:
+        lines += [""] + plan_section(args.plan_runs, f"python benchmarks/speed.py --runs {args.runs} --long-runs "
+                                     f"{args.long_runs} --plan-runs {args.plan_runs}")
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
