@@ -41,6 +41,18 @@ CASES = [
      "blocks", "hf:meta-llama/Llama-3.1-70B",
      {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
       "strategy": "zero3", "world_size": 8}),
+    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, HSDP (shard 4) on 8 x h100-80gb: a rank's "
+     "80 blocks", "hf:meta-llama/Llama-3.1-70B",
+     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
+      "strategy": "hsdp", "world_size": 8, "dp_shard": 4}),
+    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, FSDP1 on 8 x h100-80gb: a rank's 80 "
+     "blocks", "hf:meta-llama/Llama-3.1-70B",
+     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
+      "strategy": "fsdp1", "world_size": 8}),
+    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, tp 8 on 8 x h100-80gb: a rank's 80 "
+     "blocks", "hf:meta-llama/Llama-3.1-70B",
+     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
+      "strategy": "tp", "tp": 8}),
     ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed, a100-80gb: 24 blocks", GPT_1B3,
      {"batch_size": 8, "optimizer": "adamw", "precision": "bf16-mixed", "device": "a100-80gb"}),
     ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed, this CPU: 24 blocks", GPT_1B3,
