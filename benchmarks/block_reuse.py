@@ -24,35 +24,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "block_reuse.md"
 GPT_1B3 = f"{ROOT}/tests/models.py:gpt_1b3"
+LLAMA_70B = "hf:meta-llama/Llama-3.1-70B"
+LLAMA_70B_SETUP = {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed",
+                   "device": "h100-80gb"}
+LLAMA_70B_LABEL = "Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed"
+
+
+def _rank_of_70b(layout: str, **values) -> tuple[str, str, dict]:
+    """A rank role of the 70B under a multi-GPU layout (parallel/rank_trace.py composes its blocks)."""
+    return (f"{LLAMA_70B_LABEL}, {layout} on 8 x h100-80gb: a rank's 80 blocks", LLAMA_70B,
+            {**LLAMA_70B_SETUP, **values})
+
+
 # (label, model, estimate() keywords)
 CASES = [
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, h100-80gb: 80 blocks",
-     "hf:meta-llama/Llama-3.1-70B", {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw",
-                                      "precision": "bf16-mixed", "device": "h100-80gb"}),
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, FSDP with tp 2 on 8 x h100-80gb: a "
-     "rank's 80 blocks", "hf:meta-llama/Llama-3.1-70B",
-     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
-      "strategy": "fsdp", "world_size": 8, "tp": 2}),
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, FSDP with tp 4 and offloaded parameters "
-     "on 8 x h100-80gb: a rank's 80 blocks", "hf:meta-llama/Llama-3.1-70B",
-     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
-      "strategy": "fsdp", "world_size": 8, "tp": 4, "offload": "params"}),
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, ZeRO-3 on 8 x h100-80gb: a rank's 80 "
-     "blocks", "hf:meta-llama/Llama-3.1-70B",
-     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
-      "strategy": "zero3", "world_size": 8}),
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, HSDP (shard 4) on 8 x h100-80gb: a rank's "
-     "80 blocks", "hf:meta-llama/Llama-3.1-70B",
-     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
-      "strategy": "hsdp", "world_size": 8, "dp_shard": 4}),
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, FSDP1 on 8 x h100-80gb: a rank's 80 "
-     "blocks", "hf:meta-llama/Llama-3.1-70B",
-     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
-      "strategy": "fsdp1", "world_size": 8}),
-    ("Llama-3.1-70B (bundled config), seq 2048, batch 1, AdamW, bf16-mixed, tp 8 on 8 x h100-80gb: a rank's 80 "
-     "blocks", "hf:meta-llama/Llama-3.1-70B",
-     {"seq_len": 2048, "batch_size": 1, "optimizer": "adamw", "precision": "bf16-mixed", "device": "h100-80gb",
-      "strategy": "tp", "tp": 8}),
+    (f"{LLAMA_70B_LABEL}, h100-80gb: 80 blocks", LLAMA_70B, LLAMA_70B_SETUP),
+    _rank_of_70b("FSDP with tp 2", strategy="fsdp", world_size=8, tp=2),
+    _rank_of_70b("FSDP with tp 4 and offloaded parameters", strategy="fsdp", world_size=8, tp=4, offload="params"),
+    _rank_of_70b("ZeRO-3", strategy="zero3", world_size=8),
+    _rank_of_70b("HSDP (shard 4)", strategy="hsdp", world_size=8, dp_shard=4),
+    _rank_of_70b("FSDP1", strategy="fsdp1", world_size=8),
+    _rank_of_70b("tp 8", strategy="tp", tp=8),
     ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed, a100-80gb: 24 blocks", GPT_1B3,
      {"batch_size": 8, "optimizer": "adamw", "precision": "bf16-mixed", "device": "a100-80gb"}),
     ("GPT-style 1.3B, seq 1024, batch 8, AdamW, bf16-mixed, this CPU: 24 blocks", GPT_1B3,
