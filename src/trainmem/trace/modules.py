@@ -9,7 +9,7 @@ noted output claims — a DTensor op's (the mode sees only the ops on its local 
 never get a grad_fn), DTensor's redistribute Function's — is the module's that was innermost when the
 node was numbered: the tracker marks the sequence number at each module entry and exit (_made_in).
 Without it, tensor-parallel backward ran "outside every module" and its ranks' traces did not compose
-from a few blocks (trace/block_reuse.py; Llama-3.1-70B, FSDP with tp 2: 31 s traced whole, 7.6 s composed).
+from a few blocks (Llama-3.1-70B, FSDP with tp 2: 34.9 s traced whole, 8.0 s composed, block_reuse.md).
 
 What each dispatch costs does not grow with the trace (it used to: every output that never gets a
 grad_fn, such as a GRU's detached time steps, was looked at again on every dispatch until its module
@@ -38,6 +38,9 @@ import torch
 from trainmem.trace.compiled import compiled_trace_active
 from trainmem.trace.torch_private import current_autograd_node, sequence_nr, tree_leaves
 
+# the attribute FSDP1's FullyShardedDataParallel keeps the module it wraps under (torch/distributed/fsdp/_common_utils.py
+# FSDP_WRAPPED_MODULE)
+FSDP1_WRAPPER = "_fsdp_wrapped_module"
 # (note order, the output, the module that made it, whether it waits until its module returns, the op
 # call that made it: outputs of one call share this number)
 _Noted = tuple[int, weakref.ref, str, bool, int]
@@ -102,7 +105,7 @@ class ModuleTracker:
         wrapped module's (its forward gathers the unit's parameters before the inner forward, and frees them after:
         that is the unit's work, not its parent's)."""
         name = self._names.get(id(module))
-        inner = getattr(module, "_fsdp_wrapped_module", None) if name is None else None
+        inner = getattr(module, FSDP1_WRAPPER, None) if name is None else None
         return self._names.get(id(inner)) if inner is not None else name
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:

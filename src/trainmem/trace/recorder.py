@@ -18,7 +18,7 @@ import torch
 from trainmem.errors import TraceError
 from trainmem.trace.compiled import compiled_trace_active
 from trainmem.trace.events import Category, Event, KernelCall, Phase, StorageRecord, TensorMeta, Trace
-from trainmem.trace.modules import ModuleTracker
+from trainmem.trace.modules import FSDP1_WRAPPER, ModuleTracker
 from trainmem.trace.rules import DataDependentRules
 from trainmem.trace.torch_private import FakeTensor, TorchDispatchMode, schema_arguments, storage_tensors, tree_leaves
 
@@ -85,9 +85,6 @@ COMMUNICATION_NAMESPACES = frozenset({"c10d", "_c10d_functional", "fsdp"})
 # FSDP2's copy-out writes the all-gathered values into the unsharded parameters (_fsdp_collectives.py
 # foreach_all_gather_copy_out): those storages are parameters, whenever FSDP re-allocates them.
 UNSHARDED_PARAMETER_OPS = frozenset({"split_with_sizes_copy"})
-# the attribute FSDP1's FullyShardedDataParallel keeps the module it wraps under (torch/distributed/fsdp/_common_utils.py
-# FSDP_WRAPPED_MODULE)
-FSDP1_WRAPPER = "_fsdp_wrapped_module"
 
 
 def _written_storages(facts: _OpFacts, args: tuple, kwargs: dict) -> list[int]:
