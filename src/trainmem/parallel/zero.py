@@ -96,6 +96,20 @@ def blocks_prefetch_alone(model: nn.Module, blocks: list[nn.Module], layout: Par
         prefetch_count(units, layout.zero3_prefetch_bucket, persistent) == 1
 
 
+def traces_as_fsdp(model: nn.Module, layout: ParallelLayout, setup: Any) -> bool:
+    """Whether ZeRO-3 on `model` makes exactly the fully_shard calls FSDP makes with the same layout (fsdp.on_meta):
+    the same units in the same order, no parameter kept whole (under a mixed-precision policy none is, _units) and
+    as many units prefetched as --fsdp-prefetch. Nothing else of the two differs but the notes (on_fake), so their
+    ranks trace the same events and the planner traces one for both (plan/tracer.py traced_as). Pipeline ranks
+    (several roots) are not compared."""
+    if layout.strategy != Strategy.ZERO3 or fsdp.roots(model) != [model]:
+        return False
+    units, persistent, _ = _units(model, layout, setup)
+    if persistent or [id(u) for u in units] != [id(u) for u in fsdp.wrap_units(model, layout.fsdp_wrap)]:
+        return False
+    return prefetch_count(units, layout.zero3_prefetch_bucket, persistent) == layout.fsdp_prefetch
+
+
 def on_fake(model: nn.Module, ctx: Any):
     """zero1: DDP + ZeroRedundancyOptimizer; zero2/3: offload labels when asked."""
     from trainmem.parallel import ddp, offload

@@ -78,6 +78,8 @@ def assess(tracer: Tracer, candidate: layouts.Candidate, budget: int) -> PlanRow
     peak = figures.peak() + nccl
     _, phase, dominant = figures.bound()
     how = "extrapolated" + (f"; not affine: {', '.join(figures.not_affine)}" if figures.not_affine else "")
+    if candidate.kind == Strategy.ZERO3 and candidate.structure() in tracer.served:
+        how += "; traced as fsdp (the same fully_shard calls: parallel/zero.py traces_as_fsdp)"
     return PlanRow(candidate, "fits" if peak <= budget else "does not fit", peak, phase, dominant,
                    figures.breakdown(), figures.label, how)
 
@@ -177,6 +179,22 @@ def screen(candidates: list[layouts.Candidate], facts: ModelFacts, tracer: Trace
     return ruled, left
 
 
+def _jobs(left: list) -> list[list[list[layouts.Candidate]]]:
+    """The groups of one (kind, dp, tp, pp, precision), the simplest first (_simplest_first), as the jobs a worker
+    runs: a ZeRO-3 group with the FSDP group of the same degrees and precision, FSDP's first, so that a ZeRO-3
+    layout traced as its FSDP twin (tracer.py traced_as) finds that trace made; every other group alone."""
+    groups: dict[tuple, list] = {}
+    for floor, candidate in left:
+        key = (candidate.kind, candidate.dp, candidate.tp, candidate.pp, candidate.precision)
+        groups.setdefault(key, []).append((floor, candidate))
+    jobs: dict[tuple, list] = {}
+    for (kind, *rest), members in groups.items():
+        family = Strategy.FSDP if kind == Strategy.ZERO3 else kind
+        jobs.setdefault((family, *rest), []).append((kind == Strategy.ZERO3, members))
+    ordered = sorted(jobs.values(), key=lambda pairs: _simplest_first(min(pairs, key=lambda p: p[0])[1]))
+    return [[[c for _, c in members] for _, members in sorted(pairs, key=lambda p: p[0])] for pairs in ordered]
+
+
 def _simplest_first(members: list) -> tuple:
     """Fewer model-parallel ranks first (no pipeline bubble, fewer TP all-reduces), then the lower floor."""
     first = members[0][1]
@@ -190,27 +208,23 @@ def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progre
     from trainmem.plan.workers import each_group
 
     ruled, left = screen(candidates, tracer.facts, tracer, budget)
-    groups: dict[tuple, list] = {}
-    for floor, candidate in left:
-        key = (candidate.kind, candidate.dp, candidate.tp, candidate.pp, candidate.precision)
-        groups.setdefault(key, []).append((floor, candidate))
-    order = [[c for _, c in members] for members in sorted(groups.values(), key=_simplest_first)]
+    order = _jobs(left)
     progress.total(len(left))
     past = lambda: time_limit is not None and time.perf_counter() - started > time_limit  # noqa: E731
     tracer.past = past
 
-    def one_group(chosen: list[layouts.Candidate]) -> tuple[list[PlanRow], dict[str, int]]:
+    def one_group(job: list[list[layouts.Candidate]]) -> tuple[list[PlanRow], dict[str, int]]:
         if past():
-            return [PlanRow(c, "not evaluated", why="past the time limit") for c in chosen], {}
+            return [PlanRow(c, "not evaluated", why="past the time limit") for group in job for c in group], {}
         before = tracer.counts()
-        rows = evaluate(tracer, chosen, budget, past)
+        rows = [row for group in job for row in evaluate(tracer, group, budget, past)]
         tracer.forget()
         return rows, {name: value - before[name] for name, value in tracer.counts().items()}
 
     def done(index: int, counts: dict[str, int], in_worker: bool) -> None:
         if in_worker:  # counted in the worker's own copy of the tracer
             tracer.add(counts)
-        progress.advance(len(order[index]))
+        progress.advance(sum(len(group) for group in order[index]))
 
     rows = list(ruled)
     for group_rows in each_group(one_group, order, jobs, done):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainmem.setup.layout import ParallelLayout
+from trainmem.setup.layout import ParallelLayout, Strategy
 from trainmem.plan.blocks import ModelFacts, variant
 from trainmem.plan.enumerate import Candidate
 from trainmem.plan.reuse import Figures
@@ -105,6 +105,8 @@ class Tracer:
         self.gpus_per_node = gpus_per_node
         self.cache: dict[tuple, list[Figures]] = {}
         self.alike: dict[tuple, bool] = {}
+        self.twins: dict[tuple, bool] = {}  # (ZeRO-3 structure, blocks) -> traced as its FSDP twin (traced_as)
+        self.served: set[tuple] = set()  # the ZeRO-3 structures some figure of which an FSDP twin's trace gave
         self.real: dict[tuple, tuple[Any, TrainingSetup, list[RoleTrace]]] = {}
         self.scalable: dict[tuple, Any] = {}  # (structure, dp) -> the confirmed pair of micro-batches, or False
         self.traces = 0  # rank-role traces run
@@ -141,7 +143,27 @@ class Tracer:
                 self.alike[key] = False
         return self.alike[key]
 
+    def traced_as(self, candidate: Candidate, blocks: int) -> Candidate:
+        """The candidate whose rank traces stand for `candidate`'s with `blocks` blocks: a ZeRO-3 layout that makes
+        exactly FSDP's fully_shard calls on that model (parallel/zero.py traces_as_fsdp) is traced as the FSDP
+        layout, once for both (core.run evaluates the two groups in one worker, the FSDP one first)."""
+        if candidate.kind != Strategy.ZERO3:
+            return candidate
+        key = (candidate.structure(), blocks)
+        if key not in self.twins:
+            from trainmem.parallel.rank_trace import build_on_meta
+            from trainmem.parallel.zero import traces_as_fsdp
+
+            setup = self.setup_for(candidate, candidate.dp)
+            model = build_on_meta(variant(self.source, self.facts, blocks), setup)[0]
+            self.twins[key] = setup.parallel.pp == 1 and traces_as_fsdp(model, setup.parallel, setup)
+        if not self.twins[key]:
+            return candidate
+        self.served.add(candidate.structure())
+        return dataclasses.replace(candidate, kind=Strategy.FSDP)
+
     def stages(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures]:
+        candidate = self.traced_as(candidate, blocks)
         key = (candidate.structure(), dp, blocks, candidate.micro_batch)
         if key not in self.cache:
             self.cache[key] = self._figures(candidate, dp, blocks)

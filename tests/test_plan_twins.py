@@ -1,0 +1,70 @@
+"""A ZeRO-3 layout that makes exactly FSDP's fully_shard calls (parallel/zero.py traces_as_fsdp) is traced once for
+both by the planner (plan/tracer.py traced_as). The claim is held to the traces themselves: where the check says
+twins, the two ranks' traces are equal event for event; where it does not, they differ."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainmem.setup import TrainingSetup
+
+# A Llama of 8 blocks of 184,576 parameters each: above ZeRO-3's persistence threshold (100,000 elements), so under
+# bf16-mixed every block is a unit of its own; with a prefetch bucket of 200,000 elements ZeRO-3 prefetches one
+# unit, as FSDP does. In fp32 its 128-element norm weights stay whole on every rank (ignored_params): not twins.
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128,
+         "intermediate_size": 352, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
+         "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+BUCKET = 200_000
+ASKED = {"seq_len": 64, "optimizer": "adamw", "zero3_prefetch_bucket": BUCKET}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("twin_llama") / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    return f"hf:{path}"
+
+
+def _rank_trace(model_ref: str, strategy: str, precision: str, bucket: int = BUCKET):
+    from trainmem.estimate.orchestrate import prepare
+    from trainmem.estimate.per_rank import trace_role
+    from trainmem.parallel.rank_trace import build_on_meta
+    from trainmem.parallel.roles import rank_roles
+    from trainmem.parallel.zero import traces_as_fsdp
+
+    setup = TrainingSetup.from_mapping({**ASKED, "batch_size": 2, "precision": precision, "strategy": strategy,
+                                        "dp": 4, "zero3_prefetch_bucket": bucket})
+    chosen = prepare(model_ref, setup, "h100-80gb", 1)
+    model = build_on_meta(chosen.source, setup)[0]
+    twin = traces_as_fsdp(model, setup.parallel, setup)
+    return twin, trace_role(chosen, setup, rank_roles(setup.parallel, model)[0]).trace
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("precision, bucket, twins", [("bf16-mixed", BUCKET, True), ("fp32", BUCKET, False),
+                                                      ("bf16-mixed", 50_000_000, False)])
+def test_twins_trace_the_same_events_and_others_do_not(llama, precision, bucket, twins):
+    """bf16-mixed with the small bucket: twins, equal traces. fp32 (norm weights kept whole) and DeepSpeed's default
+    bucket (50 M elements: ZeRO-3 prefetches every unit ahead): not twins, and the traces differ."""
+    from trainmem.trace.block_check import first_difference
+
+    said, zero3 = _rank_trace(llama, "zero3", precision, bucket)
+    _, fsdp = _rank_trace(llama, "fsdp", precision, bucket)
+    assert said == twins
+    assert (first_difference(zero3, fsdp) is None) == twins
+
+
+@pytest.mark.heavy
+def test_the_planner_traces_twins_once_with_the_same_rows(llama):
+    from trainmem.plan import plan
+
+    asked = dict(micro_batches="2", precisions="bf16-mixed", checkpointing="off", offloads="none", tps="1", pps="1",
+                 jobs=1, **ASKED)
+    both = plan(llama, "4xh100-80gb", strategies="fsdp,zero3", **asked)
+    alone = plan(llama, "4xh100-80gb", strategies="fsdp", **asked)
+    rows = {str(row.candidate.kind): row for row in both.rows}
+    assert both.traces == alone.traces == 2  # blocks 3 and 4, for FSDP only
+    assert rows["zero3"].peak_bytes == rows["fsdp"].peak_bytes == alone.rows[0].peak_bytes
+    assert "traced as fsdp" in rows["zero3"].why and "traced as fsdp" not in rows["fsdp"].why
