@@ -1,16 +1,17 @@
 """Groups of layouts evaluated side by side in forked worker processes (`plan --jobs N`).
 
 A group is one (data-parallel kind, dp, tp, pp, precision) of the planned GPU count (core.run). Within one plan
-two groups never share a trace: a trace is keyed by the layout's structure (kind, tp, pp, checkpointing,
-precision, offload) and a data-parallel degree (tracer.py), and at a fixed GPU count tp and pp fix dp. So
-groups are independent, and N processes evaluate N groups at once; tracing is CPU-bound Python (FakeTensorMode's
+two groups share no trace but a ZeRO-3 group and the FSDP group of the same degrees (a ZeRO-3 layout making FSDP's
+fully_shard calls is traced as its FSDP twin, tracer.py traced_as), which run as one job: a trace is keyed by
+the layout's structure (kind, tp, pp, checkpointing, precision, offload) and a data-parallel degree (tracer.py),
+and at a fixed GPU count tp and pp fix dp. So jobs are independent, and N processes evaluate N jobs at once; tracing is CPU-bound Python (FakeTensorMode's
 dispatch), one core per process, so this is where more cores help.
 
 The workers are forked from the planning process after the model is resolved and built on meta, so they start
 with the tracer (tracer.py) and the model as they are, with no import and no pickling of a model or a factory;
-each sends back its group's rows and how many traces it ran. Where fork is not how processes start (macOS and
+each sends back its job's rows and how many traces it ran. Where fork is not how processes start (macOS and
 Windows default to spawn, which would have to import and resolve the model again) the groups run here, one after
-the other, as with --jobs 1. Each worker holds one group's traces at a time (tracer.forget after each group).
+the other, as with --jobs 1. Each worker holds one job's traces at a time (tracer.forget after each job).
 """
 
 from __future__ import annotations
