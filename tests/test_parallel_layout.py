@@ -115,6 +115,29 @@ def test_fake_world_of_1024_ranks_builds_its_mesh_and_is_destroyed():
             pass
 
 
+@pytest.mark.heavy
+def test_kept_worlds_reuse_one_world_per_mesh_and_rank_and_end_with_the_block():
+    import torch.distributed as dist
+
+    from trainmem.parallel.world import fake_world, kept_worlds
+
+    with kept_worlds():
+        with fake_world(ParallelLayout(strategy="fsdp", dp=4, tp=2), 3) as first:
+            group = dist.group.WORLD
+        with fake_world(ParallelLayout(strategy="zero3", dp=4, tp=2, offload="params"), 3) as again:
+            assert dist.group.WORLD is group and again.mesh is first.mesh and again.layout.strategy == "zero3"
+        with fake_world(ParallelLayout(strategy="fsdp", dp=2, tp=4), 3) as other:  # another mesh: a new world
+            assert dist.group.WORLD is not group and other.mesh.shape == (1, 2, 4)
+        with pytest.raises(RuntimeError):
+            with fake_world(ParallelLayout(strategy="fsdp", dp=2, tp=4), 3):
+                raise RuntimeError("a trace that fails")
+        assert not dist.is_initialized()  # a failed trace leaves no world behind
+        with fake_world(ParallelLayout(strategy="fsdp", dp=2, tp=4), 3):
+            pass
+        assert dist.is_initialized()
+    assert not dist.is_initialized()
+
+
 def test_roles_group_alike_ranks():
     from trainmem.parallel.roles import compact, rank_roles
 

@@ -1,6 +1,7 @@
-"""A ZeRO-3 layout that makes exactly FSDP's fully_shard calls (parallel/zero.py traces_as_fsdp) is traced once for
+"""What the planner shares between layouts. A ZeRO-3 layout that makes exactly FSDP's fully_shard calls (parallel/zero.py traces_as_fsdp) is traced once for
 both by the planner (plan/tracer.py traced_as). The claim is held to the traces themselves: where the check says
-twins, the two ranks' traces are equal event for event; where it does not, they differ."""
+twins, the two ranks' traces are equal event for event; where it does not, they differ. And the traces of one plan job share a fake world (parallel/world.py kept_worlds):
+traced there, a rank's events are those a fresh world gives."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def llama(tmp_path_factory):
     return f"hf:{path}"
 
 
-def _rank_trace(model_ref: str, strategy: str, precision: str, bucket: int = BUCKET):
+def _rank_trace(model_ref: str, strategy: str, precision: str, bucket: int = BUCKET, **more):
     from trainmem.estimate.orchestrate import prepare
     from trainmem.estimate.per_rank import trace_role
     from trainmem.parallel.rank_trace import build_on_meta
@@ -35,7 +36,7 @@ def _rank_trace(model_ref: str, strategy: str, precision: str, bucket: int = BUC
     from trainmem.parallel.zero import traces_as_fsdp
 
     setup = TrainingSetup.from_mapping({**ASKED, "batch_size": 2, "precision": precision, "strategy": strategy,
-                                        "dp": 4, "zero3_prefetch_bucket": bucket})
+                                        "dp": 4, "zero3_prefetch_bucket": bucket, **more})
     chosen = prepare(model_ref, setup, "h100-80gb", 1)
     model = build_on_meta(chosen.source, setup)[0]
     twin = traces_as_fsdp(model, setup.parallel, setup)
@@ -68,3 +69,17 @@ def test_the_planner_traces_twins_once_with_the_same_rows(llama):
     assert both.traces == alone.traces == 2  # blocks 3 and 4, for FSDP only
     assert rows["zero3"].peak_bytes == rows["fsdp"].peak_bytes == alone.rows[0].peak_bytes
     assert "traced as fsdp" in rows["zero3"].why and "traced as fsdp" not in rows["fsdp"].why
+
+
+@pytest.mark.heavy
+def test_traces_in_a_kept_world_equal_fresh_ones(llama):
+    """FSDP with tensor parallelism (DTensor ops in forward, backward and the optimizer), checkpointing off then
+    on, then off again: the sharding decisions the kept world carries over change no event."""
+    from trainmem.parallel.world import kept_worlds
+    from trainmem.trace.block_check import first_difference
+
+    asked = [{"tp": 2, "checkpointing": on} for on in (False, True, False)]
+    fresh = [_rank_trace(llama, "fsdp", "bf16-mixed", **more)[1] for more in asked[:2]]
+    with kept_worlds():
+        kept = [_rank_trace(llama, "fsdp", "bf16-mixed", **more)[1] for more in asked]
+    assert [first_difference(k, f) for k, f in zip(kept, fresh + fresh[:1])] == [None, None, None]

@@ -5,7 +5,8 @@ touch data) as `rank` of `layout.world_size` ranks, and builds the device mesh t
 `init_device_mesh("cpu", (pp, dp, tp))` with named dimensions, HSDP's dp split as (dp_replicate, dp_shard).
 Building the mesh creates its sub-groups lazily over the fake backend: world 1,024 (pp 4 x dp 32 x tp 8)
 takes about 0.04 s here (measured with torch 2.13, /tmp/h1_mesh.py: init 0.6 ms, mesh 43 ms). The group
-is destroyed when the block ends, also on error, so that the next trace starts from nothing.
+is destroyed when the block ends, also on error, so that the next trace starts from nothing; inside
+`kept_worlds()` (the planner's jobs) it is kept for the next trace of the same mesh and rank instead.
 """
 
 from __future__ import annotations
@@ -64,9 +65,42 @@ def mesh_shape(layout: ParallelLayout) -> tuple[tuple[int, ...], tuple[str, ...]
     return (layout.pp, layout.dp, layout.tp), ("pp", "dp", "tp")
 
 
+# the world kept between traces inside kept_worlds(): {"on": bool, "key": (world size, mesh, rank) | None, "world"}
+_kept: dict[str, Any] = {"on": False, "key": None, "world": None}
+
+
+@contextlib.contextmanager
+def kept_worlds() -> Iterator[None]:
+    """Inside, a fake world outlives its trace and the next trace of the same mesh shape and rank runs in it (a new
+    World for its layout over the same mesh); another mesh ends it first. DTensor's sharding decisions, cached per
+    world (clear_dtensor_caches), then carry from one trace to the next as they carry from one step to the next
+    within a trace: a plan's layouts of one (dp, tp, pp) trace their optimizer's foreach ops on DTensors (FSDP2's
+    parameters) through DTensor's slow sharding propagation once instead of once per trace. The world ends with
+    the block."""
+    before, _kept["on"] = _kept["on"], True
+    try:
+        yield
+    finally:
+        _kept["on"] = before
+        if not before:
+            _end_kept()
+
+
+def _end_kept() -> None:
+    if _kept["key"] is not None:
+        import torch.distributed as dist
+
+        from trainmem.trace.torch_private import clear_dtensor_caches
+
+        _kept["key"] = _kept["world"] = None
+        dist.destroy_process_group()
+        clear_dtensor_caches()  # decisions made on this world's meshes name its process groups
+
+
 @contextlib.contextmanager
 def fake_world(layout: ParallelLayout, rank: int) -> Iterator[World]:
-    """The fake process group as `rank` of a resolved layout, with its mesh; destroyed at exit."""
+    """The fake process group as `rank` of a resolved layout, with its mesh; destroyed at exit (kept inside
+    kept_worlds)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -75,15 +109,31 @@ def fake_world(layout: ParallelLayout, rank: int) -> Iterator[World]:
     layout = layout.resolve()
     if not 0 <= rank < layout.world_size:
         raise SetupError(f"expected a rank in 0..{layout.world_size - 1}, got {rank}", where="rank")
+    key = (layout.world_size, mesh_shape(layout), rank)
+    if _kept["on"] and _kept["key"] == key:
+        fake_store(layout)  # what this layout needs of this torch, checked as a new world would
+        try:
+            yield dataclasses.replace(_kept["world"], layout=layout)
+        except BaseException:
+            _end_kept()  # a trace that failed in it leaves no world behind
+            raise
+        return
+    _end_kept()
     if dist.is_initialized():
         raise SetupError("expected no process group in this process (trainmem starts a fake one per traced "
                          "rank), got one already initialized", where="torch.distributed")
     dist.init_process_group("fake", store=fake_store(layout), rank=rank, world_size=layout.world_size)
+    kept = False
     try:
         shape, names = mesh_shape(layout)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         pp_rank, dp_rank, tp_rank = layout.coords(rank)
-        yield World(layout, rank, mesh, pp_rank, dp_rank, tp_rank)
+        world = World(layout, rank, mesh, pp_rank, dp_rank, tp_rank)
+        yield world
+        kept = _kept["on"]
+        if kept:
+            _kept["key"], _kept["world"] = key, world
     finally:
-        dist.destroy_process_group()
-        clear_dtensor_caches()  # decisions made on this world's meshes name its process groups
+        if not kept:
+            dist.destroy_process_group()
+            clear_dtensor_caches()  # decisions made on this world's meshes name its process groups

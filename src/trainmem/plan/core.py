@@ -216,8 +216,11 @@ def run(tracer: Tracer, candidates: list[layouts.Candidate], budget: int, progre
     def one_group(job: list[list[layouts.Candidate]]) -> tuple[list[PlanRow], dict[str, int]]:
         if past():
             return [PlanRow(c, "not evaluated", why="past the time limit") for group in job for c in group], {}
+        from trainmem.parallel.world import kept_worlds
+
         before = tracer.counts()
-        rows = [row for group in job for row in evaluate(tracer, group, budget, past)]
+        with kept_worlds():  # the job's traces of one (dp, tp, pp) share one fake world (world.py)
+            rows = [row for group in job for row in evaluate(tracer, group, budget, past)]
         tracer.forget()
         return rows, {name: value - before[name] for name, value in tracer.counts().items()}
 
