@@ -44,15 +44,17 @@ def _rank_trace(model_ref: str, strategy: str, precision: str, bucket: int = BUC
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("precision, bucket, twins", [("bf16-mixed", BUCKET, True), ("fp32", BUCKET, False),
-                                                      ("bf16-mixed", 50_000_000, False)])
-def test_twins_trace_the_same_events_and_others_do_not(llama, precision, bucket, twins):
-    """bf16-mixed with the small bucket: twins, equal traces. fp32 (norm weights kept whole) and DeepSpeed's default
-    bucket (50 M elements: ZeRO-3 prefetches every unit ahead): not twins, and the traces differ."""
+@pytest.mark.parametrize("precision, bucket, pp, twins", [("bf16-mixed", BUCKET, 1, True), ("fp32", BUCKET, 1, False),
+                                                          ("bf16-mixed", 50_000_000, 1, False),
+                                                          ("bf16-mixed", BUCKET, 2, True)])
+def test_twins_trace_the_same_events_and_others_do_not(llama, precision, bucket, pp, twins):
+    """bf16-mixed with the small bucket: twins, equal traces (with 2 pipeline stages too: each stage a root of its
+    own; the first stage's rank traced). fp32 (norm weights kept whole) and DeepSpeed's default bucket (50 M
+    elements: ZeRO-3 prefetches every unit ahead): not twins, and the traces differ."""
     from trainmem.trace.block_check import first_difference
 
-    said, zero3 = _rank_trace(llama, "zero3", precision, bucket)
-    _, fsdp = _rank_trace(llama, "fsdp", precision, bucket)
+    said, zero3 = _rank_trace(llama, "zero3", precision, bucket, pp=pp)
+    _, fsdp = _rank_trace(llama, "fsdp", precision, bucket, pp=pp)
     assert said == twins
     assert (first_difference(zero3, fsdp) is None) == twins
 
@@ -83,3 +85,21 @@ def test_traces_in_a_kept_world_equal_fresh_ones(llama):
     with kept_worlds():
         kept = [_rank_trace(llama, "fsdp", "bf16-mixed", **more)[1] for more in asked]
     assert [first_difference(k, f) for k, f in zip(kept, fresh + fresh[:1])] == [None, None, None]
+
+
+@pytest.mark.heavy
+def test_pipeline_traces_do_not_depend_on_what_the_process_traced_before(llama):
+    """torch.distributed.pipelining makes a tensor when it is imported (microbatch.py's sum_reducer). Imported inside
+    the first pipeline trace of a process, that tensor was a fake one of that trace, and the pipeline ranks of later
+    traces differed by a 4-byte lift_fresh in their inputs (the ZeRO-3 twin above then differed from FSDP's). Now
+    imported before any step is recorded (pp.py on_meta): in a fresh process, the three traces are one."""
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.path.insert(0, 'tests')\n"
+              "from test_plan_twins import _rank_trace\n"
+              "from trainmem.trace.block_check import first_difference\n"
+              f"traces = [_rank_trace({llama!r}, kind, 'bf16-mixed', pp=2)[1] for kind in ('fsdp', 'zero3', 'fsdp')]\n"
+              "print('differences:', [first_difference(other, traces[0]) for other in traces[1:]])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "differences: [None, None]" in done.stdout, done.stdout + done.stderr[-2000:]

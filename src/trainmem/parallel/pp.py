@@ -72,6 +72,10 @@ def _microbatches(ctx: ParallelContext) -> int:
 
 def on_meta(model: nn.Module, ctx: ParallelContext) -> nn.Module:
     """Split the meta-built model; return this rank's stage (or its stages, for interleaved 1F1B)."""
+    # imported here, before the steps are recorded: its import makes a tensor (microbatch.py sum_reducer, torch 2.13),
+    # which the first pipeline trace of a process would otherwise record as an allocation of its own
+    import torch.distributed.pipelining  # noqa: F401
+
     layout = ctx.layout
     count = _microbatches(ctx)
     num_stages = total_stages(layout)

@@ -97,15 +97,25 @@ def blocks_prefetch_alone(model: nn.Module, blocks: list[nn.Module], layout: Par
 
 
 def traces_as_fsdp(model: nn.Module, layout: ParallelLayout, setup: Any) -> bool:
-    """Whether ZeRO-3 on `model` makes exactly the fully_shard calls FSDP makes with the same layout (fsdp.on_meta):
-    the same units in the same order, no parameter kept whole (under a mixed-precision policy none is, _units) and
-    as many units prefetched as --fsdp-prefetch. Nothing else of the two differs but the notes (on_fake), so their
-    ranks trace the same events and the planner traces one for both (plan/tracer.py traced_as). Pipeline ranks
-    (several roots) are not compared."""
-    if layout.strategy != Strategy.ZERO3 or fsdp.roots(model) != [model]:
+    """Whether ZeRO-3 on `model` makes exactly the fully_shard calls FSDP makes with the same layout (fsdp.on_meta),
+    on every root a rank wraps (each pipeline stage its own): the same units in the same order, no parameter kept
+    whole (under a mixed-precision policy none is, _units) and as many units prefetched as --fsdp-prefetch. Nothing
+    else of the two differs but the notes (on_fake), so their ranks trace the same events and the planner traces
+    one for both (plan/tracer.py traced_as). `model`: the whole model on meta (pipeline stages are split from it)."""
+    if layout.strategy != Strategy.ZERO3:
         return False
-    units, persistent, _ = _units(model, layout, setup)
-    if persistent or [id(u) for u in units] != [id(u) for u in fsdp.wrap_units(model, layout.fsdp_wrap)]:
+    if layout.pp > 1:
+        from trainmem.parallel.pp_split import split_stages, total_stages
+
+        roots = split_stages(model, total_stages(layout))
+    else:
+        roots = fsdp.roots(model)
+    return all(_root_as_fsdp(root, layout, setup) for root in roots)
+
+
+def _root_as_fsdp(root: nn.Module, layout: ParallelLayout, setup: Any) -> bool:
+    units, persistent, _ = _units(root, layout, setup)
+    if persistent or [id(u) for u in units] != [id(u) for u in fsdp.wrap_units(root, layout.fsdp_wrap)]:
         return False
     return prefetch_count(units, layout.zero3_prefetch_bucket, persistent) == layout.fsdp_prefetch
 

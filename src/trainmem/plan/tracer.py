@@ -156,7 +156,7 @@ class Tracer:
 
             setup = self.setup_for(candidate, candidate.dp)
             model = build_on_meta(variant(self.source, self.facts, blocks), setup)[0]
-            self.twins[key] = setup.parallel.pp == 1 and traces_as_fsdp(model, setup.parallel, setup)
+            self.twins[key] = traces_as_fsdp(model, setup.parallel, setup)
         if not self.twins[key]:
             return candidate
         self.served.add(candidate.structure())
