@@ -85,11 +85,12 @@ def _run_group(index: int, group: Any) -> tuple[int, list, Any]:
 
 
 def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jobs: int,
-               done: Callable[[int, Any, bool], None]) -> Iterator[list]:
+               done: Callable[[int, Any, bool], None], first: Sequence[int] | None = None) -> Iterator[list]:
     """`job(group)` -> (rows, counts) for every group, the rows yielded in the groups' order; `done(index, counts,
-    in_worker)` as each group finishes (in any order). With jobs > 1 (and fork) in that many workers, else in this
-    process (also where a forked child could not run a backward: autograd_survives_fork). A worker that dies (the
-    kernel's OOM killer) is a TraceError, never a wait for ever."""
+    in_worker)` as each group finishes (in any order). With jobs > 1 (and fork) in that many workers, handed out in
+    the order of the indices `first` (default: the groups' own), else in this process (also where a forked child
+    could not run a backward: autograd_survives_fork). A worker that dies (the kernel's OOM killer) is a TraceError,
+    never a wait for ever."""
     global _GROUP_JOB
     jobs = min(jobs, len(groups))
     if jobs <= 1 or not can_fork() or not autograd_survives_fork():
@@ -105,7 +106,8 @@ def each_group(job: Callable[[Any], tuple[list, Any]], groups: Sequence[Any], jo
     finished: dict[int, list] = {}
     try:
         with ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), initializer=_one_thread) as pool:
-            for future in as_completed([pool.submit(_run_group, i, group) for i, group in enumerate(groups)]):
+            handed = range(len(groups)) if first is None else first
+            for future in as_completed([pool.submit(_run_group, i, groups[i]) for i in handed]):
                 index, rows, counts = future.result()
                 finished[index] = rows
                 done(index, counts, True)
