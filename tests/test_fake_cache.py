@@ -74,6 +74,32 @@ def test_in_place_and_view_outputs_are_rebuilt_as_they_were():
             assert x.t().contiguous().untyped_storage() is not x.untyped_storage()
 
 
+def test_our_keys_tell_tensors_apart_exactly_as_torchs_metadata_does():
+    """_tensor_key against extract_tensor_metadata on tensors that differ in one field each (shape, stride, layout in
+    memory, offset, storage size, dtype, device, requires_grad, conj, neg, inference mode): equal keys exactly where
+    torch's metadata is equal."""
+    from torch._subclasses.fake_tensor import extract_tensor_metadata
+
+    assert fake_cache._has_fast_keys()  # this torch's TensorMetadata is the one the keys cover
+    mode = fake_cache.tracing_fake_mode()
+    with mode:
+        base = torch.empty(4, 6)
+        with torch.inference_mode():
+            inference = torch.empty(4, 6)
+        tensors = [base, torch.empty(4, 6), base.t(), base.t().contiguous(), base[1:], torch.empty(5, 6)[1:],
+                   torch.empty(24)[:24].view(4, 6), torch.empty(4, 6, dtype=torch.bfloat16),
+                   torch.empty(4, 6, device="cuda"), torch.empty(4, 6, requires_grad=True),
+                   torch.empty(4, 6, dtype=torch.complex64).conj(), torch.empty(4, 6, dtype=torch.complex64),
+                   torch.empty(4, 6)._neg_view(), inference, torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last),
+                   torch.empty(2, 3, 4, 5), torch.empty(2, 1, 4, 5).to(memory_format=torch.channels_last)]
+        keys = [mode._tensor_key(t) for t in tensors]
+        metadata = [extract_tensor_metadata(t) for t in tensors]
+    for i in range(len(tensors)):
+        for j in range(len(tensors)):
+            assert (keys[i] == keys[j]) == (metadata[i] == metadata[j]), (i, j)
+    assert len(set(keys)) >= len(tensors) - 2  # a fresh tensor and a contiguous copy have base's metadata
+
+
 def _events(model: str, setup: TrainingSetup, cache: bool, monkeypatch) -> list[tuple]:
     if not cache:
         monkeypatch.setattr(run, "tracing_fake_mode", fake_cache.uncached_fake_mode)

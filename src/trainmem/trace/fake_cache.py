@@ -15,6 +15,12 @@ tensors (the traced step runs about twice as fast with it). Two things make a pl
   (a user's torch.compile, a plain FakeTensorMode) would be served to ours without that check. Our keys carry
   a marker of their own, so only entries this mode checked are ever served to it.
 
+The key itself is most of a hit's cost: FakeTensorMode flattens each tensor argument's metadata (TensorMetadata)
+into the key value by value, each shape and stride element with its type (a fifth of a traced step's time on
+Llama-3.1-70B ranks, 2026-12-07). Our keys hold a dense tensor's metadata as one tuple of the same fields instead
+(`_tensor_key`, where TensorMetadata has the fields read below; other arguments as FakeTensorMode keys them): two
+keys are equal exactly when FakeTensorMode's would be (tests/test_fake_cache.py holds the two to each other).
+
 Higher-order operators are never cached here: their keys can hold objects hashed by id, which torch evicts
 by the unmarked key. Where this torch's cache hooks are not the ones read below, `tracing_fake_mode()` returns
 a FakeTensorMode with the cache off, which traces the same bytes, only slower. Checked with tests/test_fake_cache.py
@@ -28,11 +34,19 @@ import functools
 import inspect
 
 import torch
+from torch._prims_common import suggest_memory_format
 from torch._subclasses import fake_tensor
 
 from trainmem.trace.torch_private import FakeTensor, FakeTensorMode
 
 _KEY_MARK = "trainmem: outputs checked for shared storages"
+_TENSOR_MARK = "trainmem: dense fake tensor"  # a tensor argument's entry in our keys (_tensor_key)
+# TensorMetadata's fields as torch 2.6-2.15 name them: _tensor_key covers these, for a strided tensor without
+# symbolic sizes (is_sparse False, is_coalesced, dense_dim and sparse_dim None); another set turns it off
+_METADATA_FIELDS = ("dtype", "shape", "stride", "device", "layout", "memory_format", "storage_offset", "storage_bytes",
+                    "requires_grad", "is_quantized", "is_conj", "is_neg", "is_inference", "is_sparse", "is_coalesced",
+                    "dense_dim", "sparse_dim")
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 # the signatures the overrides below are written against
 _CACHE_KEY_PARAMETERS = ("self", "state", "func", "args", "kwargs")
 _ENTRY_PARAMETERS = ("self", "state", "key", "func", "args", "kwargs", "output")
@@ -45,6 +59,18 @@ def _has_cache_hooks() -> bool:
     hooks = {"_cache_key": _CACHE_KEY_PARAMETERS, "_make_cache_entry": _ENTRY_PARAMETERS}
     return all(tuple(inspect.signature(getattr(FakeTensorMode, name, None) or (lambda: None)).parameters) == names
                for name, names in hooks.items())
+
+
+@functools.cache
+def _has_fast_keys() -> bool:
+    """Whether this torch's TensorMetadata is the one _tensor_key covers and its argument flattening is hookable."""
+    import dataclasses
+
+    metadata = getattr(fake_tensor, "TensorMetadata", None)
+    names = tuple(field.name for field in dataclasses.fields(metadata)) if dataclasses.is_dataclass(metadata) else ()
+    prep = getattr(FakeTensorMode, "_prep_args_for_hash", None)
+    return names == _METADATA_FIELDS and prep is not None and \
+        tuple(inspect.signature(prep).parameters)[:4] == ("self", "result", "args", "state")
 
 
 def _storage_ids(values) -> set[int]:
@@ -84,6 +110,39 @@ class TracingFakeTensorMode(FakeTensorMode):
             raise fake_tensor._BypassDispatchCache("trainmem: higher-order operator")
         key = super()._cache_key(state, func, args, kwargs)
         return fake_tensor._DispatchCacheKey((_KEY_MARK, *key.key))
+
+    def _prep_args_for_hash(self, result, args, state, *rest):
+        """FakeTensorMode's flattening of the arguments into the key, with each dense fake tensor one tuple
+        (_tensor_key) and plain values kept as they are; anything else FakeTensorMode's own way."""
+        if not isinstance(args, (list, tuple)) or not _has_fast_keys():
+            return super()._prep_args_for_hash(result, args, state, *rest)
+        result.append(type(args))
+        result.append(len(args))
+        for arg in args:
+            kind = type(arg)
+            if kind in _PLAIN:
+                result.append(kind)
+                result.append(arg)
+            elif isinstance(arg, FakeTensor) and arg.layout == torch.strided and not arg._has_symbolic_sizes_strides:
+                result.append(self._tensor_key(arg))
+            elif kind is list or kind is tuple or kind is torch.Size:
+                self._prep_args_for_hash(result, arg, state, *rest)
+            else:
+                super()._prep_args_for_hash(result, (arg,), state, *rest)
+        return None
+
+    def _tensor_key(self, tensor) -> tuple:
+        """extract_tensor_metadata's fields of a strided fake tensor, as one tuple (its bypasses kept)."""
+        if not self.is_our_fake(tensor):
+            raise fake_tensor._BypassDispatchCache("not our fake")
+        if tensor.constant is not None:
+            raise fake_tensor._BypassDispatchCache("constant attribute")
+        memory_format = suggest_memory_format(tensor)
+        if not tensor.is_contiguous(memory_format=memory_format):
+            memory_format = None
+        return (_TENSOR_MARK, tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.device, memory_format,
+                tensor.storage_offset(), tensor.untyped_storage().nbytes(), tensor.requires_grad,
+                tensor.is_quantized, tensor.is_conj(), tensor.is_neg(), tensor.is_inference())
 
     def _make_cache_entry(self, state, key, func, args, kwargs, output):
         entry = super()._make_cache_entry(state, key, func, args, kwargs, output)
