@@ -24,8 +24,9 @@ DP_POINTS = (2, 4)  # data-parallel degrees traced for the line in 1/dp (reuse.p
 REUSE_WORDS = ("each layout's rank roles traced with 3 and 4 blocks per pipeline stage and extrapolated to "
                "the model's blocks per (phase, category) maximum; micro-batches above 2 predicted from two traced "
                "ones (checked once per layout); data-parallel degrees above 4 whose ranks do not all hold alike "
-               "shards from traces at 2 and 4 as lines in 1/dp plus a padded row per parameter; figures rounded up "
-               "to MiB (trainmem/plan/reuse.py)")
+               "shards from traces at 2 and 4 as lines in 1/dp plus a padded row per parameter; ZeRO-3 layouts that "
+               "make FSDP's fully_shard calls take the FSDP layout's traces; figures rounded up to MiB "
+               "(trainmem/plan/reuse.py)")
 
 
 def dp_points(candidate: layouts.Candidate, tracer: Tracer) -> tuple[int, ...]:

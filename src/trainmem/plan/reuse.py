@@ -36,6 +36,9 @@ estimate's (tests/test_plan.py checks them against full estimates of small model
    1/dp, plus PADDING_BYTES_PER_ELEMENT × (one row of every parameter) to cover the padding. DDP's figures do not
    depend on dp ≥ 2 (full replicas, full buckets): dp = 2 stands for all. HSDP depends on its shard degree only:
    traced with that shard degree and 2 replicas.
+4. Twins. A ZeRO-3 layout whose ranks make exactly the fully_shard calls of the FSDP layout of the same degrees
+   (parallel/zero.py traces_as_fsdp) traces the same events (tests/test_plan_twins.py holds the traces equal where
+   the check says twins, and unequal where it does not): it takes the FSDP layout's figures (tracer.py traced_as).
 Every extrapolated figure is rounded up to whole MiB.
 
 What this does not prove: a per-(phase, category) maximum is a maximum over moments, each moment's bytes a line
