@@ -8,7 +8,8 @@ machine's speed drifts with its load.
 
 The per-op table runs the same training steps in this process twice, alternately: under FakeTensorMode
 alone (the steps trainmem runs, with an observer that does nothing) and as trainmem traces them
-(FakeTensorMode, the recorder above it, the module tracker and the recording observer: trace/run.py).
+(trainmem's FakeTensorMode subclass with its cheaper cache keys, trace/fake_cache.py, the recorder above it,
+the module tracker and the recording observer: trace/run.py).
 It counts the ops the recorder saw (every dispatch, `prim.device` queries included) and divides each
 CPU time (process_time: this process only, less sensitive to other processes than wall time) by it;
 the recorder's overhead is the difference. Both include building the model on fake tensors.
@@ -356,7 +357,9 @@ def main() -> None:
               "## The recorder's cost per op", "",
               "CPU time of the same two training steps in one process, alternately under FakeTensorMode alone and "
               f"as trainmem traces them; medians of {args.runs} of each, divided by the ops the recorder saw "
-              "(every dispatch, `prim.device` queries included).", ""]
+              "(every dispatch, `prim.device` queries included). Traced runs trainmem's own FakeTensorMode, whose "
+              "dispatch-cache keys cost less than FakeTensorMode's (trainmem/trace/fake_cache.py): what they save "
+              "is subtracted from the recorder's own cost here.", ""]
     lines += per_op_costs(args.runs)
     lines += [""] + cached_section(args.runs, medians)
     lines += ["", f"The whole run took {(time.perf_counter() - started) / 60:.0f} minutes; the load average (1 min) "
