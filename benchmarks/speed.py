@@ -113,8 +113,8 @@ PER_OP = [
 RECORDER_TARGET = 0.25  # the recorder's own cost per op, as a fraction of FakeTensorMode's
 LLAMA_70B = ["hf:meta-llama/Llama-3.1-70B", "--seq-len", "2048", "--optimizer", "adamw"]
 PLAN_TARGET = 120.0  # seconds: issue 13's "a 70B model on up to 1,024 GPUs plans in under 2 minutes"
-# Every layout of a 70B model takes far longer than 2 minutes to trace (8 GPUs: 278 rank traces, 306 s with two
-# workers here on 2026-12-07): these rows run with --time-limit, and the account below each says how many layouts
+# Every layout of a 70B model takes longer than 2 minutes to trace (8 GPUs: 192 rank traces, 154 s with two
+# workers here on 2026-12-07, 278 and 306 s before ZeRO-3's FSDP twins, kept worlds and cheaper cache keys): these rows run with --time-limit, and the account below each says how many layouts
 # were evaluated within it; PLAN_FULL times every layout of 8 GPUs.
 PLAN_LIMIT = ["--time-limit", "100"]
 PLAN_CASES = [

@@ -14,7 +14,7 @@ from trainmem.plan import enumerate as layouts
 from trainmem.plan.gpus import parse_gpus
 from trainmem.plan.reuse import MiB, Figures, extrapolate, over_dp
 from trainmem.plan.states import model_state_floor
-from trainmem.setup import TrainingSetup
+from trainmem.setup import Precision, TrainingSetup
 
 # A Llama of 8 blocks, small enough that a full estimate takes seconds: the planner traces 3 and 4 of its blocks
 # and extrapolates to 8.
@@ -350,6 +350,38 @@ def test_workers_yield_in_the_groups_order_and_a_dead_worker_is_an_error():
 
     with pytest.raises(TraceError, match="ended without an answer"):
         list(each_group(dies, [0, 1, 2], 2, lambda *_: None))
+
+
+@pytest.mark.heavy
+def test_jobs_pair_zero3_with_fsdp_and_the_heaviest_are_handed_out_first():
+    """core._jobs: a ZeRO-3 group runs with the FSDP group of its degrees, FSDP's first (its traces stand for the
+    twin's); core._heaviest_first: pipelines, then tensor parallelism, then more layouts, first; each_group hands
+    jobs out in that order and still yields the rows in the jobs' own."""
+    import time as clock
+
+    from trainmem.plan import core
+    from trainmem.plan.workers import each_group
+
+    def candidate(kind, tp, pp, offload=Offload.NONE):
+        return layouts.Candidate(Strategy(kind), 8 // (tp * pp), tp, pp, 1, False, Precision.BF16_MIXED, offload)
+
+    left = [(0, candidate("zero3", 1, 1)), (0, candidate("ddp", 1, 1)), (0, candidate("fsdp", 1, 1)),
+            (0, candidate("fsdp", 2, 1)), (0, candidate("fsdp", 1, 2)), (0, candidate("zero3", 1, 2)),
+            (0, candidate("fsdp", 2, 1, Offload.OPTIMIZER))]
+    order = core._jobs(left)
+    kinds = [[[str(c.kind) for c in group] for group in job] for job in order]
+    assert [["fsdp"], ["zero3"]] in kinds and [["fsdp"], ["zero3"]] == kinds[[j[0][0].pp for j in order].index(2)]
+    first = core._heaviest_first(order)
+    assert [(order[i][0][0].pp, order[i][0][0].tp) for i in first] == [(2, 1), (1, 2), (1, 1), (1, 1)]
+    assert sum(len(group) for group in order[first[2]]) == 2  # the FSDP + ZeRO-3 job before DDP's single layout
+
+    def job(index):
+        clock.sleep(0.3)
+        return [index], {}
+
+    finished = []
+    rows = list(each_group(job, [0, 1, 2, 3], 2, lambda index, *_: finished.append(index), first=[3, 2, 1, 0]))
+    assert rows == [[0], [1], [2], [3]] and set(finished[:2]) == {2, 3}  # two workers took 3 and 2 first
 
 
 def test_groups_run_here_where_a_forked_child_cannot_run_a_backward(monkeypatch):
