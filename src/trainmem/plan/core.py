@@ -79,7 +79,7 @@ def assess(tracer: Tracer, candidate: layouts.Candidate, budget: int) -> PlanRow
     peak = figures.peak() + nccl
     _, phase, dominant = figures.bound()
     how = "extrapolated" + (f"; not affine: {', '.join(figures.not_affine)}" if figures.not_affine else "")
-    if candidate.kind == Strategy.ZERO3 and candidate.structure() in tracer.served:
+    if tracer.twinned(candidate):
         how += "; traced as fsdp (the same fully_shard calls: parallel/zero.py traces_as_fsdp)"
     return PlanRow(candidate, "fits" if peak <= budget else "does not fit", peak, phase, dominant,
                    figures.breakdown(), figures.label, how)

@@ -106,7 +106,6 @@ class Tracer:
         self.cache: dict[tuple, list[Figures]] = {}
         self.alike: dict[tuple, bool] = {}
         self.twins: dict[tuple, bool] = {}  # (ZeRO-3 structure, blocks) -> traced as its FSDP twin (traced_as)
-        self.served: set[tuple] = set()  # the ZeRO-3 structures some figure of which an FSDP twin's trace gave
         self.real: dict[tuple, tuple[Any, TrainingSetup, list[RoleTrace]]] = {}
         self.scalable: dict[tuple, Any] = {}  # (structure, dp) -> the confirmed pair of micro-batches, or False
         self.traces = 0  # rank-role traces run
@@ -157,10 +156,12 @@ class Tracer:
             setup = self.setup_for(candidate, candidate.dp)
             model = build_on_meta(variant(self.source, self.facts, blocks), setup)[0]
             self.twins[key] = traces_as_fsdp(model, setup.parallel, setup)
-        if not self.twins[key]:
-            return candidate
-        self.served.add(candidate.structure())
-        return dataclasses.replace(candidate, kind=Strategy.FSDP)
+        return dataclasses.replace(candidate, kind=Strategy.FSDP) if self.twins[key] else candidate
+
+    def twinned(self, candidate: Candidate) -> bool:
+        """Whether some figure of `candidate` came from its FSDP twin's traces (traced_as)."""
+        structure = candidate.structure()
+        return any(twin for (of, _), twin in self.twins.items() if of == structure)
 
     def stages(self, candidate: Candidate, dp: int, blocks: int) -> list[Figures]:
         candidate = self.traced_as(candidate, blocks)
