@@ -107,6 +107,27 @@ def test_refuses_one_process_and_unsupported_layouts():
         measure_distributed(MLP, TrainingSetup.from_mapping({"strategy": "tp", "world_size": 2}), estimate=False)
 
 
+@pytest.mark.parametrize("run_steps,expected", [(None, 32), (8, 8)])
+def test_rss_runs_are_as_long_as_the_run_the_estimate_stands_for(monkeypatch, run_steps, expected):
+    """The estimate's peak RSS is the long run's (its heap replay, 32 steps unless --steps says): the RSS runs run
+    that many steps, the profiled tensor run the traced two (until 2026-12-07 the RSS runs ran two as well)."""
+    from trainmem.measure import gloo_ranks
+
+    requests = []
+
+    def fake_launch(request, world_size, timeout, where):
+        requests.append(request)
+        return [{"tensor_peak_bytes": 1, "peak_rss_bytes": 2 + rank} for rank in range(world_size)]
+
+    monkeypatch.setattr(gloo_ranks, "launch", fake_launch)
+    setup = TrainingSetup.from_mapping({"batch_size": 1, "optimizer": "adam", "strategy": "ddp", "world_size": 2,
+                                        "input_shape": "256", "run_steps": run_steps})
+    result = measure_distributed(MLP, setup, runs=2)
+    assert [(r["mode"], r["setup"]["steps"]) for r in requests] == [("tensors", 2), ("rss", expected), ("rss", expected)]
+    assert result.ranks[1].process_runs == (3, 3) and result.ranks[1].estimated_process_high >= \
+        result.ranks[1].estimated_process_bytes
+
+
 def _meta(*shape: int) -> TensorMeta:
     return TensorMeta(tuple(shape), 4, "float32")
 

@@ -111,6 +111,11 @@ def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
     by_signature = {value: key for key, value in own.items()}
     analogue = {key: by_signature.get(value) for key, value in previous.items()}
     freed_in_last = {event.key for event in template if event.action == "free"}
+    # the template's births that outlive the trace with no counterpart born the step before are made once, not
+    # every step: DDP rebuilds its gradient buckets at the second step's forward (Reducer::rebuild_buckets); a
+    # copy that made them again would hold one more set of buckets per step (a 4-step trace holds one)
+    freed = {event.key for event in events if event.action == "free"}
+    once = set(own) - freed - {key for key in analogue.values() if key is not None}
     # the template's storages whose counterpart one step earlier lived into the last step: theirs die at teardown
     outliving = {analogue[key] for key in previous if key in freed_in_last and analogue.get(key) is not None}
     teardown = [event for event in template if event.action == "free" and event.key in outliving]
@@ -124,6 +129,8 @@ def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
             if id(event) in teardown_ids:
                 continue
             origin = born.get(event.key)
+            if event.key in once:
+                continue
             if event.action == "alloc":
                 if origin == last:
                     current[event.key] = next_key

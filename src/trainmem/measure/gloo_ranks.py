@@ -127,6 +127,8 @@ class RankFigures:
     process_bytes: int | None  # median peak RSS over the rss runs (None: none run)
     estimated_tensor_bytes: int | None = None
     estimated_process_bytes: int | None = None
+    estimated_process_high: int | None = None  # the estimate's high end (process_bytes_high)
+    process_runs: tuple[int, ...] = ()  # every rss run's peak RSS of this rank
     role: str = ""  # the estimate's role label for this rank
 
     @property
@@ -156,7 +158,9 @@ class DistributedComparison:
                             "threads_per_rank": first["threads"], "backend": "gloo"},
             "ranks": [{"rank": r.rank, "role": r.role,
                        "measured": {"tensor_bytes": r.tensor_bytes, "process_bytes": r.process_bytes},
-                       "estimated": {"tensor_bytes": r.estimated_tensor_bytes, "process_bytes": r.estimated_process_bytes},
+                       "estimated": {"tensor_bytes": r.estimated_tensor_bytes, "process_bytes": r.estimated_process_bytes,
+                                     "process_bytes_high": r.estimated_process_high},
+                       "process_runs": list(r.process_runs),
                        "error": {"tensor_bytes": r.tensor_error, "process_bytes": r.process_error},
                        "detail": {k: t[k] for k in DETAIL_KEYS if k in t}}
                       for r, t in zip(self.ranks, self.tensors)],
@@ -242,17 +246,23 @@ def measure_distributed(model_ref: str, setup: TrainingSetup, *, runs: int | Non
 
         est = estimate_setup(model_ref, setup=setup)
     tensors = launch({**request, "mode": "tensors"}, world_size, timeout, where)
-    rss_runs = [launch({**request, "mode": "rss"}, world_size, timeout, where) for _ in range(runs)]
+    # the RSS runs run as many steps as the estimate's heap stands for (--steps N, else the long run its replay
+    # stands for: alloc/steady_state.py), as the single-process measure does; the profiled run keeps the traced steps
+    run_steps = setup.run_steps or (est.coverage.get("heap_steps") if est is not None else None) or setup.steps
+    rss_request = {**request, "mode": "rss", "setup": {**single, "steps": max(setup.steps, run_steps)}}
+    rss_runs = [launch(rss_request, world_size, timeout, where) for _ in range(runs)]
     ranks = [_rank_figures(rank, tensors, rss_runs, est) for rank in range(world_size)]
     return DistributedComparison(model_ref, setup, layout, ranks, tensors, rss_runs, est)
 
 
 def _rank_figures(rank: int, tensors, rss_runs, est) -> RankFigures:
     process = int(statistics.median(run[rank]["peak_rss_bytes"] for run in rss_runs)) if rss_runs else None
-    figures = RankFigures(rank, int(tensors[rank]["tensor_peak_bytes"]), process)
+    runs = tuple(int(run[rank]["peak_rss_bytes"]) for run in rss_runs)
+    figures = RankFigures(rank, int(tensors[rank]["tensor_peak_bytes"]), process, process_runs=runs)
     for role in getattr(est, "ranks", None) or ():
         if rank in role.ranks:
             figures.role = role.label
             figures.estimated_tensor_bytes = int(role.peak["tensor_bytes"])
             figures.estimated_process_bytes = role.peak.get("process_bytes")
+            figures.estimated_process_high = role.peak.get("process_bytes_high")
     return figures
