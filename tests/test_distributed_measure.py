@@ -117,7 +117,9 @@ def test_rss_runs_are_as_long_as_the_run_the_estimate_stands_for(monkeypatch, ru
 
     def fake_launch(request, world_size, timeout, where):
         requests.append(request)
-        return [{"tensor_peak_bytes": 1, "peak_rss_bytes": 2 + rank} for rank in range(world_size)]
+        steps = request["setup"]["steps"]
+        return [{"tensor_peak_bytes": 1, "peak_rss_bytes": 2 + rank, "steps": steps, "torch": "x", "threads": 1,
+                 "cpu_capability": "x"} for rank in range(world_size)]
 
     monkeypatch.setattr(gloo_ranks, "launch", fake_launch)
     setup = TrainingSetup.from_mapping({"batch_size": 1, "optimizer": "adam", "strategy": "ddp", "world_size": 2,
@@ -126,6 +128,7 @@ def test_rss_runs_are_as_long_as_the_run_the_estimate_stands_for(monkeypatch, ru
     assert [(r["mode"], r["setup"]["steps"]) for r in requests] == [("tensors", 2), ("rss", expected), ("rss", expected)]
     assert result.ranks[1].process_runs == (3, 3) and result.ranks[1].estimated_process_high >= \
         result.ranks[1].estimated_process_bytes
+    assert f"each {expected} steps" in str(result) and "high end" in str(result)
 
 
 def _meta(*shape: int) -> TensorMeta:

@@ -69,6 +69,7 @@ def run(request: dict) -> dict:
         result["rss_after_steps"] = rss_now()["rss"]
         result["peak_rss_bytes"] = proc_status_bytes("VmHWM")
         result["parameters"] = sum(p.numel() for p in prepared.model.parameters())
+        result["steps"] = int(request["setup"].get("steps", 2))
     result["seconds"] = time.perf_counter() - started
     dist.barrier()  # every rank is past its last collective before any leaves
     return result

@@ -172,15 +172,18 @@ class DistributedComparison:
         lines = [f"trainmem measure — {self.model_ref}, {self.layout['strategy']} × {len(self.ranks)} ranks over gloo, "
                  f"batch {self.setup.batch_size} per rank, {self.setup.optimizer}, loop {self.setup.loop} "
                  f"(torch {first['torch']}, {first['cpu_capability']}, {first['threads']} threads per rank)", ""]
-        header = ("rank", "tensors measured", "estimated", "error", "peak RSS measured", "estimated", "error")
+        header = ("rank", "tensors measured", "estimated", "error", "peak RSS measured", "estimated", "error",
+                  "high end")
         rows = [header] + [(str(r.rank), format_bytes(r.tensor_bytes), _bytes(r.estimated_tensor_bytes),
                             _percent(r.tensor_error), _bytes(r.process_bytes), _bytes(r.estimated_process_bytes),
-                            _percent(r.process_error)) for r in self.ranks]
+                            _percent(r.process_error), _bytes(r.estimated_process_high)) for r in self.ranks]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         for row in rows:
             lines.append("  " + "  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
-        if len(self.rss_runs) > 1:
-            lines.append(f"  peak RSS: median of {len(self.rss_runs)} runs per rank")
+        if self.rss_runs:
+            steps = self.rss_runs[0][0].get("steps")
+            lines.append(f"  peak RSS: median of {len(self.rss_runs)} run(s) per rank"
+                         + (f", each {steps} steps (the run the estimate stands for)" if steps else ""))
         return "\n".join(lines)
 
 
