@@ -88,6 +88,14 @@ def _moved(event: DeviceEvent, key: int, step: int) -> DeviceEvent:
     return moved
 
 
+def _made_once(events: Sequence[DeviceEvent], own: dict[int, tuple], analogue: dict[int, int | None]) -> set[int]:
+    """The template's births that outlive the trace with no counterpart born the step before: made once, not every
+    step. DDP rebuilds its gradient buckets at the second step's forward (Reducer::rebuild_buckets); copies that
+    made them again held one more set of buckets per step (a 4-step trace holds one)."""
+    freed = {event.key for event in events if event.action == "free"}
+    return set(own) - freed - {key for key in analogue.values() if key is not None}
+
+
 def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
     """The traced stream followed by copies of its last step up to `steps` steps in all (module docstring).
     A stream of fewer than two traced steps, or `steps` not above the traced count, comes back as it is.
@@ -111,26 +119,19 @@ def compose(events: Sequence[DeviceEvent], steps: int) -> list[DeviceEvent]:
     by_signature = {value: key for key, value in own.items()}
     analogue = {key: by_signature.get(value) for key, value in previous.items()}
     freed_in_last = {event.key for event in template if event.action == "free"}
-    # the template's births that outlive the trace with no counterpart born the step before are made once, not
-    # every step: DDP rebuilds its gradient buckets at the second step's forward (Reducer::rebuild_buckets); a
-    # copy that made them again would hold one more set of buckets per step (a 4-step trace holds one)
-    freed = {event.key for event in events if event.action == "free"}
-    once = set(own) - freed - {key for key in analogue.values() if key is not None}
     # the template's storages whose counterpart one step earlier lived into the last step: theirs die at teardown
     outliving = {analogue[key] for key in previous if key in freed_in_last and analogue.get(key) is not None}
     teardown = [event for event in template if event.action == "free" and event.key in outliving]
     teardown_ids = {id(event) for event in teardown}
+    once = _made_once(events, own, analogue)
+    repeated = [event for event in template if id(event) not in teardown_ids and event.key not in once]
     next_key = max((abs(event.key) for event in events), default=0) + 1
     copies = [event for event in events if id(event) not in teardown_ids]
     renamed = {key: key for key, step in born.items() if step == last}  # the template's own births, as of now
     for step in range(last + 1, last + 1 + steps - len(traced)):
         current: dict[int, int] = {}
-        for event in template:
-            if id(event) in teardown_ids:
-                continue
+        for event in repeated:
             origin = born.get(event.key)
-            if event.key in once:
-                continue
             if event.action == "alloc":
                 if origin == last:
                     current[event.key] = next_key
