@@ -259,8 +259,8 @@ def measure_distributed(model_ref: str, setup: TrainingSetup, *, runs: int | Non
 
 
 def _rank_figures(rank: int, tensors, rss_runs, est) -> RankFigures:
-    process = int(statistics.median(run[rank]["peak_rss_bytes"] for run in rss_runs)) if rss_runs else None
     runs = tuple(int(run[rank]["peak_rss_bytes"]) for run in rss_runs)
+    process = int(statistics.median(runs)) if runs else None
     figures = RankFigures(rank, int(tensors[rank]["tensor_peak_bytes"]), process, process_runs=runs)
     for role in getattr(est, "ranks", None) or ():
         if rank in role.ranks:
