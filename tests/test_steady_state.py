@@ -155,7 +155,7 @@ def test_steps_help_names_its_bounds():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "fsdp", "fsdp1"])
 def test_a_ranks_composed_steps_hold_what_a_longer_trace_holds(strategy):
     """DDP rebuilds its gradient buckets at the second step's forward (Reducer::rebuild_buckets): made once, not
     once per copied step (the composed run held one more set of buckets per step, 57 MiB of modelled heap after
@@ -170,5 +170,5 @@ def test_a_ranks_composed_steps_hold_what_a_longer_trace_holds(strategy):
     assert not Counter(_signature(traced)) - Counter(_signature(composed))
     assert all(op in ("copy_", "broadcast_") and nbytes <= 64 and phase == "forward"
                for _, nbytes, phase, op, _ in extra), extra
-    assert (strategy == "fsdp") == (not extra)
+    assert (strategy in ("zero2", "fsdp", "fsdp1")) == (not extra)  # the sharded kinds rebuild nothing
     assert abs(glibc_heap(composed).resident - glibc_heap(traced).resident) <= 64 << 10
