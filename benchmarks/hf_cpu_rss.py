@@ -2,8 +2,9 @@
 
 Each row trains a transformers model built from its bundled config (no download) for 32 steps (the run the
 estimate's heap replay stands for) in a fresh process that imports torch, transformers and peft only: the
-model computes its own loss from `labels`, Adam over the parameters that require grad, backward, step,
-zero_grad. Measured: /proc VmHWM after the loop, median of --runs fresh processes. Estimated:
+tutorial loop (zero_grad, forward with `labels` so the model computes its own loss, backward, step; `outputs`
+and `loss` stay bound until the next iteration rebinds them, as trainmem's default `--loop inline` assumes),
+Adam over the parameters that require grad. Measured: /proc VmHWM after the loop, median of --runs fresh processes. Estimated:
 `trainmem.estimate` of the same setup (`hf:` reference, --seq-len, --lora). Writes
 benchmarks/results/hf_cpu_rss.md.
 
@@ -25,14 +26,13 @@ OUT = ROOT / "benchmarks" / "results" / "hf_cpu_rss.md"
 STEPS = 32
 # (label, hub id, transformers model type, batch, sequence length, LoRA rank or None)
 NOTE = ("Why the point estimate is low on the LoRA rows (measured 2026-12-07, AMD EPYC Zen 4): a malloc log of the "
-        "two steps after the model is built (LD_PRELOAD shim, benchmarks/glibc/malloc_log.c; gpt2 LoRA, batch 2) "
-        "replays through real glibc to 556.5 MiB above its start with the tensors alone and 824.9 MiB with the "
-        "runtime's 103,490 small objects, and through trainmem's glibc model to 556.6 and 841.4 MiB: the heap model "
+        "two steps after the model is built (LD_PRELOAD shim, benchmarks/glibc/malloc_log.c; gpt2 LoRA, batch 2, this "
+        "loop) replays through real glibc to 556.5 MiB above its start with the tensors alone and 818.5 MiB with the "
+        "runtime's 103,324 small objects, and through trainmem's glibc model to 556.6 and 816.7 MiB: the heap model "
         "follows glibc. The estimate's own stream replays to 995 MiB with the parameters (475 MiB, built before the "
-        "log) and to 1,122 MiB with the small-object table: 127 MiB of pinning where the real objects pin 268. "
+        "log) and to 1,122 MiB with the small-object table: 127 MiB of pinning where the real objects pin 262. "
         "transformers' Python-level ops (GPT-2's GELU as mul/pow/tanh/add, its attention's bmm and views: 22 op kinds "
-        "the table, calibrated on tests/models.py's zoo, has no row for) take their phase's average. The high end "
-        "covers every run.")
+        "the table, calibrated on tests/models.py's zoo, has no row for) take their phase's average.")
 ROWS = [("gpt2 full fine-tune", "openai-community/gpt2", "gpt2", 2, 128, None),
         ("gpt2 LoRA r=8 (peft's default targets)", "openai-community/gpt2", "gpt2", 2, 128, 8),
         ("gpt2 LoRA r=8, batch 8", "openai-community/gpt2", "gpt2", 8, 128, 8)]
@@ -54,12 +54,13 @@ def _child(model_type: str, batch: int, seq: int, rank: int) -> None:
                                                            task_type="CAUSAL_LM"))
     model.train()
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    for _ in range(STEPS):
+    for _ in range(STEPS):  # the tutorial loop trainmem's default (--loop inline) stands for: names stay bound
+        optimizer.zero_grad()
         ids = torch.randint(0, config.vocab_size, (batch, seq))
-        loss = model(input_ids=ids, labels=ids).loss
+        outputs = model(input_ids=ids, labels=ids)
+        loss = outputs.loss
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad()
     with open("/proc/self/status") as handle:
         hwm = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM"))
     print(json.dumps({"hwm": hwm, "torch": torch.__version__}))
