@@ -24,7 +24,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "hf_cpu_rss.md"
 STEPS = 32
-# (label, hub id, transformers model type, batch, sequence length, LoRA rank or None)
 NOTE = ("Why the point estimate is low on the LoRA rows (measured 2026-12-07, AMD EPYC Zen 4): a malloc log of the "
         "two steps after the model is built (LD_PRELOAD shim, benchmarks/glibc/malloc_log.c; gpt2 LoRA, batch 2, this "
         "loop) replays through real glibc to 556.5 MiB above its start with the tensors alone and 818.5 MiB with the "
@@ -33,6 +32,7 @@ NOTE = ("Why the point estimate is low on the LoRA rows (measured 2026-12-07, AM
         "log) and to 1,122 MiB with the small-object table: 127 MiB of pinning where the real objects pin 262. "
         "transformers' Python-level ops (GPT-2's GELU as mul/pow/tanh/add, its attention's bmm and views: 22 op kinds "
         "the table, calibrated on tests/models.py's zoo, has no row for) take their phase's average.")
+# (label, hub id, transformers model type, batch, sequence length, LoRA rank or None)
 ROWS = [("gpt2 full fine-tune", "openai-community/gpt2", "gpt2", 2, 128, None),
         ("gpt2 LoRA r=8 (peft's default targets)", "openai-community/gpt2", "gpt2", 2, 128, 8),
         ("gpt2 LoRA r=8, batch 8", "openai-community/gpt2", "gpt2", 8, 128, 8)]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import MeasureError, ModelRefError
+from trainmem.measure.single_process import rss_run_steps
 from trainmem.setup import TrainingSetup
 from trainmem.units import format_bytes
 
@@ -249,10 +250,7 @@ def measure_distributed(model_ref: str, setup: TrainingSetup, *, runs: int | Non
 
         est = estimate_setup(model_ref, setup=setup)
     tensors = launch({**request, "mode": "tensors"}, world_size, timeout, where)
-    # the RSS runs run as many steps as the estimate's heap stands for (--steps N, else the long run its replay
-    # stands for: alloc/steady_state.py), as the single-process measure does; the profiled run keeps the traced steps
-    run_steps = setup.run_steps or (est.coverage.get("heap_steps") if est is not None else None) or setup.steps
-    rss_request = {**request, "mode": "rss", "setup": {**single, "steps": max(setup.steps, run_steps)}}
+    rss_request = {**request, "mode": "rss", "setup": {**single, "steps": rss_run_steps(setup, est)}}
     rss_runs = [launch(rss_request, world_size, timeout, where) for _ in range(runs)]
     ranks = [_rank_figures(rank, tensors, rss_runs, est) for rank in range(world_size)]
     return DistributedComparison(model_ref, setup, layout, ranks, tensors, rss_runs, est)

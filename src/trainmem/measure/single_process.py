@@ -95,6 +95,13 @@ class Comparison:
         return "\n".join(lines)
 
 
+def rss_run_steps(setup: TrainingSetup, est: Any = None) -> int:
+    """The steps an RSS run runs: as many as the estimate's heap stands for (--steps N, else the long run its replay
+    stands for: alloc/steady_state.py), never fewer than the traced steps; the profiled tensor run keeps those."""
+    heap_steps = est.coverage.get("heap_steps") if est is not None else None
+    return max(setup.steps, setup.run_steps or heap_steps or setup.steps)
+
+
 def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: int = 1, depth: int = 2,
             framework: str = "auto", keras_backend: str | None = None) -> Comparison:
     """The estimate beside real runs of the same setup. `framework` and `keras_backend` are the estimate's
@@ -112,10 +119,7 @@ def measure(model_ref: Any, setup: TrainingSetup, *, force: bool = False, runs: 
         raise MeasureError(f"expected the run to fit in available memory ({format_bytes(free)}), the estimate is "
                            f"{format_bytes(est.process_bytes)}; use --force to run anyway", where="measure")
     child_backend = est.resolved.get("keras_backend") if est.resolved.get("framework") == "keras" else None
-    # the RSS runs run as many steps as the estimate's heap stands for (--steps N, else the long run its
-    # replay stands for: alloc/steady_state.py); the profiled tensor run keeps the traced steps
-    run_steps = setup.run_steps or est.coverage.get("heap_steps") or setup.steps
-    rss_setup = dataclasses.replace(setup, steps=max(setup.steps, run_steps))
+    rss_setup = dataclasses.replace(setup, steps=rss_run_steps(setup, est))
     with Progress("measure: runs", unit="run") as bar:  # each run a fresh process, seconds each
         bar.total(runs + 1)
         rss_runs = []
