@@ -43,10 +43,11 @@ import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1])
 from trainmem.frontends import resolve
 from trainmem.setup import TrainingSetup
-from trainmem.trace import step as training
+from trainmem.trace import finetune, step as training
 setup = TrainingSetup.from_mapping(json.loads(sys.argv[3]))
 source = resolve(sys.argv[2], setup)
 model, make_batch, loss_fn = training.unpack_built(source.build(), source)
+model, _ = finetune.apply(model, setup)  # --lora / --qlora, as measure/child.py and the trace apply them
 prepared = training.prepare(model, make_batch, loss_fn, setup, source)
 lib.mlog_enable(1)
 training.run_steps(prepared, setup, training.Observer())
