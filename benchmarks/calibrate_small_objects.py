@@ -11,7 +11,8 @@ glibc's thread arenas and are left out, as are unmatched aligned requests above 
 the alignment missed). Held-out models are not calibrated on: benchmarks/glibc_fidelity.py and
 tests/test_measured.py check them.
 
-    python benchmarks/calibrate_small_objects.py          # needs gcc; about 10 minutes on 2 cores
+    python benchmarks/calibrate_small_objects.py          # needs gcc; a few minutes on 2 cores
+    python benchmarks/calibrate_small_objects.py transformers  # one family's rows, the others kept
     python benchmarks/calibrate_small_objects.py --check  # held-out models against real runs
 """
 
@@ -37,6 +38,7 @@ from trainmem.alloc import small_objects  # noqa: E402
 from trainmem.alloc.small_objects import DATA, row_key, segments  # noqa: E402
 
 ZOO = f"{ROOT}/tests/models.py"
+LLAMA = f"{ROOT}/tests/data/tiny_llama"
 CALIBRATION = [("mlp:1000-100-100-100-100-10", {"batch_size": 256, "optimizer": "adam", "input_shape": "1000"}),
                ("mlp:1000-100-100-100-100-10", {"batch_size": 2048, "optimizer": "adam", "input_shape": "1000"}),
                (f"{ZOO}:cnn_bn", {"batch_size": 16, "optimizer": "adam"}),
@@ -47,6 +49,13 @@ CALIBRATION = [("mlp:1000-100-100-100-100-10", {"batch_size": 256, "optimizer": 
                (f"{ZOO}:tiny_gpt", {"batch_size": 16, "optimizer": "momentum"}),
                (f"{ZOO}:lstm", {"batch_size": 8, "optimizer": "adam"}),
                (f"{ZOO}:lstm", {"batch_size": 32, "optimizer": "momentum"})]
+# transformers models run their own Python between ops (alloc/small_objects.py "Families"): a decoder (RMSNorm,
+# rotary, SiLU, bias-free projections), with and without LoRA, and an encoder (LayerNorm, GELU, biases, the
+# masked-LM head). GPT-2 and the other rows of benchmarks/hf_cpu_rss.py stay held out.
+TRANSFORMERS = [(f"hf:{LLAMA}", {"batch_size": 8, "seq_len": 128, "optimizer": "adam"}),
+                (f"hf:{LLAMA}", {"batch_size": 4, "seq_len": 256, "optimizer": "adam", "lora": "r=4"}),
+                ("hf:distilbert/distilbert-base-uncased", {"batch_size": 8, "seq_len": 128, "optimizer": "adam"})]
+FAMILIES = {"torch": CALIBRATION, "transformers": TRANSFORMERS}
 WINDOW = 24  # how far (in tensor allocations) a small request may stray from the trace's order
 ANCHOR = 4096  # requests this large are aligned as a sequence
 MAX_OBJECT = 32 * 1024  # larger unmatched aligned requests are tensors the alignment missed
@@ -206,31 +215,42 @@ def table_rows(totals: dict) -> tuple[dict, dict, float]:
     return ops, phases, dropped
 
 
-def main() -> None:
+def calibrate(cases: list, shim: Path, tmp: Path) -> dict:
+    """One family's rows: {"source", "ops", "phases"} from the malloc logs of its cases."""
     import torch
 
     totals: dict = collections.defaultdict(lambda: {"allocs": 0, "firsts": 0, "objects": collections.Counter()})
     left_out: collections.Counter = collections.Counter()
-    with tempfile.TemporaryDirectory() as tmpdir:
-        shim, _ = build(Path(tmpdir))
-        for ref, values in CALIBRATION:
-            stream = estimate_stream(ref, values)
-            kept, skipped = objects(align(logged_run(shim, Path(tmpdir), ref, values), stream), stream)
-            add_case(totals, stream, kept)
-            left_out.update(skipped)
-            print(ref.rsplit("/", 1)[-1], values["batch_size"], len(kept), "objects", dict(skipped), flush=True)
+    for ref, values in cases:
+        stream = estimate_stream(ref, values)
+        kept, skipped = objects(align(logged_run(shim, tmp, ref, values), stream), stream)
+        add_case(totals, stream, kept)
+        left_out.update(skipped)
+        print(ref.rsplit("/", 1)[-1], values["batch_size"], len(kept), "objects", dict(skipped), flush=True)
     ops, phases, dropped = table_rows(totals)
     source = {"command": "python benchmarks/calibrate_small_objects.py", "date": str(datetime.date.today()),
               "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
               "threads": torch.get_num_threads(), "glibc": os.confstr("CS_GNU_LIBC_VERSION"),
-              "runs": [f"{ref.rsplit('/', 1)[-1]} {json.dumps(values)}" for ref, values in CALIBRATION],
+              "runs": [f"{ref.rsplit('/', 1)[-1]} {json.dumps(values)}" for ref, values in cases],
               "left_out_bytes": dict(left_out), "dropped_rare_bytes": int(dropped),
               "format": "row 'op|phase|first|later': allocs = tensor allocations seen; objects = "
                         "[request bytes, posix_memalign(64)?, lifetime, objects per tensor allocation (cached: per first "
                         "allocation of an (op, phase, bytes) signature)]"}
-    spread = json.loads(DATA.read_text()).get("spread") if DATA.exists() else None  # measured apart: kept
-    DATA.write_text(json.dumps({"source": source, "ops": ops, "phases": phases, "spread": spread}, indent=0) + "\n")
-    print(f"wrote {DATA}: {len(ops)} op rows, {len(phases)} phase rows")
+    return {"source": source, "ops": ops, "phases": phases}
+
+
+def main(families: list[str]) -> None:
+    """Calibrate `families` (alloc/small_objects.py), keeping the others' rows and the spread as they are."""
+    old = json.loads(DATA.read_text()) if DATA.exists() else {}
+    rows = {"torch": {key: old[key] for key in ("source", "ops", "phases") if key in old}, **old.get("families", {})}
+    with tempfile.TemporaryDirectory() as tmpdir:
+        shim, _ = build(Path(tmpdir))
+        for family in families:
+            rows[family] = calibrate(FAMILIES[family], shim, Path(tmpdir))
+    table = {**rows["torch"], "families": {name: rows[name] for name in FAMILIES if name != "torch" and name in rows},
+             "spread": old.get("spread")}  # the spread is measured apart: kept
+    DATA.write_text(json.dumps(table, indent=0) + "\n")
+    print(f"wrote {DATA}: " + ", ".join(f"{name} {len(rows[name]['ops'])} op rows" for name in FAMILIES if name in rows))
 
 
 HELD_OUT = [("gru", 32), ("gru", 8), ("unet", 16), ("unet", 4), ("conv3d_net", 16), ("bigru", 32),
@@ -261,4 +281,7 @@ def check(runs: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    check() if sys.argv[1:] == ["--check"] else main()
+    if sys.argv[1:] == ["--check"]:
+        check()
+    else:  # python benchmarks/calibrate_small_objects.py [FAMILY ...] (default: every family)
+        main(sys.argv[1:] or list(FAMILIES))

@@ -1,6 +1,8 @@
 """The CPU allocator models on hand-built event streams, expected values from the rules in alloc/cpu_heap.py
 (c10's 64-byte posix_memalign; glibc's mmap threshold, heap growth, coalescing and trimming)."""
 
+import pytest
+
 from trainmem.alloc.cpu_heap import MMAP_THRESHOLD_START, PAGE, GlibcModel, aligned, replay_tensors
 from trainmem.alloc.device_events import DeviceEvent
 from trainmem.trace.events import Category, Phase
@@ -72,7 +74,8 @@ def test_freed_chunks_coalesce_and_are_reused():
 # ---- runtime small objects interleaved with the tensors (alloc/small_objects.py) ----------------------
 
 from trainmem.alloc.cpu_heap import replay_actions  # noqa: E402
-from trainmem.alloc.small_objects import Action, interleave, load_table  # noqa: E402
+from trainmem.alloc.small_objects import Action, family_of, family_rows, interleave, load_table  # noqa: E402
+from trainmem.frontends.libraries import code_libraries, model_libraries  # noqa: E402
 
 
 def pev(action, nbytes, key, phase, op="op", step=1):
@@ -162,10 +165,34 @@ def test_pinned_bound_never_merges_into_the_top():
 
 
 def test_small_object_table_names_its_source():
-    source = load_table()["source"]
-    assert source["command"].startswith("python benchmarks/calibrate_small_objects.py")
-    assert source["torch"] and source["date"] and len(source["runs"]) >= 4
-    assert load_table()["ops"] and load_table()["phases"]
+    for family in ("torch", "transformers"):
+        rows = family_rows(load_table(), family)
+        assert rows["source"]["command"].startswith("python benchmarks/calibrate_small_objects.py")
+        assert rows["source"]["torch"] and rows["source"]["date"] and len(rows["source"]["runs"]) >= 3
+        assert rows["ops"] and rows["phases"]
+    # GPT-2 is benchmarks/hf_cpu_rss.py's held-out model: no calibration run may be one
+    assert not any("gpt2" in run for run in family_rows(load_table(), "transformers")["source"]["runs"])
+
+
+def test_a_transformers_model_takes_the_transformers_rows_and_a_plain_one_the_torch_rows():
+    # SiLU runs in tests/data/tiny_llama (a transformers calibration model), in no model of the zoo
+    stream = [pev("alloc", 1 << 20, 1, Phase.FORWARD, "silu"), pev("free", 1 << 20, 1, Phase.FORWARD, "silu")]
+    assert interleave(stream, family="torch").defaulted_ops == {"silu|forward": 1}
+    assert interleave(stream, family="transformers").defaulted_ops == {}
+    assert family_of(("transformers",)) == "transformers" and family_of(("peft", "timm")) == "torch"
+
+
+@pytest.mark.heavy  # imports peft and transformers
+def test_code_libraries_counts_the_modules_own_classes_not_a_wrappers_mixins():
+    import torch
+
+    peft = pytest.importorskip("peft")
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    wrapped = peft.get_peft_model(plain, peft.LoraConfig(r=2, target_modules=["0"]))
+    # PeftModel derives from transformers' PushToHubMixin: the process imports transformers (model_libraries),
+    # but the code between the ops is peft's and torch's
+    assert "transformers" in model_libraries(wrapped)
+    assert code_libraries(wrapped) == ("peft",)
 
 
 def test_cpu_estimate_states_its_high_figure_and_why():

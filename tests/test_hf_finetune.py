@@ -183,25 +183,23 @@ def test_hf_trainer_copies_outputs_to_fp32_under_mixed_precision(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra,within_5", [({}, True), ({"lora": "r=8,alpha=16,targets=q_proj,v_proj,dropout=0.1"}, False)])
-def test_cpu_measure_agrees_on_a_hf_model(tiny, extra, within_5):
+@pytest.mark.parametrize("extra", [{}, {"lora": "r=8,alpha=16,targets=q_proj,v_proj,dropout=0.1"}])
+def test_cpu_measure_agrees_on_a_hf_model(tiny, extra):
     """The same run for real on this CPU (fresh processes): tensor peak within 1%; peak RSS (the median of
-    three runs) never more than 3% low and at most process_bytes_high (issue #9's rules), and within 5%
-    without LoRA. With LoRA the estimate measured +5.5% here (411 vs 389 MiB): 20 op kinds of these
-    transformer layers have no row in the small-object table and take their phase's average, which the
-    calibration's CNNs raise; reported in benchmarks/results, not held here."""
+    three runs) within 5% and at most process_bytes_high. This model is one the transformers rows of the
+    small-object table were calibrated on (benchmarks/calibrate_small_objects.py), so this holds the calibration
+    to its own model; held-out transformers models are benchmarks/hf_cpu_rss.py's. Measured on an AMD EPYC Zen 5
+    (2026-12-08): +0.4% and, with LoRA, +1.2% (409 vs 404 MiB; +5.5% with the plain-PyTorch rows it took before)."""
     from trainmem.measure.single_process import measure
 
-    # the LoRA case, whose RSS is not held to 5%, runs 8 steps rather than the long run (32): a third of the time
-    length = {} if within_5 else {"run_steps": 8}
+    # the LoRA case runs 8 steps rather than the long run (32): a third of the time
+    length = {"run_steps": 8} if extra else {}
     setup = TrainingSetup.from_mapping({"batch_size": 4, "seq_len": 128, "optimizer": "adamw", **extra, **length})
     comparison = measure(f"hf:{tiny}", setup, runs=3)
     errors = comparison.to_dict()["error"]
     assert abs(errors["tensor_bytes"]) <= 0.01, comparison
-    assert errors["process_bytes"] >= -0.03, comparison
+    assert abs(errors["process_bytes"]) <= 0.05, comparison
     assert comparison.estimate.process_bytes_high >= comparison.measured_process_bytes, comparison
-    if within_5:
-        assert abs(errors["process_bytes"]) <= 0.05, comparison
 
 
 @pytest.mark.heavy

@@ -245,13 +245,14 @@ class HeapReplay:
     pinned: int
     objects: int  # small objects interleaved
     defaulted_ops: dict[str, int]  # op kinds without a small-object row (their phase's average is used)
-    table: dict  # targets/data/cpu_small_objects.json: its source and run-to-run spread
+    table: dict  # small_objects.family_facts: the rows' family and source, the run-to-run spread
     growth: dict[int, int] = dataclasses.field(default_factory=dict)  # n -> resident peak of the first n steps
 
 
-def glibc_heap(events: Sequence[DeviceEvent], after_steps: Sequence[int] = ()) -> HeapReplay:
-    """The heap over the whole stream, and (`after_steps`) the peak of each shorter run it begins with."""
-    interleaved = small_objects.interleave(events)
+def glibc_heap(events: Sequence[DeviceEvent], after_steps: Sequence[int] = (), family: str = "torch") -> HeapReplay:
+    """The heap over the whole stream, and (`after_steps`) the peak of each shorter run it begins with; the small
+    objects of the model code's `family` (small_objects.family_of)."""
+    interleaved = small_objects.interleave(events, family=family)
     traced = sorted({event.step for event in events if str(event.phase) != "init"})
     marks = {}
     for steps in after_steps:
@@ -264,7 +265,7 @@ def glibc_heap(events: Sequence[DeviceEvent], after_steps: Sequence[int] = ()) -
         pinned_peak = pinned.result()
     growth = {steps: seen.get(steps, resident) for steps in after_steps}
     return HeapReplay(resident, pinned_peak, interleaved.objects, interleaved.defaulted_ops,
-                      small_objects.load_table(), growth)
+                      small_objects.family_facts(family), growth)
 
 
 def breakdown_at_peak(replayed: ReplayResult, charged) -> dict[str, int]:

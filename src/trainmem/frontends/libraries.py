@@ -21,3 +21,11 @@ def model_libraries(model: Any) -> tuple[str, ...]:
     """The PROCESS_LIBRARIES that define a class of one of `model`'s modules or one it derives from."""
     found = {cls.__module__.split(".")[0] for module in model.modules() for cls in type(module).__mro__}
     return tuple(name for name in PROCESS_LIBRARIES if name in found)
+
+
+def code_libraries(model: Any) -> tuple[str, ...]:
+    """The PROCESS_LIBRARIES whose code runs between the model's ops: those that define one of its modules' own
+    classes. A plain model wrapped by peft is peft's, though PeftModel derives from a transformers mixin (which
+    model_libraries counts: the process imports transformers all the same)."""
+    found = {type(module).__module__.split(".")[0] for module in model.modules()}
+    return tuple(name for name in PROCESS_LIBRARIES if name in found)

@@ -24,6 +24,7 @@ import torch
 
 from trainmem.errors import SetupError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
+from trainmem.frontends.libraries import code_libraries
 from trainmem.parallel.apply import ParallelContext, Parallelized, apply_on_fake, apply_on_meta
 from trainmem.setup.layout import Offload, Strategy
 from trainmem.parallel.world import fake_world
@@ -169,7 +170,8 @@ def _traced(source, setup, model, make_batch, loss_fn, ctx, checkpointed, facts,
         parameter_modules=owners, trainable_shapes=trainable_shapes, leaf_modules=leaves,
         buffer_bytes=sum(local.numel() * local.element_size() for b in model.buffers() for local in storage_tensors(b)),
         input_bytes=sum(r.nbytes for r in recorder.trace.storages.values() if r.phase == Phase.INPUTS and r.step == 0),
-        resolved=resolved, parallel_notes=list(dict.fromkeys(ctx.notes + parallel.notes)))
+        code_libraries=code_libraries(model), resolved=resolved,
+        parallel_notes=list(dict.fromkeys(ctx.notes + parallel.notes)))
 
 
 def _materialize(model: Any) -> None:

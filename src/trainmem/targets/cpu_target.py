@@ -6,8 +6,10 @@ Keras model on the torch backend, also Keras's import and model.fit's machinery,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 
+from trainmem.alloc import small_objects
 from trainmem.alloc.cpu_heap import aligned
 from trainmem.alloc.replay import CpuTensorAllocator, glibc_heap
 from trainmem.alloc.steady_state import SteadyHeap, steady_heap
@@ -91,9 +93,7 @@ class CpuTarget:
         matmuls, problems, path = matmul_cache.resident_bytes(traced.trace.kernel_calls, self.cpu)
         if matmuls:
             runtime.parts["runtime_onednn_matmul_shapes"] = matmuls
-        heap = remembered(_heap_key(traced, self.cpu, setup.run_steps),
-                          lambda: steady_heap(stream.events, glibc_heap, setup.run_steps),
-                          SteadyHeap.to_plain, SteadyHeap.from_plain)
+        heap = _steady_heap(source, setup, traced, stream, self.cpu)
         # --compile: what compiling gave back counts at the point where the tensors' heap is smaller (its pages are
         # then the peak's); whether larger heaps reuse them varies from run to run (compile_cpu.md), so the high end
         # keeps all of it
@@ -117,13 +117,23 @@ class CpuTarget:
         return ProcessMemory(parts, high, [], warnings, coverage)
 
 
-def _heap_key(traced, cpu, run_steps: int | None) -> str | None:
-    """The heap replay is a function of the device stream (the trace and this CPU's kernel rules) and the run's
-    length alone: kept beside a trace the cache holds (trace/cache_store.py remembered), keyed from its key."""
+def _steady_heap(source, setup, traced, stream: DeviceStream, cpu: CpuInfo) -> SteadyHeap:
+    """glibc's heap after the run, with the small objects of the code the model's modules come from (the
+    libraries that define them, not those --lora imports beside them)."""
+    family = small_objects.family_of(frozenset(source.libraries) | frozenset(traced.code_libraries))
+    return remembered(_heap_key(traced, cpu, setup.run_steps, family),
+                      lambda: steady_heap(stream.events, functools.partial(glibc_heap, family=family), setup.run_steps),
+                      SteadyHeap.to_plain, SteadyHeap.from_plain)
+
+
+def _heap_key(traced, cpu, run_steps: int | None, family: str) -> str | None:
+    """The heap replay is a function of the device stream (the trace and this CPU's kernel rules), the run's
+    length and the small objects' family alone: kept beside a trace the cache holds (trace/cache_store.py
+    remembered), keyed from its key."""
     use = getattr(traced, "cache_use", None)
     if use is None or not use.key:
         return None
-    return hashlib.sha256(repr(("steady_heap", use.key, cpu, run_steps)).encode()).hexdigest()
+    return hashlib.sha256(repr(("steady_heap", use.key, cpu, run_steps, family)).encode()).hexdigest()
 
 
 def _run_length(heap: SteadyHeap) -> str:
@@ -142,12 +152,17 @@ def _run_length(heap: SteadyHeap) -> str:
     return said
 
 
+# whose rows: plain PyTorch modules' (the table's first set) go unnamed
+FAMILY_WORDS = {"torch": "", "transformers": ", the rows of transformers models (their Python between ops)"}
+
+
 def _heap_assumptions(heap: SteadyHeap, high: int) -> list[str]:
     source, spread = heap.table["source"], heap.table["spread"]
+    family = heap.table.get("family", "torch")
     assumptions = [_run_length(heap), f"peak RSS replays the tensor allocations with {heap.objects:,} runtime small objects "
                    "(TensorImpls, autograd nodes, oneDNN descriptors) interleaved as malloc logs of real runs show "
-                   f"(targets/data/cpu_small_objects.json, torch {source['torch']}, {source['date']}); they pin "
-                   "freed tensor chunks inside glibc's heap",
+                   f"(targets/data/cpu_small_objects.json{FAMILY_WORDS[family]}, torch {source['torch']}, "
+                   f"{source['date']}); they pin freed tensor chunks inside glibc's heap",
                    f"where the objects fall changes from run to run: process_bytes_high {high / 2**20:.0f} MiB is the "
                    f"larger of the process with every freed heap chunk pinned (heap {heap.pinned / 2**20:.0f} MiB "
                    f"against {heap.resident / 2**20:.0f} MiB expected) and the expected process plus the largest "

@@ -28,7 +28,7 @@ _STRING_COLUMNS = frozenset({"action", "module", "op", "dtype"})
 _FACTS = ("parameters", "trainable_parameters", "module_parameters", "op_counts", "warnings", "checkpointed",
           "model_name", "output_elements", "parameter_modules", "trainable_shapes", "leaf_modules", "buffer_bytes",
           "input_bytes", "quantized_parameters", "adapter_parameters", "quantized_storage_bytes", "libraries",
-          "resolved", "parallel_notes")
+          "code_libraries", "resolved", "parallel_notes")
 _TORCH_KINDS = ("dtype", "device", "memory_format", "layout")
 
 

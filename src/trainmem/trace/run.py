@@ -17,7 +17,7 @@ import torch
 
 from trainmem.errors import TraceError, TrainmemError, one_line
 from trainmem.frontends import ModelSource
-from trainmem.frontends.libraries import model_libraries
+from trainmem.frontends.libraries import code_libraries, model_libraries
 from trainmem.setup import Precision, TrainingSetup
 from trainmem.setup.count_limits import batch_overflow
 from trainmem.trace import keras_torch_step
@@ -253,7 +253,8 @@ def _torch_steps(model: torch.nn.Module, make_batch: Any, loss_fn: Any, setup: T
                               prepared.optimizer, finetune.lora_used(model))
     counts = {"quantized_parameters": sum(finetune.quantized_facts(model).values()),
               "adapter_parameters": finetune.adapter_parameters(model),
-              "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model)}
+              "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model),
+              "code_libraries": code_libraries(model)}
     return prepared, facts, resolved, counts
 
 
@@ -311,7 +312,8 @@ def _whole_model_facts(model: torch.nn.Module) -> dict[str, Any]:
     return {"parameters": parameters, "trainable_parameters": trainable, "module_parameters": per_module,
             "trainable_shapes": trainable_shapes, "parameter_modules": owners, "leaf_modules": leaves,
             "adapter_parameters": finetune.adapter_parameters(model),
-            "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model)}
+            "quantized_storage_bytes": finetune.quantized_storage_bytes(model), "libraries": model_libraries(model),
+            "code_libraries": code_libraries(model)}
 
 
 def module_sets(model: torch.nn.Module) -> tuple[set[str], set[str]]:

@@ -32,6 +32,7 @@ class TraceResult:
     adapter_parameters: int = 0  # parameters LoRA added (included in `parameters`)
     quantized_storage_bytes: int = 0  # their packed storage with its quantization statistics
     libraries: tuple[str, ...] = ()  # the libraries the model is built from (frontends/libraries.py)
+    code_libraries: tuple[str, ...] = ()  # those whose code runs between its ops (frontends/libraries.py)
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # setup values actually used
     parallel_notes: list[str] = dataclasses.field(default_factory=list)  # many ranks: what the strategies assumed
     # what only the recording framework knows, for its target and report: None for PyTorch; Keras on TensorFlow's
