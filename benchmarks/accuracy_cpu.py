@@ -220,6 +220,16 @@ def write_markdown(rows: list[dict], runs: int) -> str:
     return "\n".join(lines)
 
 
+def cpu_from_facts(facts: str):
+    """The CpuInfo of the machine that --as-cpu names: VENDOR,CAPABILITY,THREADS[,bf16][,vnni][,amx][,model=F/M]."""
+    from trainmem.targets.cpu_info import CpuInfo
+
+    vendor, capability, threads, *rest = facts.split(",")
+    model_id = next((fact.removeprefix("model=") for fact in rest if fact.startswith("model=")), "")
+    return CpuInfo(capability, int(threads), avx512_bf16="bf16" in rest, amx="amx" in rest,
+                   avx512_vnni="vnni" in rest, vendor=vendor, model_id=model_id)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
@@ -243,18 +253,15 @@ def main() -> None:
     if args.load or args.re_estimate:
         rows = [json.loads(line) for line in data.read_text().splitlines()]
         if args.re_estimate and args.as_cpu:  # another machine's rows: estimated as for that CPU, results apart
-            vendor, capability, threads, *facts = args.as_cpu.split(",")
             from trainmem.targets.cpu_info import CpuInfo
 
-            model_id = next((fact.removeprefix("model=") for fact in facts if fact.startswith("model=")), "")
-            other = CpuInfo(capability, int(threads), avx512_bf16="bf16" in facts, amx="amx" in facts,
-                            avx512_vnni="vnni" in facts, vendor=vendor, model_id=model_id)
+            other = cpu_from_facts(args.as_cpu)
             CpuInfo.this_machine = classmethod(lambda cls: other)
             rows = [re_estimate(row) for row in rows]
             (ROOT / f"benchmarks/results/{name}_estimated_here.md").write_text(
                 write_markdown(rows, len(rows[0]["rss_runs"])).replace(
                     "# CPU accuracy: estimated vs measured",
-                    f"# CPU accuracy: {name}'s recorded rows (measured on {vendor} {capability}), estimated on "
+                    f"# CPU accuracy: {name}'s recorded rows (measured on {other.vendor} {other.capability}), estimated on "
                     f"{_cpu_name()} as for that CPU by `python benchmarks/accuracy_cpu.py --re-estimate --as-cpu "
                     f"{args.as_cpu}{' --tag ' + args.tag if args.tag else ''}`"))
             return

@@ -284,4 +284,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--check"]:
         check()
     else:  # python benchmarks/calibrate_small_objects.py [FAMILY ...] (default: every family)
+        unknown = sorted(set(sys.argv[1:]) - set(FAMILIES))
+        if unknown:
+            sys.exit(f"expected families among {', '.join(FAMILIES)}, got {', '.join(unknown)}")
         main(sys.argv[1:] or list(FAMILIES))

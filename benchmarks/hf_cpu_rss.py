@@ -91,7 +91,7 @@ def _measure(model_type: str, task: str, overrides: dict, batch: int, seq: int, 
 
 
 def _this_cpu() -> tuple[str, str]:
-    """(tag, --as-cpu facts) of this machine: the facts re-estimate its rows on another machine."""
+    """(tag, facts in accuracy_cpu.py --as-cpu's form) of this machine: they re-estimate its rows on another one."""
     from trainmem.targets.cpu_info import CpuInfo
 
     cpu = CpuInfo.this_machine()
@@ -101,22 +101,13 @@ def _this_cpu() -> tuple[str, str]:
     return cpu.vendor + "_" + cpu.model_id.replace("/", "_"), ",".join(facts)
 
 
-def _as_cpu(facts: str):
-    """The CpuInfo a row was measured on, from its recorded facts (accuracy_cpu.py --as-cpu's format)."""
-    from trainmem.targets.cpu_info import CpuInfo
-
-    vendor, capability, threads, *rest = facts.split(",")
-    model_id = next((fact.removeprefix("model=") for fact in rest if fact.startswith("model=")), "")
-    return CpuInfo(capability, int(threads), avx512_bf16="bf16" in rest, amx="amx" in rest,
-                   avx512_vnni="vnni" in rest, vendor=vendor, model_id=model_id)
-
-
 def _estimate(record: dict):
     """trainmem's estimate of a recorded row, as for the CPU it was measured on."""
     import trainmem
+    from accuracy_cpu import cpu_from_facts
     from trainmem.targets.cpu_info import CpuInfo
 
-    other = _as_cpu(record["as_cpu"])
+    other = cpu_from_facts(record["as_cpu"])
     saved = CpuInfo.__dict__["this_machine"]
     CpuInfo.this_machine = classmethod(lambda cls: other)
     try:
@@ -168,6 +159,7 @@ def main() -> None:
         _child(*json.loads(args.child))
         return
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     records = [json.loads(line) for line in DATA.read_text().splitlines()] if DATA.exists() else []
     if not args.re_estimate:
         fresh = _measure_here(args.runs, args.only)
