@@ -48,9 +48,11 @@ ROWS = [("gpt2 full fine-tune", "openai-community/gpt2", "gpt2", "causal-lm", {}
          {"decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}, 4, 128, None),
         ("bert-base sequence classification, full", "google-bert/bert-base-uncased", "bert", "seq-cls", {}, 8, 128,
          None),
-        ("Qwen2.5-0.5B LoRA r=8", "Qwen/Qwen2.5-0.5B", "qwen2", "causal-lm", QWEN_05B, 2, 128, 8)]
+        ("Qwen2.5-0.5B LoRA r=8", "Qwen/Qwen2.5-0.5B", "qwen2", "causal-lm", QWEN_05B, 2, 128, 8),
+        ("ViT-base image classification, full (224 px)", "google/vit-base-patch16-224", "vit", "image-cls",
+         {"num_labels": 1000}, 8, 197, None)]
 AUTO_CLASS = {"causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM",
-              "seq-cls": "AutoModelForSequenceClassification"}
+              "seq-cls": "AutoModelForSequenceClassification", "image-cls": "AutoModelForImageClassification"}
 
 
 def _child(model_type: str, task: str, overrides: dict, batch: int, seq: int, rank: int) -> None:
@@ -71,10 +73,14 @@ def _child(model_type: str, task: str, overrides: dict, batch: int, seq: int, ra
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for _ in range(STEPS):  # the tutorial loop trainmem's default (--loop inline) stands for: names stay bound
         optimizer.zero_grad()
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-        labels = {"causal-lm": ids, "seq2seq": torch.randint(0, config.vocab_size, (batch, seq)),
-                  "seq-cls": torch.zeros(batch, dtype=torch.long)}[task]
-        outputs = model(input_ids=ids, labels=labels)
+        if task == "image-cls":  # a batch of 224 × 224 RGB images (ViT's 196 patches and its class token)
+            inputs = {"pixel_values": torch.randn(batch, 3, config.image_size, config.image_size),
+                      "labels": torch.zeros(batch, dtype=torch.long)}
+        else:
+            ids = torch.randint(0, config.vocab_size, (batch, seq))
+            inputs = {"input_ids": ids, "labels": {"causal-lm": ids, "seq-cls": torch.zeros(batch, dtype=torch.long),
+                                                  "seq2seq": torch.randint(0, config.vocab_size, (batch, seq))}[task]}
+        outputs = model(**inputs)
         loss = outputs.loss
         loss.backward()
         optimizer.step()
