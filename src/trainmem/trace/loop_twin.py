@@ -16,6 +16,13 @@ trace/run.py RecordingObserver.loop_mark). The inline loop drops, for micro-step
   the autocast region, before the cast cache is cleared);
 - what the last micro-step holds when the loop returns (after the last optimizer step): the batch, the output and
   the loss, in that order (the order Python frees a dict's values).
+What the autograd graph itself holds past backward dies with the graph. Backward releases the tensors saved with
+save_for_backward, not what a custom Function keeps on its context as an attribute (bitsandbytes' MatMul4Bit before
+0.43.2 kept each 4-bit layer's input as `ctx.tensors`): the graph frees those when the last name holding it goes.
+In the lean loop that is `del loss` (the output was dropped before backward), so the frees that `del loss, inputs`
+makes are the batch's and the loss's own tensors, and the graph's; the inline loop holds the graph through its
+`loss` name, so the graph's go when the loss is rebound, with the loss (an output tensor freed there was the
+graph's too: the output's name was already gone).
 Frees at one place keep the lean trace's relative order (the same objects freed the same way). A forward output
 the lean loop's `del` made a temporary (dead when backward starts) stays an activation where the inline loop
 still holds it then (recorder.settle_forward's rule).
@@ -58,8 +65,8 @@ def inline_from_lean(lean: TraceResult) -> TraceResult | None:
     marks = lean.trace.loop_marks
     if not marks or marks[0][0] != "lean" or any(mark[0] == "incomplete" for mark in marks):
         return None
-    moves, kept, promoted = _moves(marks)
     trace = lean.trace
+    moves, kept, promoted = _moves(marks, trace.events)
     inserted: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # position -> [(rank, lean index, sid)]
     moved_away = set()  # the lean frees that come before the inline loop's drop (they move there), or never happen
     for index, event in enumerate(trace.events):
@@ -92,6 +99,18 @@ def inline_from_lean(lean: TraceResult) -> TraceResult | None:
     return dataclasses.replace(lean, trace=derived, op_counts=_inline_op_counts(lean.op_counts, marks))
 
 
+def _freed_at(position: int, marks: list[list], events: list[Event]) -> list[int]:
+    """The storages the lean loop's `del` at `position` freed: the frees that follow it, up to the next event that
+    is not a free or the next mark past it."""
+    stop = min((mark[1] for mark in marks if mark[1] > position), default=len(events))
+    freed = []
+    for event in events[position:stop]:
+        if event.action != "free":
+            break
+        freed.append(event.sid)
+    return freed
+
+
 def _inline_op_counts(counts: Counter, marks: list[list]) -> Counter:
     """The lean loop's op counts less its last zero_grad (the inline loop never zeroes the last step's gradients)
     plus one zero_grad without gradients (the inline loop's first), both measured in the lean trace."""
@@ -103,7 +122,7 @@ def _inline_op_counts(counts: Counter, marks: list[list]) -> Counter:
     return Counter({op: n for op, n in out.items() if n})
 
 
-def _moves(marks: list[list]) -> tuple[dict[int, _Move], set[int], set[int]]:
+def _moves(marks: list[list], events: list[Event]) -> tuple[dict[int, _Move], set[int], set[int]]:
     """Where the inline loop frees what the lean loop's names held (module docstring), what it never frees (the
     last step's gradients), and the forward temporaries of the lean trace that the inline loop keeps alive into
     backward (activations there)."""
@@ -127,8 +146,12 @@ def _moves(marks: list[list]) -> tuple[dict[int, _Move], set[int], set[int]]:
         for micro, drop in enumerate(dropped[name]):
             later = made[name][micro + 1] if micro + 1 < len(made[name]) else None
             where = later if later is not None else end
+            move = _Move(where[1], 0 if later is not None else order, Phase(where[2]), where[3], where[4])
             for sid in drop[5]:  # at the loop's end: the batch, then the output, then the loss
-                moves[sid] = _Move(where[1], 0 if later is not None else order, Phase(where[2]), where[3], where[4])
+                moves[sid] = move
+            if name == "loss":  # the graph's tensors go with the loss (module docstring)
+                batch = set(dropped["batch"][micro][5])
+                moves.update((sid, move) for sid in _freed_at(drop[1], marks, events) if sid not in batch)
     micro_steps = len(made["batch"]) // max(1, len(stepped))
     for step, drop in enumerate(dropped["grads"][:-1]):
         batch = made["batch"][(step + 1) * micro_steps]
