@@ -130,6 +130,8 @@ class NF4Linear(torch.nn.Linear):
     """A frozen linear layer stored as bitsandbytes stores a 4-bit NF4 weight (an nn.Linear subclass so
     that peft can wrap it as a base layer)."""
 
+    keeps_dtype = ("absmax", "nested_absmax", "code", "offset")  # fp32 in a bf16 run too (trace/run.py)
+
     def __init__(self, linear: torch.nn.Linear, behaviour: BnbBehaviour) -> None:
         torch.nn.Module.__init__(self)
         self.behaviour = behaviour
@@ -141,14 +143,28 @@ class NF4Linear(torch.nn.Linear):
                                          requires_grad=False)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
         blocks = -(-numel // NF4_BLOCK)
+        # the statistics are fp32 whatever the model's dtype (quantize_4bit makes absmax float32; the nested state's
+        # absmax, code and offset too): not the default dtype, which is the load dtype while a bf16 model is built
+        fp32 = dict(dtype=torch.float32, device=device)
         if behaviour.double_quant:  # compress_statistics: the absmax quantized to uint8 in blocks of 256
             self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
-            self.register_buffer("nested_absmax", torch.empty(-(-blocks // NESTED_BLOCK), device=device))
-            self.register_buffer("code", torch.empty(256, device=device))  # the nested state's dynamic map
-            self.register_buffer("offset", torch.empty((), device=device))
+            self.register_buffer("nested_absmax", torch.empty(-(-blocks // NESTED_BLOCK), **fp32))
+            self.register_buffer("code", torch.empty(256, **fp32))  # the nested state's dynamic map
+            self.register_buffer("offset", torch.empty((), **fp32))
         else:  # an fp32 absmax per block and the 16-entry NF4 code (functional.get_4bit_type)
-            self.register_buffer("absmax", torch.empty(blocks, device=device))
-            self.register_buffer("code", torch.empty(16, device=device))
+            self.register_buffer("absmax", torch.empty(blocks, **fp32))
+            self.register_buffer("code", torch.empty(16, **fp32))
+
+    def _apply(self, fn, recurse=True):
+        """`model.to(dtype)` (a bf16 run casts the model) leaves the statistics fp32: bitsandbytes keeps them in the
+        weight's quant state, which no module cast reaches. A move to another device moves them."""
+        statistics = {name: b for name, b in self._buffers.items() if name in self.keeps_dtype and b is not None}
+        super()._apply(fn, recurse)
+        for name, before in statistics.items():
+            after = self._buffers[name]
+            if after.dtype != before.dtype and after.device == before.device:
+                self._buffers[name] = before
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         original, compute = x.dtype, self.behaviour.compute_dtype

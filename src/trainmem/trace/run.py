@@ -57,15 +57,18 @@ class TraceSemantics(Protocol):
 def materialize_fake(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> None:
     """Replace meta parameters and buffers with fake CPU ones; shared (tied) tensors stay shared.
     With `float_dtype` (pure bf16 training) floating tensors are made in that dtype directly: a later
-    `model.to()` would try to swap fake tensors in place, which fails for tied weights."""
+    `model.to()` would try to swap fake tensors in place, which fails for tied weights. A module's `keeps_dtype`
+    names the tensors no cast reaches in the real run (trace/finetune.py NF4Linear's quantization statistics)."""
     replaced: dict[int, torch.Tensor] = {}
     for module in model.modules():
+        kept = getattr(module, "keeps_dtype", ())
         for table in module_tensor_tables(module):
             for name, tensor in table.items():
                 if tensor is None:
                     continue
                 if id(tensor) not in replaced:
-                    dtype = float_dtype if float_dtype is not None and tensor.is_floating_point() else tensor.dtype
+                    cast = float_dtype is not None and tensor.is_floating_point() and name not in kept
+                    dtype = float_dtype if cast else tensor.dtype
                     new = torch.empty_like(tensor, device="cpu", dtype=dtype)
                     if isinstance(tensor, torch.nn.Parameter):
                         new = torch.nn.Parameter(new, requires_grad=tensor.requires_grad)
