@@ -41,6 +41,7 @@ from collections.abc import Iterable
 
 from trainmem.alloc.cuda_config import K_MIN_LARGE_ALLOC, SIZE_MAX, MiB, power_of_two
 from trainmem.alloc.cuda_config import AllocatorConfig  # noqa: F401 - part of this module's API
+from trainmem.alloc.cuda_stats import STAT_NAMES, BlockInfo, Fragmentation, SegmentInfo, SegmentSummary, Stat
 from trainmem.errors import TrainmemError
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def get_allocation_size(size: int, config: AllocatorConfig = DEFAULTS) -> int:
 # ----------------------------------------------------------------------------------- state types
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Segment:
     base: int
     page: int = 0  # mapping page of an expandable segment; 0 for a cudaMalloc'd one
@@ -104,7 +105,7 @@ class _Segment:
         return self.page > 0
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Block:
     addr: int
     size: int
@@ -141,71 +142,6 @@ class _Pool:
     gc_calls: int = 0  # get_free_blocks_call_count
 
 
-@dataclasses.dataclass
-class Stat:
-    """c10 Stat: current, peak, and the running totals added and removed."""
-
-    current: int = 0
-    peak: int = 0
-    allocated: int = 0
-    freed: int = 0
-
-    def add(self, amount: int) -> None:
-        if amount >= 0:
-            self.current += amount
-            self.peak = max(self.peak, self.current)
-            self.allocated += amount
-        else:
-            self.current += amount
-            self.freed -= amount
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockInfo:
-    address: int
-    size: int
-    requested_size: int
-    state: str  # "active_allocated" or "inactive", as in torch.cuda.memory_snapshot()
-    stream: int
-    key: object  # the malloc key of an allocated block
-
-
-@dataclasses.dataclass(frozen=True)
-class SegmentInfo:
-    address: int
-    total_size: int
-    allocated_size: int
-    requested_size: int
-    stream: int
-    segment_type: str  # "small" or "large"
-    is_expandable: bool
-    blocks: tuple[BlockInfo, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class SegmentSummary:
-    """What torch.cuda.memory_snapshot() lists, summed: its segments and their bytes by pool."""
-
-    segments: int
-    large_bytes: int
-    small_bytes: int
-
-    @classmethod
-    def of(cls, snapshot: list[SegmentInfo]) -> SegmentSummary:
-        return cls(len(snapshot), sum(s.total_size for s in snapshot if s.segment_type == "large"),
-                   sum(s.total_size for s in snapshot if s.segment_type == "small"))
-
-
-@dataclasses.dataclass(frozen=True)
-class Fragmentation:
-    """Reserved minus allocated at the allocated peak and at the reserved peak (end of a malloc)."""
-
-    at_allocated_peak: int
-    at_reserved_peak: int
-
-
-STAT_NAMES = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
-              "active_bytes", "inactive_split_bytes", "requested_bytes")
 
 
 # ------------------------------------------------------------------------------------- allocator
@@ -229,6 +165,11 @@ class CudaCachingAllocator:
             self.allowed = int(config.per_process_memory_fraction * capacity_bytes)
         self.pools = {True: _Pool(small=True), False: _Pool(small=False)}
         self.stats = {name: {t: Stat() for t in ("all", "small_pool", "large_pool")} for name in STAT_NAMES}
+        # each stat's ("all", its pool's) pair by pool, and the two read after every malloc: one lookup each (_count)
+        self._stat_pairs = {small: {name: (per["all"], per["small_pool" if small else "large_pool"])
+                                    for name, per in self.stats.items()} for small in (True, False)}
+        self._allocated_all = self.stats["allocated_bytes"]["all"]
+        self._reserved_all = self.stats["reserved_bytes"]["all"]
         self.counters = dict.fromkeys(("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free"), 0)
         self.oversize_allocations, self.oversize_segments = Stat(), Stat()
         self.active: dict[object, _Block] = {}
@@ -305,11 +246,11 @@ class CudaCachingAllocator:
 
     @property
     def allocated_bytes(self) -> int:
-        return self.stats["allocated_bytes"]["all"].current
+        return self._allocated_all.current
 
     @property
     def reserved_bytes(self) -> int:
-        return self.stats["reserved_bytes"]["all"].current
+        return self._reserved_all.current
 
     @property
     def peak_allocated_bytes(self) -> int:
@@ -661,14 +602,22 @@ class CudaCachingAllocator:
         return addr
 
     def _count(self, small: bool, **changes: int) -> None:
-        kind = "small_pool" if small else "large_pool"
+        """Stat.add on the "all" stat and the pool's of each change (inlined: the replay's most frequent call)."""
+        pairs = self._stat_pairs[small]
         for name, amount in changes.items():
-            if amount:
-                self.stats[name]["all"].add(amount)
-                self.stats[name][kind].add(amount)
+            if not amount:
+                continue
+            for stat in pairs[name]:
+                stat.current += amount
+                if amount > 0:
+                    if stat.current > stat.peak:
+                        stat.peak = stat.current
+                    stat.allocated += amount
+                else:
+                    stat.freed -= amount
 
     def _note_peaks(self) -> None:
-        allocated, reserved = self.allocated_bytes, self.reserved_bytes
+        allocated, reserved = self._allocated_all.current, self._reserved_all.current
         if allocated > self._at_alloc_peak[0]:
             self._at_alloc_peak = (allocated, reserved)
             if self.snapshot_at_peak:
