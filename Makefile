@@ -57,7 +57,7 @@ $(CHROMIUM_READY):
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 	touch $@
 
-.PHONY: demo test check lint bench coverage compat docs
+.PHONY: demo test check lint bench accuracy-gpu coverage compat docs
 demo: $(VENV)/.demo-ready
 	$(BIN)/trainmem estimate mlp:1000-100-100-100-100-10 --input-shape 1000 --batch-size 256 --optimizer adam
 
@@ -90,6 +90,15 @@ $(VENV)/.docs-ready: pyproject.toml
 
 docs: $(VENV)/.docs-ready
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# LitGPT's own model code for the LitGPT rows of benchmarks/accuracy_gpu.py (benchmarks/litgpt_models.py): litgpt
+# 0.4.13 without its dependencies, which would move torch and lightning (what its model code imports is there)
+$(VENV)/.litgpt-ready: $(VENV)/.test-ready
+	$(BIN)/pip install --quiet --no-deps litgpt==0.4.13
+	touch $@
+
+accuracy-gpu: $(VENV)/.litgpt-ready
+	$(BIN)/python benchmarks/accuracy_gpu.py
 
 bench: $(VENV)/.test-ready
 	$(BIN)/python benchmarks/accuracy_cpu.py

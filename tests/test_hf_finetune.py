@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -457,3 +458,44 @@ def test_qlora_layers_all_quantizes_the_output_layer_unless_tied(tmp_path):
     assert quantized(tied, qlora_layers="all")[0] == layers
     with pytest.raises(SetupError, match="--qlora-layers: expected transformers or all"):
         TrainingSetup(qlora=True, qlora_layers="most")
+
+
+def test_lora_own_adds_no_adapters_and_qlora_quantizes_around_the_models_own():
+    """--lora own: the model brings its adapters (LitGPT's lora.GPT): peft adds none, the model's own trainable
+    parameters train, and --qlora quantizes the frozen linear layers beside them."""
+    assert TrainingSetup(lora="own").lora_spec() is None and TrainingSetup(lora="own", qlora=True).lora_spec() is None
+    assert TrainingSetup(qlora=True).lora_spec() is not None
+    with pytest.raises(SetupError, match="--lora"):
+        TrainingSetup(lora="ownn")
+
+    class WithAdapter(torch.nn.Module):  # a frozen linear layer and a low-rank adapter of its own
+        def __init__(self):
+            super().__init__()
+            self.base = torch.nn.Linear(256, 256)
+            self.a = torch.nn.Parameter(torch.zeros(4, 256))
+            self.b = torch.nn.Parameter(torch.zeros(256, 4))
+            self.base.requires_grad_(False)
+
+        def forward(self, x):
+            return self.base(x) + x @ self.a.t() @ self.b.t()
+
+    est = estimate(WithAdapter(), batch_size=4, input_shape="256", lora="own", qlora=True, checkpointing=False,
+                   precision="bf16", device="a100-40gb", qlora_layers="all")
+    assert est.trainable_parameters == 2 * 4 * 256 and est.quantized_parameters == 256 * 256
+    assert any("the model's own adapters (--lora own), 2,048 trainable" in w for w in est.warnings)
+
+
+def test_qlora_statistics_stay_fp32_in_a_bf16_run():
+    """bitsandbytes keeps absmax (and the nested state) in fp32 in the weight's quant state, which a module cast does
+    not reach: a pure-bf16 run stores them as an fp32 run does."""
+    layer = torch.nn.Linear(4096, 64)
+    stored = {}
+    for precision in ("bf16", "fp32"):
+        for quant in ("nf4", "nf4-dq"):
+            model = torch.nn.Sequential(layer, torch.nn.LayerNorm(64))  # the norm trains
+            est = estimate(model, batch_size=2, input_shape="4096", lora="own", qlora=True, checkpointing=False,
+                           precision=precision, qlora_layers="all", bnb_quant=quant, device="a100-40gb",
+                           optimizer="sgd")
+            stored[precision, quant] = est.breakdown["buffers"]
+    assert stored["bf16", "nf4"] == stored["fp32", "nf4"] > 4096 * 64 // 64 * 4 - 1
+    assert stored["bf16", "nf4-dq"] == stored["fp32", "nf4-dq"]

@@ -128,7 +128,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", action="store_true", default=None, help=TRUST_REMOTE_CODE_HELP + d(
                         "trust_remote_code", "refused"))
     parser.add_argument("--lora", metavar="SPEC", help="LoRA through peft: r=16,alpha=32,targets=q_proj,v_proj"
-                        "[,dropout=0.05]" + d("lora", "none"))
+                        "[,dropout=0.05]; `own`: the model has its own adapters (LitGPT's lora.GPT), --qlora adds "
+                        "none" + d("lora", "none"))
     parser.add_argument("--qlora", action=argparse.BooleanOptionalAction, default=None,
                         help="4-bit NF4 base weights + LoRA (r=64,alpha=16,all linear), bf16-mixed, paged 8-bit "
                              "AdamW, checkpointing (--no-checkpointing: none); GPU devices" + d("qlora"))

@@ -150,6 +150,7 @@ class LoraSpec:
 # QLoRA (Dettmers et al. 2023): LoRA on every linear layer, r=64, alpha=16, dropout 0.1 (models up to
 # 13B), bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft prepare_model_for_kbit_training)
 QLORA_LORA = LoraSpec(r=64, alpha=16, targets=("all-linear",), dropout=0.1)
+OWN_ADAPTERS = "own"  # --lora own (TrainingSetup.own_adapters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +200,7 @@ class TrainingSetup:
             raise expected("a ParallelLayout", self.parallel, "parallel")
         object.__setattr__(self, "parallel", self.parallel.resolve())
         check_counts(self.batch_size, self.grad_accum, self.steps, self.run_steps, self.seq_len)
-        if self.lora is not None:
+        if self.lora is not None and not self.own_adapters:
             LoraSpec.parse(self.lora)
         if self.target_shape is not None:
             object.__setattr__(self, "target_shape", parse_shape(self.target_shape, "--target-shape", allow_scalar=True))
@@ -271,9 +272,15 @@ class TrainingSetup:
         values = {key: getattr(self, key) for key in ("qlora", "hf_trainer", "torch_version", "trainer")}
         return presets.filled_by(values, name, getattr(self, name)) or f"--{name.replace('_', '-')}"
 
+    @property
+    def own_adapters(self) -> bool:
+        """--lora own: the model brings its own LoRA adapters (LitGPT's lora.GPT; a model peft already wrapped), so
+        none is added; --qlora still quantizes its linear layers."""
+        return str(self.lora).strip().lower() == OWN_ADAPTERS
+
     def lora_spec(self) -> LoraSpec | None:
         if self.lora is not None:
-            return LoraSpec.parse(self.lora)
+            return None if self.own_adapters else LoraSpec.parse(self.lora)
         return QLORA_LORA if self.qlora else None
 
     @classmethod

@@ -322,6 +322,9 @@ def apply(model: torch.nn.Module, setup: TrainingSetup) -> tuple[torch.nn.Module
                      f"(embeddings, norms, {kept}, and weights that are not nn.Linear, such as fused mixture-of-experts "
                      "weights); " + behaviour.describe())
     spec = setup.lora_spec()
+    if setup.own_adapters:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        notes.append(f"LoRA: the model's own adapters (--lora own), {trainable:,} trainable parameters")
     if spec is not None:
         model = apply_lora(model, spec)
         targets = ", ".join(spec.targets) if spec.targets else "peft's defaults for this architecture"
