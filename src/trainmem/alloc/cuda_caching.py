@@ -142,8 +142,6 @@ class _Pool:
     gc_calls: int = 0  # get_free_blocks_call_count
 
 
-
-
 # ------------------------------------------------------------------------------------- allocator
 
 
