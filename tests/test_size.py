@@ -20,7 +20,7 @@ LONG_FILES = {
     "alloc/cuda_caching.py": 663,
     "frontends/hf.py": 498,
     "frontends/onnx_ref.py": 542,
-    "setup/__init__.py": 454,
+    "setup/__init__.py": 417,
     "targets/onednn/rnn_transients.py": 423,
     "trace/tf/lifetimes.py": 405,
     "trace/torch_private.py": 418,

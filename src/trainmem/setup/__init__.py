@@ -18,6 +18,7 @@ from trainmem.setup.count_limits import positive_finite
 from trainmem.setup.count_limits import MAX_RUN_STEPS as MAX_RUN_STEPS, MAX_TRACE_STEPS as MAX_TRACE_STEPS, sequence_lengths
 from trainmem.setup.layout import ParallelLayout
 from trainmem.setup.loading import Load as Load, check_loading
+from trainmem.setup.lora import OWN_ADAPTERS, QLORA_LORA as QLORA_LORA, LoraSpec as LoraSpec
 from trainmem.setup import presets
 from trainmem.setup.trainers import Trainer as Trainer
 from trainmem.setup.presets import HF_TRAINER_DEFAULTS as HF_TRAINER_DEFAULTS, QLORA_DEFAULTS as QLORA_DEFAULTS
@@ -107,50 +108,6 @@ class InputSpec:
     @property
     def is_integer(self) -> bool:
         return self.dtype in ("int64", "int32", "uint8")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraSpec:
-    """`--lora r=16,alpha=32,targets=q_proj,v_proj[,dropout=0.05]`; no targets: peft's defaults."""
-
-    r: int = 8
-    alpha: int = 8
-    targets: tuple[str, ...] = ()
-    dropout: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> LoraSpec:
-        values: dict[str, Any] = {}
-        targets: list[str] = []
-        key = None
-        for part in (p.strip() for p in str(text).split(",") if p.strip()):
-            name, sep, value = part.partition("=")
-            if sep:
-                key = name.strip().lower()
-                if key not in ("r", "alpha", "targets", "dropout"):
-                    raise expected("--lora keys r, alpha, targets, dropout", name, "--lora")
-                if key == "targets":
-                    targets.append(value.strip())
-                else:
-                    values[key] = value.strip()
-            elif key == "targets":  # targets=q_proj,v_proj: the list goes on until the next key
-                targets.append(part)
-            else:
-                raise expected("--lora as r=16,alpha=32,targets=q_proj,v_proj", text, "--lora")
-        try:
-            spec = cls(r=int(values.get("r", 8)), alpha=int(values.get("alpha", values.get("r", 8))),
-                       targets=tuple(targets), dropout=float(values.get("dropout", 0.0)))
-        except ValueError:
-            raise expected("--lora numbers (r and alpha integers, dropout a probability)", text, "--lora") from None
-        if spec.r < 1 or not 0.0 <= spec.dropout < 1.0:
-            raise expected("--lora with r ≥ 1 and dropout in [0, 1)", text, "--lora")
-        return spec
-
-
-# QLoRA (Dettmers et al. 2023): LoRA on every linear layer, r=64, alpha=16, dropout 0.1 (models up to
-# 13B), bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft prepare_model_for_kbit_training)
-QLORA_LORA = LoraSpec(r=64, alpha=16, targets=("all-linear",), dropout=0.1)
-OWN_ADAPTERS = "own"  # --lora own (TrainingSetup.own_adapters)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from trainmem.setup import trainers
 from trainmem.trainer_defaults import installed_torch_version, release_of, trainer_optimizer_impl
 
 # QLoRA (Dettmers et al. 2023): bf16 compute, paged 8-bit AdamW, gradient checkpointing (peft
-# prepare_model_for_kbit_training); its LoRA (r=64, alpha=16, every linear layer) is setup.QLORA_LORA
+# prepare_model_for_kbit_training); its LoRA (r=64, alpha=16, every linear layer) is setup.lora.QLORA_LORA
 QLORA_DEFAULTS = {"optimizer": "paged-adamw-8bit", "precision": "bf16-mixed", "checkpointing": True}
 # transformers TrainingArguments (5.x): optim adamw_torch_fused with torch >= 2.8, adamw_torch (torch's default
 # AdamW implementation) before (trainer_defaults.py); max_grad_norm 1.0, evaluation off; Trainer.training_step:
