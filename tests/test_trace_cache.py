@@ -48,7 +48,8 @@ def test_a_reused_trace_gives_the_fresh_estimate(cache_on, model, setup):
     assert reused == fresh == stored  # every figure, table, note and explanation (dataclass equality)
     assert reused.to_dict() == fresh.to_dict() and str(reused) == str(fresh)
     assert reused.replay_input.events == fresh.replay_input.events  # the device stream, event for event
-    traces = [path for path in cache_on.glob("*.json.gz") if not path.name.endswith(cache_store.RESULT_SUFFIX)]
+    traces = [path for path in cache_on.glob("*.json.gz")
+              if not path.name.endswith((cache_store.RESULT_SUFFIX, cache_store.RECORD_SUFFIX))]
     assert len(traces) == 1
 
 
@@ -329,3 +330,30 @@ def test_fit_predicts_with_the_cache_on(cache_on):
     again = fit("mlp:10-5", device="a100-40gb", limit=1 << 12)
     assert (again.best, again.first_miss, again.tried) == (first.best, first.first_miss, first.tried)
     assert again.to_dict() == first.to_dict()
+
+
+@pytest.mark.heavy
+def test_an_hf_model_asked_again_is_answered_without_transformers(tmp_path):
+    """trace/early_key.py: a run of an `hf:` model keeps what names its trace before the model is built; asked again,
+    the answer comes from the cache without importing transformers or building, byte for byte the same. A changed
+    config.json, setup or --no-cache is not answered from it."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((TINY_LLAMA / "config.json").read_text())
+    code = ("import sys, json; from trainmem import estimate\n"
+            "est = estimate(sys.argv[1], batch_size=2, seq_len=16, device='a100-40gb', cache=sys.argv[2] == 'on')\n"
+            "print(json.dumps([est.allocated_bytes, est.trace_cache.used, 'transformers' in sys.modules]))")
+
+    def run(ref, cache="on"):
+        done = subprocess.run([sys.executable, "-c", code, ref, cache], capture_output=True, text=True, timeout=300,
+                              env={**__import__("os").environ, "TRAINMEM_CACHE_DIR": str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first, second = run(f"hf:{model}"), run(f"hf:{model}")
+    assert first[1:] == ["stored", True] and second[1:] == ["reused", False] and first[0] == second[0]
+    assert run(f"hf:{model}", cache="off")[1:] == ["off", True]
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "intermediate_size": 2 * config["intermediate_size"]}))
+    changed = run(f"hf:{model}")
+    assert changed[1:] == ["stored", True] and changed[0] > first[0]

@@ -41,6 +41,7 @@ class ModelSource:
     notes: tuple[str, ...] = ()  # what the reference cannot tell (a state dict has no forward …)
     libraries: tuple[str, ...] = ()  # libraries the training process imports for this model (transformers …)
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # settings the frontend filled in (seq_len …)
+    prekey: str | None = None  # what build() builds, named without building it (trace/early_key.py), where known
 
 
 class Kind:

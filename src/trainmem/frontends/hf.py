@@ -39,6 +39,7 @@ from typing import Any
 from trainmem.errors import ModelRefError, SetupError
 from trainmem.frontends import hf_hub
 from trainmem.frontends.hf_hub import MAX_CONFIG_BYTES, clip_text
+from trainmem.frontends.hf_positions import max_sequence_length as max_sequence_length, within_positions
 from trainmem.frontends.hf_config_checks import check_heads, check_number, quantization_summary
 from trainmem.frontends.hf_rope import ROPE_KEYS, check_rope
 
@@ -232,7 +233,7 @@ def checked_config(config: Any, where: str) -> dict[str, Any]:
                 ropes.append((item, key_path))
             check_number(str(key).lower(), item, key_path, where)
     for value, key_path in sorted(ropes, key=lambda rope: rope[1]):
-        check_rope(value, key_path, where, own_code=bool(_model_code(auto_map)))
+        check_rope(value, key_path, where, own_code=bool(model_code(auto_map)))
     return dict(config)
 
 
@@ -261,7 +262,7 @@ def _task_from_architectures(architectures: list[str]) -> str:
     return "causal-lm"
 
 
-def _model_code(auto_map: dict[str, Any] | None) -> dict[str, Any]:
+def model_code(auto_map: dict[str, Any] | None) -> dict[str, Any]:
     """The classes of auto_map that build the model (AutoConfig, AutoModel…); a tokenizer's are not ours."""
     return {key: value for key, value in (auto_map or {}).items() if key == "AutoConfig" or key.startswith("AutoModel")}
 
@@ -269,7 +270,7 @@ def _model_code(auto_map: dict[str, Any] | None) -> dict[str, Any]:
 def _uses_repository_code(transformers, resolved: HfConfig, trust_remote_code: bool) -> bool:
     """True: the repository's code builds the model (only with trust_remote_code); False: transformers' own
     classes for the model_type. Refuses custom code without the flag and a model_type transformers lacks."""
-    code = _model_code(resolved.auto_map)
+    code = model_code(resolved.auto_map)
     known = transformers.CONFIG_MAPPING
     version = transformers.__version__
     if code and not trust_remote_code:
@@ -297,7 +298,6 @@ def _uses_repository_code(transformers, resolved: HfConfig, trust_remote_code: b
 def from_hf_ref(ref: str, setup):
     from trainmem.frontends import ModelSource
 
-    trust_remote_code = setup.trust_remote_code  # --trust-remote-code; the Python API's trust_remote_code=True
     resolved = resolve_config(ref[len("hf:"):].strip())
     name, model_type, config = resolved.name, resolved.model_type, dict(resolved.values)
     task = setup.task or resolved.default_task
@@ -310,9 +310,8 @@ def from_hf_ref(ref: str, setup):
         # decoder models classify from the last non-padding token and need to know the padding id
         eos = config.get("eos_token_id")
         config["pad_token_id"] = (eos[0] if isinstance(eos, list) else eos) or 0
-    seq_len = setup.seq_len or min(DEFAULT_SEQ_LEN, _max_positions(config) or DEFAULT_SEQ_LEN)
-    transformers = _transformers()  # fail here, with the install hint, rather than inside the trace
-    native = not _uses_repository_code(transformers, resolved, trust_remote_code)
+    seq_len = setup.seq_len or min(DEFAULT_SEQ_LEN, max_positions(config) or DEFAULT_SEQ_LEN)
+    prekey, native, checked = _checked_before(ref, resolved, setup)
     options, notes = {}, [resolved.origin]
     if resolved.ignored:
         notes.append(f"config.json's {', '.join(resolved.ignored)}: how the checkpoint was saved, not how it trains; "
@@ -333,7 +332,8 @@ def from_hf_ref(ref: str, setup):
         options["experts_implementation"] = "eager"
         notes.append("fp32 expert weights: transformers' eager experts (grouped_mm needs bf16/fp16 weights)")
     if native:
-        _native_config(transformers, model_type, config, name)  # a bad value fails here, on one line
+        if not checked:  # a bad value fails here, on one line
+            _native_config(_transformers(), model_type, config, name)
         build = functools.partial(_build_native, name, model_type, config, task, options)
     else:
         notes.append(f"--trust-remote-code: built with the repository's own code from {resolved.code_at}")
@@ -341,14 +341,27 @@ def from_hf_ref(ref: str, setup):
         build = functools.partial(_build_remote, resolved, overrides, task, options)
 
     if task in ("causal-lm", "masked-lm", "seq-cls", "seq2seq"):
-        build = functools.partial(_within_positions, build, seq_len, setup.seq_len is not None)
-    return ModelSource(ref=ref, name=f"{name} ({task})", build=build,
+        build = functools.partial(within_positions, build, seq_len, setup.seq_len is not None)
+    return ModelSource(ref=ref, name=f"{name} ({task})", build=build, prekey=prekey,
                        make_batch=_batch_maker(task, config, seq_len), loss_fn=_model_loss, libraries=("transformers",),
                        resolved={"task": task, "seq_len": seq_len, "seq_len_from": "--seq-len" if setup.seq_len else
                                  f"default {DEFAULT_SEQ_LEN}, capped by the model's position limit",
                                  "config": resolved.origin_fields},
                        notes=(f"hf: {name}: {model_type} built from its config for {task}, sequence length "
                               f"{seq_len}; the model computes its own loss from `labels`, as the Trainer does", *notes))
+
+
+def _checked_before(ref: str, resolved: HfConfig, setup) -> tuple[str | None, bool, bool]:
+    """(the source's early key, whether transformers' own classes build it, whether a run of the same source traced
+    before: trace/early_key.py). After such a run transformers accepted the config then and is not imported now;
+    else its checks run here (--trust-remote-code is the setup's), with the install hint, not inside the trace."""
+    from trainmem.trace import early_key
+
+    prekey = early_key.for_hf(ref, resolved, setup)
+    if early_key.checked(prekey):
+        return prekey, True, True
+    native = not _uses_repository_code(_transformers(), resolved, setup.trust_remote_code)
+    return (prekey if native else None), native, False
 
 
 def _native_config(transformers, model_type: str, config: dict[str, Any], name: str):
@@ -398,59 +411,7 @@ def _build_remote(resolved: HfConfig, overrides: dict[str, Any], task: str, opti
     return model_class._from_config(hf_config, **options)
 
 
-def max_sequence_length(text: str) -> int | None:
-    """The longest sequence an hf: reference takes, or None: what its learned position table holds (the
-    model built on meta, as --seq-len is checked), else the config's position limit."""
-    from trainmem.errors import TrainmemError
-    from trainmem.setup import TrainingSetup
-    from trainmem.trace.meta_build import building_on_meta
-
-    resolved = resolve_config(text)
-    limit = _max_positions(resolved.values)
-    if _model_code(resolved.auto_map):  # the repository's code runs only for an estimate the user trusts
-        return limit
-    try:
-        # as the trace builds (torch 2.8: transformers' first import of GenerationMixin under the meta device
-        # imports torch._dynamo, whose import-time tensors fail there; building_on_meta imports it first)
-        with building_on_meta():
-            model = from_hf_ref(f"hf:{text}", TrainingSetup(seq_len=1)).build()
-    except TrainmemError:
-        return limit
-    tables = _position_tables(model)
-    return min(positions for _, positions in tables) if tables else limit
-
-
-def _within_positions(build, seq_len: int, given: bool = True):
-    """The built model, refused when its sequences are longer than a learned position table holds: a real
-    run indexes past the table and fails, while the fake tensors of the trace never look at an index.
-    Rotary and relative positions have no table and no such limit."""
-    model = build()
-    for name, positions in _position_tables(model):
-        if seq_len > positions and given:
-            raise SetupError(f"expected --seq-len of at most {positions} (the model's learned positions, {name}), "
-                             f"got {seq_len}", where="--seq-len")
-        if seq_len > positions:  # the default, from a position limit that counts more rows than positions
-            raise SetupError(f"expected a sequence length of at most {positions} (the model's learned positions, "
-                             f"{name}), got the default {seq_len} from the config; give --seq-len {positions}",
-                             where="--seq-len")
-    return model
-
-
-def _position_tables(model) -> list[tuple[str, int]]:
-    """(module name, positions it holds) for each learned position embedding of `model`."""
-    import torch
-
-    tables = []
-    for name, module in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1].lower()
-        if isinstance(module, torch.nn.Embedding) and ("pos" in leaf or leaf == "wpe"):  # wpe: GPT-2's, GPT-Neo's
-            # OPT and BART shift positions by `offset`; RoBERTa's start after its padding index
-            first = getattr(module, "offset", 0) + (module.padding_idx + 1 if module.padding_idx is not None else 0)
-            tables.append((name, module.num_embeddings - first))
-    return tables
-
-
-def _max_positions(config: dict[str, Any]) -> int | None:
+def max_positions(config: dict[str, Any]) -> int | None:
     for key in ("max_position_embeddings", "n_positions", "max_target_positions"):
         if isinstance(config.get(key), int):
             return config[key]

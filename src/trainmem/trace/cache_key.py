@@ -44,8 +44,8 @@ def trace_key(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: Any
               kernel_ops: frozenset[str], semantics: Any) -> str:
     """The hex digest naming the trace of `setup` on `model` (built, on meta) for a target."""
     digest = hashlib.sha256()
-    for part in (_versions(), _model_structure(model), _functions(make_batch, loss_fn), _source(source),
-                 _described(setup, "the setup"), sorted(kernel_ops), _described(semantics, "the target's semantics"),
+    for part in (versions(), _model_structure(model), _functions(make_batch, loss_fn), _source(source),
+                 described(setup, "the setup"), sorted(kernel_ops), described(semantics, "the target's semantics"),
                  _code_files(model, make_batch, loss_fn)):
         digest.update(repr(part).encode())
         digest.update(b"\0")
@@ -53,15 +53,17 @@ def trace_key(model: torch.nn.Module, make_batch: Any, loss_fn: Any, source: Any
 
 
 @functools.cache
-def _versions() -> tuple:
-    versions = []
+def versions() -> tuple:
+    """Everything a trace depends on outside the run: trainmem's code and data, torch, Python, the CPU's instruction
+    set, the libraries a model is built from."""
+    libraries = []
     for name in LIBRARIES:
         try:
-            versions.append((name, importlib.metadata.version(name)))
+            libraries.append((name, importlib.metadata.version(name)))
         except importlib.metadata.PackageNotFoundError:
-            versions.append((name, None))
+            libraries.append((name, None))
     return (FORMAT, _trainmem_source(), torch.__version__, sys.version_info[:3], torch.backends.cpu.get_cpu_capability(),
-            tuple(versions))
+            tuple(libraries))
 
 
 @functools.cache
@@ -80,7 +82,7 @@ def _trainmem_source() -> str:
 
 def _model_structure(model: torch.nn.Module) -> list:
     seen: dict[int, int] = {}  # id(tensor) -> first index: tied weights are one storage
-    described: dict[int, Any] = {}  # id(attribute value) -> its description (a config shared by every module)
+    plain_values: dict[int, Any] = {}  # id(attribute value) -> its description (a config shared by every module)
     rows = []
     for name, module in model.named_modules(remove_duplicate=False):
         cls = type(module)
@@ -89,7 +91,7 @@ def _model_structure(model: torch.nn.Module) -> list:
             for key, tensor in table.items():
                 tensors.append((kind, key, None if tensor is None else _tensor(tensor, seen)))
         rows.append((name, cls.__module__, cls.__qualname__, module.training, tensors,
-                     _attributes(module, described), sorted(module._non_persistent_buffers_set)))
+                     _attributes(module, plain_values), sorted(module._non_persistent_buffers_set)))
     return rows
 
 
@@ -98,7 +100,7 @@ def _tensor(tensor: torch.Tensor, seen: dict[int, int]) -> tuple:
     return (tuple(tensor.shape), str(tensor.dtype), tensor.requires_grad, type(tensor).__qualname__, first)
 
 
-def _attributes(module: torch.nn.Module, described: dict[int, Any]) -> list:
+def _attributes(module: torch.nn.Module, plain_values: dict[int, Any]) -> list:
     """The module's own plain attributes (what sizes and flags its forward reads), hooks by their functions."""
     out = []
     for key, value in sorted(vars(module).items()):
@@ -106,9 +108,9 @@ def _attributes(module: torch.nn.Module, described: dict[int, Any]) -> list:
             continue
         if "hook" in key and isinstance(value, dict):  # hooks by their functions (their handles' ids are counters)
             value = [hook for hook in value.values() if callable(hook)]
-        if id(value) not in described:
-            described[id(value)] = _plain(value, 0, f"attribute {key} of {type(module).__qualname__}")
-        out.append((key, described[id(value)]))
+        if id(value) not in plain_values:
+            plain_values[id(value)] = _plain(value, 0, f"attribute {key} of {type(module).__qualname__}")
+        out.append((key, plain_values[id(value)]))
     return out
 
 
@@ -172,11 +174,11 @@ def _functions(make_batch: Any, loss_fn: Any) -> list:
 
 
 def _source(source: Any) -> tuple:
-    return (source.ref, source.name, _described(source.default_inputs, "the default inputs"),
+    return (source.ref, source.name, described(source.default_inputs, "the default inputs"),
             str(source.default_loss), source.notes, source.libraries, _plain(source.resolved, 0, "the frontend's settings"))
 
 
-def _described(value: Any, where: str) -> str:
+def described(value: Any, where: str) -> str:
     text = repr(value)
     if _ADDRESS in text:
         raise NotCacheable(f"{where} is described only by an address")

@@ -31,6 +31,7 @@ from trainmem.trace.traced import TraceResult
 SUBDIRECTORY = "traces"
 SUFFIX = ".json.gz"
 RESULT_SUFFIX = ".result" + SUFFIX  # a result derived from a trace (`remembered`)
+RECORD_SUFFIX = ".record" + SUFFIX  # a small record beside the traces (`read_record`: trace/early_key.py)
 MAX_DIRECTORY_BYTES = 1024 * 2**20  # the whole cache: a 1.3B GPT's trace is ~2 MB, a 200-step GRU's ~40 MB
 MAX_FILE_BYTES = 256 * 2**20  # one file as stored (compressed)
 MAX_DECODED_BYTES = 1024 * 2**20  # one file's JSON text: bounds what a hostile file can make us hold
@@ -124,6 +125,16 @@ def remembered(key: str | None, compute: Callable[[], Any], to_plain: Callable[[
     return value
 
 
+def read_record(key: str) -> Any:
+    """A small record kept beside the traces under `key` (trace/early_key.py), or None."""
+    return _read_json(directory() / (key + RECORD_SUFFIX))
+
+
+def write_record(key: str, data: Any) -> None:
+    """Keep `data` under `key`; a directory that cannot be written leaves it unkept (a record only saves time)."""
+    _write(key + RECORD_SUFFIX.removesuffix(SUFFIX), data)
+
+
 def _read_json(path: Path) -> Any:
     """A stored file's JSON, within the bounds; None when there is none or it does not read (removed)."""
     try:
@@ -177,7 +188,9 @@ def evict(limit: int) -> int:
 def summary() -> dict[str, Any]:
     files = _files()
     results = sum(path.name.endswith(RESULT_SUFFIX) for path, _ in files)
-    return {"directory": str(directory()), "traces": len(files) - results, "results": results,
+    records = sum(path.name.endswith(RECORD_SUFFIX) for path, _ in files)
+    return {"directory": str(directory()), "traces": len(files) - results - records, "results": results,
+            "records": records,
             "bytes": sum(s.st_size for _, s in files), "limit_bytes": MAX_DIRECTORY_BYTES}
 
 

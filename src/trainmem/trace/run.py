@@ -266,8 +266,11 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     """Trace two training steps, recording the calls of `kernel_ops` for the target's kernel rules. With
     `semantics` (the target's), the trace follows what that device's run does differently; for CUDA
     (autocast lists, attention backend, optimizer default) see trace/cuda_autocast.py, cuda_composites.py."""
-    from trainmem.trace import finetune
+    from trainmem.trace import early_key, finetune
 
+    known = early_key.trace_key(source, setup, kernel_ops, semantics)  # a run traced before: no build (early_key.py)
+    if (hit := cache_store.lookup(known) if known is not None else None) is not None:
+        return dataclasses.replace(hit[0], cache_use=hit[1])
     with building_on_meta():
         model, make_batch, loss_fn = training.unpack_built(source.build(), source)
         keras = keras_torch_step.is_keras_model(model)  # Keras's own train_step and optimizer
@@ -279,13 +282,14 @@ def trace_training(source: ModelSource, setup: TrainingSetup, kernel_ops: frozen
     hit = cache_store.lookup(key) if key is not None else None
     if hit is not None:  # the same run traced before (trace/cache_store.py): its trace, not a second one
         traced, use = hit
-        return dataclasses.replace(traced, cache_use=use)
-    traced = _by_blocks(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, finetune_notes) \
-        if not keras else None
-    if traced is None:
-        traced = _traced(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras, finetune_notes)
-    if key is not None:
-        use = cache_store.store(key, traced)
+    else:
+        traced = _by_blocks(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, finetune_notes) \
+            if not keras else None
+        if traced is None:
+            traced = _traced(model, make_batch, loss_fn, source, setup, kernel_ops, semantics, keras, finetune_notes)
+        use = cache_store.store(key, traced) if key is not None else use
+    if use is not None and use.used in ("reused", "stored"):
+        early_key.remember(source, setup, kernel_ops, semantics, key)
     return dataclasses.replace(traced, cache_use=use)
 
 
