@@ -35,7 +35,7 @@ class LoraSpec:
             elif key == "targets":  # targets=q_proj,v_proj: the list goes on until the next key
                 targets.append(part)
             else:
-                raise expected("--lora as r=16,alpha=32,targets=q_proj,v_proj", text, "--lora")
+                raise expected("--lora as r=16,alpha=32,targets=q_proj,v_proj, or own (the model's own adapters)", text, "--lora")
         try:
             spec = cls(r=int(values.get("r", 8)), alpha=int(values.get("alpha", values.get("r", 8))),
                        targets=tuple(targets), dropout=float(values.get("dropout", 0.0)))
